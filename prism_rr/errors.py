@@ -1,0 +1,57 @@
+"""One exception tree for the whole library; the CLI maps it to exit codes."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DivergenceError",
+    "FormatError",
+    "PrismError",
+    "RecorderError",
+    "ReplayError",
+    "UnsupportedVersionError",
+    "UsageError",
+    "exit_code_for",
+]
+
+
+class PrismError(Exception):
+    """Base of every error prism-rr raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(PrismError):
+    """The user asked for something that cannot be done as asked."""
+
+    exit_code = 2
+
+
+class FormatError(PrismError):
+    """A bundle or spool is malformed; the message names what and where."""
+
+    exit_code = 4
+
+
+class UnsupportedVersionError(FormatError):
+    """A bundle written by a format version this reader does not support."""
+
+
+class RecorderError(PrismError):
+    """Recording could not start or finish."""
+
+
+class ReplayError(PrismError):
+    """Replay could not run."""
+
+
+class DivergenceError(ReplayError):
+    """A replayed rank did something other than what was recorded."""
+
+    exit_code = 3
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The process exit code for an error: see `prism-rr --help`."""
+    if isinstance(error, PrismError):
+        return error.exit_code
+    return 1

@@ -1,0 +1,346 @@
+"""Encode and decode event chunks: columnar msgpack inside one zstd frame (FORMAT.md)."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import MISSING, fields
+from collections import Counter
+from functools import partial
+from itertools import accumulate
+from typing import Any, Callable, Iterable, Sequence
+
+import msgpack
+import zstandard
+
+from prism_rr.errors import FormatError
+from prism_rr.format import layout
+from prism_rr.format.records import (
+    K_END,
+    K_START,
+    RECORD_TYPES,
+    GroupInfo,
+    Marker,
+    Record,
+    Step,
+)
+
+__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "unpack"]
+
+# Top-level keys of a chunk payload.
+C_ORDER = 0  # kind of each record, in record order
+C_TABLES = 1  # {kind: [columns {key: [values]}, constants {key: value}]}
+
+_GETTERS: dict[type, Callable[[Any], tuple]] = {
+    cls: operator.attrgetter(*(name for name, _ in cls.WIRE)) for cls in RECORD_TYPES.values()
+}
+_KEY_LISTS: dict[type, tuple[int, ...]] = {
+    cls: tuple(key for _, key in cls.WIRE) for cls in RECORD_TYPES.values()
+}
+
+_KIND = operator.attrgetter("KIND")
+_compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+
+
+def compress(data: bytes, level: int = 3) -> bytes:
+    if level == 3:
+        return _compressor.compress(data)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+
+
+def decompress(data, limit: int, where: str) -> bytes:
+    """One zstd frame whose declared size is at most `limit`; else FormatError."""
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"{where}: not a zstd frame ({exc})") from None
+    if size < 0:
+        raise FormatError(f"{where}: zstd frame does not declare its size")
+    layout.bounded(size, limit, "decompressed size", where)
+    try:
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"{where}: corrupt zstd data ({exc})") from None
+    if len(out) != size:
+        raise FormatError(f"{where}: zstd frame holds {len(out)} bytes, declared {size}")
+    return out
+
+
+def unpack(data, where: str) -> Any:
+    """msgpack decoding that turns every failure into FormatError."""
+    n = len(data)
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=False,
+            strict_map_key=False,
+            max_str_len=n,
+            max_bin_len=n,
+            max_array_len=n,
+            max_map_len=n,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types; all mean "malformed"
+        raise FormatError(f"{where}: malformed msgpack ({type(exc).__name__}: {exc})") from None
+
+
+class ChunkSummary:
+    """What a chunk's frame header and summary say without decompressing it."""
+
+    __slots__ = ("count", "t_first", "t_last", "step_first", "step_last", "summary")
+
+    def __init__(self, count, t_first, t_last, step_first, step_last, summary):
+        self.count = count
+        self.t_first = t_first
+        self.t_last = t_last
+        self.step_first = step_first
+        self.step_last = step_last
+        self.summary = summary
+
+
+# Keys of a frame's summary map.
+S_KINDS = 0  # {kind: count}
+S_STEPS = 1  # [[step, start, end, mem_peak], ...] from Step records
+S_DROPPED = 2  # records dropped before this chunk
+S_GROUPS = 3  # [[group, ranks, name, desc, backend], ...]
+S_MEM_PEAK = 4  # largest mem_peak in the chunk
+S_OPEN = 5  # calls that never completed
+
+
+def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
+    """A chunk's msgpack payload (before compression) and its summary."""
+    order = list(map(_KIND, records))
+    kinds = set(order)
+    if len(kinds) == 1:
+        buckets = {records[0].__class__: records}
+    else:
+        buckets = {
+            RECORD_TYPES[k]: [r for r, rk in zip(records, order) if rk == k] for k in sorted(kinds)
+        }
+    tables = {}
+    t_first = t_last = None
+    step_lo = step_hi = None
+    peak = 0
+    open_calls = 0
+    for cls, bucket in buckets.items():
+        columns = {}
+        constants = {}
+        named = {}
+        for (name, key), column in zip(cls.WIRE, zip(*map(_GETTERS[cls], bucket))):
+            named[name] = column
+            if key == K_START or key == K_END:
+                continue
+            if column.count(column[0]) == len(column):
+                constants[key] = column[0]
+            else:
+                columns[key] = column
+        starts = named["start_ns"]
+        ends = named["end_ns"]
+        steps = named["step"]
+        open_here = ends.count(None)
+        open_calls += open_here
+        lo, hi = min(starts), max(starts)
+        if open_here < len(ends):
+            hi = max(hi, max(e for e in ends if e is not None) if open_here else max(ends))
+        t_first = lo if t_first is None else min(t_first, lo)
+        t_last = hi if t_last is None else max(t_last, hi)
+        s_lo, s_hi = min(steps), max(steps)
+        step_lo = s_lo if step_lo is None else min(step_lo, s_lo)
+        step_hi = s_hi if step_hi is None else max(step_hi, s_hi)
+        peaks = named.get("mem_peak")
+        if peaks is not None and peaks.count(None) < len(peaks):
+            peak = max(peak, max(p for p in peaks if p is not None))
+        columns[K_START] = [starts[0], *map(operator.sub, starts[1:], starts[:-1])]
+        if open_here:
+            durations = [None if e is None else e - s for s, e in zip(starts, ends)]
+        else:
+            durations = list(map(operator.sub, ends, starts))
+        if durations.count(durations[0]) == len(durations):
+            constants[K_END] = durations[0]
+        else:
+            columns[K_END] = durations
+        tables[cls.KIND] = [columns, constants]
+    payload = msgpack.packb({C_ORDER: order, C_TABLES: tables}, use_bin_type=True)
+    summary = _summarise(buckets, order)
+    if peak:
+        summary[S_MEM_PEAK] = peak
+    if open_calls:
+        summary[S_OPEN] = open_calls
+    return payload, ChunkSummary(
+        len(records), t_first or 0, t_last or 0, step_lo or 0, step_hi or 0, summary
+    )
+
+
+def _summarise(buckets: dict[type, list], order: list[int]) -> dict:
+    summary: dict[int, Any] = {S_KINDS: dict(Counter(order))}
+    steps = buckets.get(Step)
+    if steps:
+        summary[S_STEPS] = [[s.step, s.start_ns, s.end_ns, s.mem_peak] for s in steps]
+    markers = buckets.get(Marker)
+    if markers:
+        dropped = sum(m.value or 0 for m in markers if m.name == "records_dropped")
+        if dropped:
+            summary[S_DROPPED] = dropped
+    groups = buckets.get(GroupInfo)
+    if groups:
+        summary[S_GROUPS] = [[g.group, g.ranks, g.name, g.text, g.backend] for g in groups]
+    return summary
+
+
+# --- decoding -----------------------------------------------------------------------
+
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def _opt_int(v) -> bool:
+    return v is None or type(v) is int
+
+
+def _is_str(v) -> bool:
+    return type(v) is str
+
+
+def _opt_str(v) -> bool:
+    return v is None or type(v) is str
+
+
+def _is_bool(v) -> bool:
+    return type(v) is bool
+
+
+def _shapes(v) -> bool:
+    return type(v) is tuple and all(
+        type(s) is tuple and all(type(d) is int for d in s) for s in v
+    )
+
+
+def _opt_shapes(v) -> bool:
+    return v is None or _shapes(v)
+
+
+def _strs(v) -> bool:
+    return type(v) is tuple and all(type(s) is str for s in v)
+
+
+def _opt_strs(v) -> bool:
+    return v is None or _strs(v)
+
+
+def _ints(v) -> bool:
+    return type(v) is tuple and all(type(s) is int for s in v)
+
+
+def _opt_ints(v) -> bool:
+    return v is None or _ints(v)
+
+
+def _opt_blobs(v) -> bool:
+    return v is None or (
+        type(v) is tuple and all(type(b) is bytes and len(b) == layout.BLOB_ID_LEN for b in v)
+    )
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "step": _is_int, "op": _is_str, "group": _is_int, "seq": _is_int,
+    "in_shapes": _shapes, "in_dtypes": _strs, "in_bytes": _is_int,
+    "out_shapes": _shapes, "out_dtypes": _strs, "out_bytes": _is_int,
+    "reduce_op": _opt_str, "root": _opt_int, "peer": _is_int, "tag": _is_int,
+    "async_op": _is_bool, "issued_ns": _opt_int,
+    "digest_in": _opt_ints, "digest_out": _opt_ints, "digest": _opt_ints,
+    "blob_in": _opt_blobs, "blob_out": _opt_blobs, "blob": _opt_blobs,
+    "mem_alloc": _opt_int, "mem_peak": _opt_int, "name": _opt_str, "value": _opt_int,
+    "text": _opt_str, "stack": _opt_strs, "ranks": _ints, "shapes": _opt_shapes,
+    "dtypes": _strs, "nbytes": _is_int,
+}
+# Fields whose type is narrower in one record than the table above allows.
+_NARROW = {(Marker, "name"): _is_str, (GroupInfo, "text"): _is_str, (GroupInfo, "name"): _is_str}
+_NARROW.update({(GroupInfo, "backend"): _is_str})
+_CHECKS["backend"] = _is_str
+
+
+_DEFAULTS = {
+    cls: {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+    for cls in RECORD_TYPES.values()
+}
+_MISSING = object()
+
+
+def decode_chunk(payload: bytes, count: int, where: str) -> list[Record]:
+    """Records of one chunk payload; FormatError on anything malformed."""
+    chunk = unpack(payload, where)
+    if type(chunk) is not dict:
+        raise FormatError(f"{where}: chunk is not a map")
+    order = chunk.get(C_ORDER)
+    tables = chunk.get(C_TABLES)
+    if type(order) is not tuple or type(tables) is not dict:
+        raise FormatError(f"{where}: chunk lacks its order or tables")
+    if len(order) != count:
+        raise FormatError(f"{where}: chunk holds {len(order)} records, header says {count}")
+    counts = Counter(order)
+    decoded: dict[int, Iterable[Record]] = {}
+    for kind, n in counts.items():
+        cls = RECORD_TYPES.get(kind) if type(kind) is int else None
+        if cls is None:
+            continue  # a record kind from a newer minor version: skipped
+        table = tables.get(kind)
+        if type(table) is not tuple or len(table) < 2:
+            raise FormatError(f"{where}: table of record kind {kind} is missing or malformed")
+        decoded[kind] = iter(_decode_table(cls, table[0], table[1], n, f"{where}, kind {kind}"))
+    out = []
+    for kind in order:
+        it = decoded.get(kind)
+        if it is not None:
+            out.append(next(it))
+    return out
+
+
+def _decode_table(cls, columns, constants, n: int, where: str) -> list[Record]:
+    if type(columns) is not dict or type(constants) is not dict:
+        raise FormatError(f"{where}: columns or constants are not maps")
+    varying: dict[str, Sequence] = {}
+    fixed: dict[str, Any] = {}
+    for name, key in cls.WIRE:
+        col = columns.get(key, _MISSING)
+        if col is not _MISSING:
+            if type(col) is not tuple or len(col) != n:
+                raise FormatError(f"{where}: column {key} ({name}) has the wrong length")
+            varying[name] = col
+            distinct = _distinct(col, where, name)
+        else:
+            const = constants.get(key, _MISSING)
+            if const is _MISSING:
+                if name not in _DEFAULTS[cls]:
+                    raise FormatError(f"{where}: required field {key} ({name}) is missing")
+                const = _DEFAULTS[cls][name]
+            fixed[name] = const
+            distinct = (const,)
+        if name == "start_ns" or name == "end_ns":
+            continue
+        check = _NARROW.get((cls, name)) or _CHECKS[name]
+        if not all(map(check, distinct)):
+            raise FormatError(f"{where}: field {name} has a value of the wrong type")
+    starts = varying.pop("start_ns", None) or (fixed.pop("start_ns"),) * n
+    if not all(type(v) is int for v in starts):
+        raise FormatError(f"{where}: start times are not integers")
+    starts = list(accumulate(starts))
+    durations = varying.pop("end_ns", None) or (fixed.pop("end_ns", None),) * n
+    if not all(v is None or type(v) is int for v in _distinct(durations, where, "end_ns")):
+        raise FormatError(f"{where}: durations are not integers")
+    if None in durations:
+        ends = [None if d is None else s + d for s, d in zip(starts, durations)]
+    else:
+        ends = list(map(operator.add, starts, durations))
+    fixed.pop("start_ns", None)
+    fixed.pop("end_ns", None)
+    make = partial(cls, **fixed) if fixed else cls
+    names = ("start_ns", "end_ns", *varying)
+    cols = (starts, ends, *varying.values())
+    return [make(**dict(zip(names, row))) for row in zip(*cols)]
+
+
+def _distinct(col: Sequence, where: str, name: str):
+    try:
+        return set(col)
+    except TypeError:  # a map where a value belongs
+        raise FormatError(f"{where}: field {name} has a value of the wrong type") from None

@@ -1,0 +1,79 @@
+"""Byte layout of spools and bundles: magic numbers, fixed structs, limits (FORMAT.md)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from prism_rr.errors import FormatError
+
+MAJOR = 1
+MINOR = 0
+
+# Features this reader implements. A bundle lists the ones a reader must know.
+FEATURES_KNOWN = frozenset({"columnar-chunks", "blobs", "summaries", "digests", "redacted"})
+
+SPOOL_MAGIC = b"PRSPOOL\x00"
+SPOOL_HEADER = struct.Struct("<8sHHII")  # magic, major, minor, rank, crc32 of the first 16 bytes
+
+FRAME_MAGIC = b"PRCK"
+FRAME_EVENTS = 1
+FRAME_RANK_INFO = 2
+# magic, flags, kind, rank, index, count, raw_len, comp_len, summ_len,
+# t_first, t_last, step_first, step_last, crc_body, crc_head
+FRAME_HEADER = struct.Struct("<4sHHIIIIIIqqiiII")
+
+BUNDLE_MAGIC = b"\x89PRISM\r\n"
+BUNDLE_HEADER = struct.Struct("<8sHHI12sI")  # magic, major, minor, flags, reserved, crc32
+TRAILER_MAGIC = b"PRISMEND"
+# magic, table offset, table count, major, minor, table crc32, trailer crc32
+TRAILER = struct.Struct("<8sQIHHII")
+SECTION_ENTRY = struct.Struct("<IIQQII")  # id, flags, offset, length, crc32, reserved
+
+SEC_MANIFEST = 1
+SEC_CHUNKS = 2
+SEC_BLOBS = 3
+SEC_BLOB_INDEX = 4
+SEC_SUMMARIES = 5
+SEC_RANK_INDEX = 6
+SEC_CHUNK_INDEX = 7
+SECTION_NAMES = {
+    SEC_MANIFEST: "manifest",
+    SEC_CHUNKS: "chunks",
+    SEC_BLOBS: "blobs",
+    SEC_BLOB_INDEX: "blob index",
+    SEC_SUMMARIES: "summaries",
+    SEC_RANK_INDEX: "rank index",
+    SEC_CHUNK_INDEX: "chunk index",
+}
+REQUIRED_SECTIONS = (SEC_MANIFEST, SEC_CHUNKS, SEC_SUMMARIES, SEC_RANK_INDEX, SEC_CHUNK_INDEX)
+
+RANK_ENTRY = struct.Struct("<II")  # first chunk, number of chunks; dense by rank
+# offset in chunk section, length, count, t_first, t_last, step_first, step_last
+CHUNK_ENTRY = struct.Struct("<QIIqqii")
+BLOB_ID_LEN = 16
+# blob id, offset in blob section, stored length, raw length, crc32 of stored bytes
+BLOB_ENTRY = struct.Struct("<16sQIII")
+
+# Bounds applied before anything is allocated from a length read off disk.
+MAX_CHUNK_RAW = 64 << 20
+MAX_CHUNK_COMPRESSED = 64 << 20
+MAX_CHUNK_EVENTS = 1 << 20
+MAX_SUMMARY_LEN = 1 << 20
+MAX_SECTIONS = 64
+MAX_WORLD = 1 << 20
+MAX_MANIFEST_RAW = 256 << 20
+MAX_SUMMARIES_RAW = 512 << 20
+MAX_BLOB_RAW = 1 << 31
+MAX_RANK_INFO_RAW = 1 << 20
+
+
+def crc32(data) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def bounded(value: int, limit: int, what: str, where: str) -> int:
+    """`value` if 0 <= value <= limit, else a FormatError naming what and where."""
+    if not 0 <= value <= limit:
+        raise FormatError(f"{where}: {what} {value} is out of bounds (limit {limit})")
+    return value

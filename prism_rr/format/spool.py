@@ -1,0 +1,309 @@
+"""Spools: one append-only file of checksummed zstd frames per recording rank.
+
+The writer never blocks its caller: records go to a list, full lists go to a bounded
+queue, and a thread compresses and appends them. When the queue is full the records are
+dropped and counted; the next chunk starts with a "records_dropped" marker.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgpack
+
+from prism_rr.errors import FormatError
+from prism_rr.format import codec, layout
+from prism_rr.format.records import Marker, Record
+
+__all__ = ["Frame", "SpoolWriter", "read_spool", "repair_spool", "spool_path"]
+
+
+def spool_path(directory: str | os.PathLike, rank: int) -> Path:
+    return Path(directory) / f"rank-{rank:05d}.spool"
+
+
+def encode_frame(kind: int, rank: int, index: int, records=None, info=None) -> bytes:
+    """One frame: header, summary, compressed payload."""
+    if kind == layout.FRAME_EVENTS:
+        payload, cs = codec.encode_chunk(records)
+        summary = msgpack.packb(cs.summary, use_bin_type=True)
+        count, t0, t1, s0, s1 = cs.count, cs.t_first, cs.t_last, cs.step_first, cs.step_last
+    else:
+        payload = msgpack.packb(info, use_bin_type=True)
+        summary = b""
+        count = t0 = t1 = s0 = s1 = 0
+    body = summary + codec.compress(payload)
+    head = layout.FRAME_HEADER.pack(
+        layout.FRAME_MAGIC, 0, kind, rank, index, count, len(payload),
+        len(body) - len(summary), len(summary), t0, t1, s0, s1, layout.crc32(body), 0,
+    )
+    head = head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little")
+    return head + body
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Frame:
+    """A frame found in a spool: where it lies and what its header says."""
+
+    offset: int  # of the header, in the spool or chunk section
+    length: int  # header + summary + payload
+    kind: int
+    rank: int
+    index: int
+    count: int
+    raw_len: int
+    t_first: int
+    t_last: int
+    step_first: int
+    step_last: int
+    summary: dict
+
+    def payload(self, buf) -> memoryview:
+        start = self.offset + layout.FRAME_HEADER.size + self.summary_len(buf)
+        return memoryview(buf)[start : self.offset + self.length]
+
+    def summary_len(self, buf) -> int:
+        return layout.FRAME_HEADER.unpack_from(buf, self.offset)[8]
+
+
+def parse_frame(buf, offset: int, end: int, where: str) -> Frame:
+    """The frame at `offset`; checks header, bounds and body checksum."""
+    size = layout.FRAME_HEADER.size
+    if end - offset < size:
+        raise FormatError(f"{where}, offset {offset}: truncated frame header")
+    fields = layout.FRAME_HEADER.unpack_from(buf, offset)
+    (magic, flags, kind, rank, index, count, raw_len, comp_len, summ_len,
+     t0, t1, s0, s1, crc_body, crc_head) = fields
+    if magic != layout.FRAME_MAGIC:
+        raise FormatError(f"{where}, offset {offset}: bad frame magic {magic!r}")
+    if layout.crc32(memoryview(buf)[offset : offset + size - 4]) != crc_head:
+        raise FormatError(f"{where}, offset {offset}: frame header checksum mismatch")
+    if flags != 0:
+        raise FormatError(f"{where}, offset {offset}: reserved frame flags are set ({flags})")
+    at = f"{where}, offset {offset}"
+    layout.bounded(raw_len, layout.MAX_CHUNK_RAW, "payload size", at)
+    layout.bounded(comp_len, layout.MAX_CHUNK_COMPRESSED, "compressed size", at)
+    layout.bounded(summ_len, layout.MAX_SUMMARY_LEN, "summary size", at)
+    layout.bounded(count, layout.MAX_CHUNK_EVENTS, "record count", at)
+    length = size + summ_len + comp_len
+    if end - offset < length:
+        raise FormatError(f"{at}: frame body is truncated ({end - offset - size} of {length - size} bytes)")
+    body = memoryview(buf)[offset + size : offset + length]
+    if layout.crc32(body) != crc_body:
+        raise FormatError(f"{at}: frame body checksum mismatch")
+    summary = {}
+    if summ_len:
+        summary = codec.unpack(body[:summ_len], f"{at}, summary")
+        if type(summary) is not dict:
+            raise FormatError(f"{at}: frame summary is not a map")
+    return Frame(
+        offset=offset, length=length, kind=kind, rank=rank, index=index, count=count,
+        raw_len=raw_len, t_first=t0, t_last=t1, step_first=s0, step_last=s1, summary=summary,
+    )
+
+
+def frame_records(buf, frame: Frame, where: str) -> list[Record]:
+    at = f"{where}, offset {frame.offset}"
+    raw = codec.decompress(frame.payload(buf), frame.raw_len, at)
+    if len(raw) != frame.raw_len:
+        raise FormatError(f"{at}: payload is {len(raw)} bytes, header says {frame.raw_len}")
+    return codec.decode_chunk(raw, frame.count, at)
+
+
+def frame_info(buf, frame: Frame, where: str) -> dict:
+    at = f"{where}, offset {frame.offset}"
+    raw = codec.decompress(frame.payload(buf), layout.MAX_RANK_INFO_RAW, at)
+    info = codec.unpack(raw, at)
+    if type(info) is not dict:
+        raise FormatError(f"{at}: rank info is not a map")
+    return info
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpoolScan:
+    """What a spool holds: its good frames, and where and why reading stopped early."""
+
+    path: Path
+    rank: int
+    frames: list[Frame]
+    good_bytes: int  # length of the intact prefix
+    size: int
+    problem: str | None  # why the tail was not read, or None
+
+    @property
+    def torn(self) -> bool:
+        return self.problem is not None
+
+
+def read_spool(path: str | os.PathLike, data: bytes | None = None) -> SpoolScan:
+    """Scan a spool, keeping every complete frame before the first bad one."""
+    path = Path(path)
+    if data is None:
+        data = path.read_bytes()
+    where = f"spool {path.name}"
+    hsize = layout.SPOOL_HEADER.size
+    if len(data) < hsize:
+        raise FormatError(f"{where}: too short for a spool header ({len(data)} bytes)")
+    magic, major, minor, rank, crc = layout.SPOOL_HEADER.unpack_from(data, 0)
+    if magic != layout.SPOOL_MAGIC or layout.crc32(data[: hsize - 4]) != crc:
+        raise FormatError(f"{where}: not a prism-rr spool (bad header)")
+    if major != layout.MAJOR:
+        raise FormatError(f"{where}: spool format {major}.{minor}, this reader supports {layout.MAJOR}.x")
+    frames = []
+    offset = hsize
+    problem = None
+    while offset < len(data):
+        try:
+            frame = parse_frame(data, offset, len(data), where)
+        except FormatError as exc:
+            problem = str(exc)
+            break
+        if frame.rank != rank:
+            problem = f"{where}, offset {offset}: frame of rank {frame.rank} in the spool of rank {rank}"
+            break
+        frames.append(frame)
+        offset += frame.length
+    return SpoolScan(path=path, rank=rank, frames=frames, good_bytes=offset, size=len(data), problem=problem)
+
+
+def repair_spool(path: str | os.PathLike) -> SpoolScan:
+    """Cut a torn tail off a spool, keeping it beside the spool as `<name>.torn`."""
+    path = Path(path)
+    scan = read_spool(path)
+    if scan.torn:
+        data = path.read_bytes()
+        path.with_name(path.name + ".torn").write_bytes(data[scan.good_bytes :])
+        with open(path, "r+b") as f:
+            f.truncate(scan.good_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+    return scan
+
+
+class SpoolWriter:
+    """Appends records of one rank to its spool without ever blocking the caller."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        rank: int,
+        *,
+        chunk_records: int = 2048,
+        queue_chunks: int = 64,
+        flush_interval_s: float = 0.5,
+        info: dict[str, Any] | None = None,
+    ):
+        self.path = Path(path)
+        self.rank = rank
+        self.chunk_records = chunk_records
+        self.flush_interval_s = flush_interval_s
+        self.dropped = 0  # records dropped in all
+        self.error: BaseException | None = None
+        self._pending: list[Record] = []
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_chunks)
+        self._unreported = 0
+        self._index = 0
+        self._closed = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
+        os.write(self._fd, head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"))
+        if info is not None:
+            self._write(layout.FRAME_RANK_INFO, info=info)
+        self._thread = threading.Thread(target=self._run, name=f"prism-rr-spool-{rank}", daemon=True)
+        self._thread.start()
+
+    def append(self, record: Record) -> None:
+        with self._lock:
+            pending = self._pending
+            pending.append(record)
+            if len(pending) < self.chunk_records:
+                return
+            self._pending = []
+        self._hand_off(pending)
+
+    def add_info(self, info: dict[str, Any]) -> None:
+        """Queue a rank-info frame (argv, versions, clock offset, ...)."""
+        self._offer(("info", info))
+
+    def flush(self) -> None:
+        """Hand the pending records to the writer thread now."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            self._hand_off(pending)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush everything and wait (at most `timeout`) for it to reach the file."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            os.close(self._fd)
+
+    def sync(self, timeout: float = 5.0) -> None:
+        """Flush and wait until the writer thread has written all queued chunks."""
+        self.flush()
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    def _hand_off(self, records: list[Record]) -> None:
+        if not self._offer(("events", records)):
+            self.dropped += len(records)
+            self._unreported += len(records)
+
+    def _offer(self, item) -> bool:
+        if self._closed:
+            return False
+        try:
+            self._queue.put_nowait(item)
+            return True
+        except queue.Full:
+            return False
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=self.flush_interval_s)
+            except queue.Empty:
+                self.flush()  # a quiet rank (or a hung one) still reaches the disk
+                continue
+            try:
+                if item is None:
+                    return
+                kind, payload = item
+                if kind == "info":
+                    self._write(layout.FRAME_RANK_INFO, info=payload)
+                else:
+                    self._write_events(payload)
+            except BaseException as exc:  # never let the writer die silently
+                self.error = exc
+            finally:
+                self._queue.task_done()
+
+    def _write_events(self, records: list[Record]) -> None:
+        if self._unreported:
+            lost, self._unreported = self._unreported, 0
+            t = records[0].start_ns if records else time.monotonic_ns()
+            step = records[0].step if records else 0
+            records = [Marker(start_ns=t, end_ns=t, step=step, name="records_dropped", value=lost), *records]
+        self._write(layout.FRAME_EVENTS, records=records)
+
+    def _write(self, kind: int, records=None, info=None) -> None:
+        frame = encode_frame(kind, self.rank, self._index, records=records, info=info)
+        self._index += 1
+        os.write(self._fd, frame)

@@ -1,0 +1,37 @@
+"""The layering rules of ARCHITECTURE.md, checked in a fresh interpreter."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _modules_after(statement: str) -> set[str]:
+    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _top(mods: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in mods}
+
+
+@pytest.mark.parametrize("statement", [
+    "import prism_rr.format",
+    "import prism_rr.format as f; b = f.open_bundle('tests/data/golden-v1.prism'); list(b.events(0)); f.verify(b)",
+])
+def test_format_needs_no_torch_or_ui(statement):
+    assert not _top(_modules_after(statement)) & {"torch", "textual", "rich", "typer", "numpy"}
+
+
+def test_top_level_package_is_light():
+    assert not _top(_modules_after("import prism_rr")) & {"torch", "textual", "rich"}
+
+
+def test_info_runs_without_torch():
+    mods = _modules_after(
+        "import sys; sys.argv=['prism-rr','info','tests/data/golden-v1.prism','--json']\n"
+        "from prism_rr import cli\ntry:\n    cli.main()\nexcept SystemExit:\n    pass"
+    )
+    assert "torch" not in _top(mods)
