@@ -5,8 +5,8 @@ from __future__ import annotations
 import operator
 from dataclasses import MISSING, fields
 from collections import Counter
-from functools import partial
-from itertools import accumulate
+from functools import lru_cache
+from itertools import accumulate, repeat
 from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
@@ -16,6 +16,7 @@ from prism_rr.errors import FormatError
 from prism_rr.format import layout
 from prism_rr.format.records import (
     K_END,
+    K_RANKS,
     K_START,
     RECORD_TYPES,
     GroupInfo,
@@ -98,6 +99,32 @@ class ChunkSummary:
         self.summary = summary
 
 
+def pack_ranks(ranks: Sequence[int]):
+    """A list of ranks as it goes on the wire: an arithmetic run as {0: start, 1: stop, 2: step}."""
+    n = len(ranks)
+    if n >= 4:
+        step = ranks[1] - ranks[0]
+        if step > 0 and ranks[-1] == ranks[0] + step * (n - 1) and all(
+            b - a == step for a, b in zip(ranks, ranks[1:])
+        ):
+            return {0: ranks[0], 1: ranks[-1] + 1, 2: step}
+    return tuple(ranks)
+
+
+def unpack_ranks(value, where: str) -> tuple[int, ...]:
+    """The inverse of pack_ranks, bounded: FormatError on anything else."""
+    if type(value) is tuple and all(type(r) is int for r in value):
+        return value
+    if type(value) is dict and len(value) == 3 and all(type(value.get(k)) is int for k in (0, 1, 2)):
+        start, stop, step = value[0], value[1], value[2]
+        if 0 <= start < stop <= layout.MAX_WORLD and 0 < step:
+            return tuple(range(start, stop, step))
+    raise FormatError(f"{where}: a list of ranks is malformed")
+
+
+_TO_WIRE = {K_RANKS: pack_ranks}
+
+
 # Keys of a frame's summary map.
 S_KINDS = 0  # {kind: count}
 S_STEPS = 1  # [[step, start, end, mem_peak], ...] from Step records
@@ -110,13 +137,16 @@ S_OPEN = 5  # calls that never completed
 def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     """A chunk's msgpack payload (before compression) and its summary."""
     order = list(map(_KIND, records))
-    kinds = set(order)
-    if len(kinds) == 1:
+    counts = Counter(order)
+    if len(counts) == 1:
         buckets = {records[0].__class__: records}
-    else:
-        buckets = {
-            RECORD_TYPES[k]: [r for r, rk in zip(records, order) if rk == k] for k in sorted(kinds)
-        }
+    else:  # a stable sort by kind keeps each kind's records in order
+        by_kind = list(map(records.__getitem__, sorted(range(len(order)), key=order.__getitem__)))
+        buckets = {}
+        at = 0
+        for kind in sorted(counts):
+            buckets[RECORD_TYPES[kind]] = by_kind[at : at + counts[kind]]
+            at += counts[kind]
     tables = {}
     t_first = t_last = None
     step_lo = step_hi = None
@@ -130,6 +160,9 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
             named[name] = column
             if key == K_START or key == K_END:
                 continue
+            to_wire = _TO_WIRE.get(key)
+            if to_wire is not None:
+                column = tuple(map(to_wire, column))
             if column.count(column[0]) == len(column):
                 constants[key] = column[0]
             else:
@@ -183,7 +216,7 @@ def _summarise(buckets: dict[type, list], order: list[int]) -> dict:
             summary[S_DROPPED] = dropped
     groups = buckets.get(GroupInfo)
     if groups:
-        summary[S_GROUPS] = [[g.group, g.ranks, g.name, g.text, g.backend] for g in groups]
+        summary[S_GROUPS] = [[g.group, pack_ranks(g.ranks), g.name, g.text, g.backend] for g in groups]
     return summary
 
 
@@ -250,7 +283,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "digest_in": _opt_ints, "digest_out": _opt_ints, "digest": _opt_ints,
     "blob_in": _opt_blobs, "blob_out": _opt_blobs, "blob": _opt_blobs,
     "mem_alloc": _opt_int, "mem_peak": _opt_int, "name": _opt_str, "value": _opt_int,
-    "text": _opt_str, "stack": _opt_strs, "ranks": _ints, "shapes": _opt_shapes,
+    "text": _opt_str, "stack": _opt_strs, "shapes": _opt_shapes,
     "dtypes": _strs, "nbytes": _is_int,
 }
 # Fields whose type is narrower in one record than the table above allows.
@@ -306,6 +339,8 @@ def _decode_table(cls, columns, constants, n: int, where: str) -> list[Record]:
             if type(col) is not tuple or len(col) != n:
                 raise FormatError(f"{where}: column {key} ({name}) has the wrong length")
             varying[name] = col
+            if name == "ranks":  # may hold maps; unpack_ranks checks them below
+                continue
             distinct = _distinct(col, where, name)
         else:
             const = constants.get(key, _MISSING)
@@ -314,6 +349,8 @@ def _decode_table(cls, columns, constants, n: int, where: str) -> list[Record]:
                     raise FormatError(f"{where}: required field {key} ({name}) is missing")
                 const = _DEFAULTS[cls][name]
             fixed[name] = const
+            if name == "ranks":
+                continue
             distinct = (const,)
         if name == "start_ns" or name == "end_ns":
             continue
@@ -333,10 +370,37 @@ def _decode_table(cls, columns, constants, n: int, where: str) -> list[Record]:
         ends = list(map(operator.add, starts, durations))
     fixed.pop("start_ns", None)
     fixed.pop("end_ns", None)
-    make = partial(cls, **fixed) if fixed else cls
+    if "ranks" in varying:
+        varying["ranks"] = [unpack_ranks(v, where) for v in varying["ranks"]]
+    if "ranks" in fixed:
+        fixed["ranks"] = unpack_ranks(fixed["ranks"], where)
     names = ("start_ns", "end_ns", *varying)
-    cols = (starts, ends, *varying.values())
-    return [make(**dict(zip(names, row))) for row in zip(*cols)]
+    build = _builder(cls, names, tuple(fixed))
+    consts = tuple(fixed.values())
+    return list(map(build, starts, ends, *varying.values(), *map(repeat, consts)))
+
+
+@lru_cache(maxsize=256)
+def _builder(cls, names: tuple[str, ...], fixed: tuple[str, ...]):
+    """A function making `cls` records from positional values, setting slots directly.
+
+    Several times faster than the dataclass __init__ with keywords; fields not named
+    take their defaults. The generated code names only our own field names.
+    """
+    given = names + fixed
+    defaults = _DEFAULTS[cls]
+    lines = [f"def build({', '.join(given)}):", "    o = new(cls)"]
+    env = {"new": object.__new__, "cls": cls}
+    for f in fields(cls):
+        env[f"set_{f.name}"] = getattr(cls, f.name).__set__
+        if f.name in given:
+            lines.append(f"    set_{f.name}(o, {f.name})")
+        else:
+            env[f"default_{f.name}"] = defaults[f.name]
+            lines.append(f"    set_{f.name}(o, default_{f.name})")
+    lines.append("    return o")
+    exec("\n".join(lines), env)
+    return env["build"]
 
 
 def _distinct(col: Sequence, where: str, name: str):

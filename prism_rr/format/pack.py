@@ -133,7 +133,6 @@ def pack(
             "world_size": world,
             "recorded_ranks": ranks,
             "groups": [groups[g] for g in sorted(groups)],
-            "ranks": {r: rank_info.get(r, {}) for r in ranks},
             "run": run,
         }
         if manifest_extra:
@@ -161,6 +160,7 @@ def pack(
             (layout.SEC_RANK_INDEX, bytes(rank_index)),
             (layout.SEC_CHUNK_INDEX, bytes(chunk_index)),
             (layout.SEC_BLOB_INDEX, blob_index),
+            (layout.SEC_RANK_INFO, codec.compress(msgpack.packb({r: rank_info.get(r, {}) for r in ranks}, use_bin_type=True))),
         ):
             sections.append((sid, f.tell(), len(payload), layout.crc32(payload)))
             f.write(payload)
@@ -203,9 +203,9 @@ def _fold(rs: dict, frame, steps: dict, groups: dict, rank: int, where: str) -> 
         for step, start, end, peak in s.get(codec.S_STEPS, ()):
             steps.setdefault(int(step), {})[rank] = [start, end, peak]
         for gid, ranks, name, desc, backend in s.get(codec.S_GROUPS, ()):
-            groups.setdefault(int(gid), {
-                "id": int(gid), "ranks": list(ranks), "name": name, "desc": desc, "backend": backend,
-            })
+            if gid not in groups:
+                codec.unpack_ranks(ranks, f"{where}, offset {frame.offset}")  # refuse nonsense early
+                groups[int(gid)] = {"id": int(gid), "ranks": ranks, "name": name, "desc": desc, "backend": backend}
     except (TypeError, ValueError, AttributeError) as exc:
         raise FormatError(f"{where}, offset {frame.offset}: malformed frame summary ({exc})") from None
 

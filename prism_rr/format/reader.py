@@ -157,13 +157,9 @@ class Bundle:
         ranks = m.get("recorded_ranks")
         if type(ranks) is not tuple or not all(type(r) is int and 0 <= r < world for r in ranks):
             raise FormatError(f"{where}: recorded_ranks is not a list of ranks below world_size")
-        for key, kind in (("groups", tuple), ("ranks", dict), ("run", dict)):
+        for key, kind in (("groups", tuple), ("run", dict)):
             if type(m.get(key, kind())) is not kind:
                 raise FormatError(f"{where}: manifest field {key!r} has the wrong type")
-        for g in m.get("groups", ()):
-            if not (type(g) is dict and type(g.get("id")) is int and type(g.get("ranks")) is tuple
-                    and all(type(r) is int for r in g["ranks"])):
-                raise FormatError(f"{where}: a group entry is malformed")
         return m
 
     def _check_indexes(self) -> None:
@@ -188,13 +184,31 @@ class Bundle:
     def recorded_ranks(self) -> list[int]:
         return list(self.manifest["recorded_ranks"])
 
-    @property
+    @cached_property
     def groups(self) -> list[dict]:
-        return list(self.manifest.get("groups", ()))
+        """Every process group: {id, ranks, name, desc, backend}, ranks as global ranks."""
+        where = self._where(layout.SEC_MANIFEST)
+        out = []
+        for g in self.manifest.get("groups", ()):
+            if not (type(g) is dict and type(g.get("id")) is int):
+                raise FormatError(f"{where}: a group entry is malformed")
+            out.append({**g, "ranks": codec.unpack_ranks(g.get("ranks"), where)})
+        return out
+
+    @cached_property
+    def _rank_infos(self) -> dict:
+        if layout.SEC_RANK_INFO not in self.sections:
+            return {}
+        where = self._where(layout.SEC_RANK_INFO)
+        raw = codec.decompress(self._checked(layout.SEC_RANK_INFO), layout.MAX_MANIFEST_RAW, where)
+        infos = codec.unpack(raw, where)
+        if type(infos) is not dict or not all(type(v) is dict for v in infos.values()):
+            raise FormatError(f"{where}: rank info is not a map of maps")
+        return infos
 
     def rank_info(self, rank: int) -> dict:
-        info = self.manifest.get("ranks", {}).get(rank, {})
-        return info if type(info) is dict else {}
+        """What the recorder knew of one rank: argv, cwd, versions, clock, environment, ..."""
+        return self._rank_infos.get(rank, {})
 
     @cached_property
     def summaries(self) -> dict:

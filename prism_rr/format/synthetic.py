@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
@@ -30,6 +31,7 @@ __all__ = ["synthetic_records", "write_synthetic"]
 _STACK = ("train.py:88 in train_step", "model.py:41 in forward")
 
 
+@lru_cache(maxsize=8)
 def _groups(world: int, tp: int) -> list[tuple[int, tuple[int, ...], str]]:
     """WORLD, then the tp groups, then the dp groups, as a DeviceMesh would create them."""
     out = [(0, tuple(range(world)), "default_pg")]

@@ -8,6 +8,7 @@ from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id
 from prism_rr.format.reader import Bundle
+from prism_rr.format.spool import frame_records
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -25,6 +26,7 @@ def verify(bundle: Bundle) -> VerifyReport:
     for sec in bundle.sections.values():
         bundle._checked(sec.id)
     summaries = bundle.summaries
+    bundle.groups, bundle._rank_infos  # decoded and checked on first use
     n_chunks = events = 0
     seen_chunks: set[int] = set()
     recorded = set(bundle.recorded_ranks)
@@ -42,7 +44,7 @@ def verify(bundle: Bundle) -> VerifyReport:
                 ref.t_first, ref.t_last, ref.step_first, ref.step_last
             ):
                 raise FormatError(f"{bundle.path.name}: chunks section, offset {frame.offset}: header disagrees with chunk index entry {ref.number}")
-            records = bundle.read_chunk(ref)
+            records = frame_records(bundle._map, frame, f"{bundle.path.name}: chunks section")
             for rec in records:
                 for ident in _blob_ids(rec):
                     _check_blob(bundle, ident)

@@ -24,6 +24,7 @@ def read_everything(path):
     with open_bundle(path) as b:
         b.summaries, b.steps, b.event_count, b.groups
         for rank in range(b.world_size):
+            b.rank_info(rank)
             for rec in b.events(rank):
                 for ident in getattr(rec, "blob_out", None) or ():
                     b.blob(ident)
@@ -94,7 +95,7 @@ def _resealed(data: bytes, sid: int, mutate) -> bytes:
     return bytes(buf)
 
 
-@pytest.mark.parametrize("sid", [layout.SEC_RANK_INDEX, layout.SEC_CHUNK_INDEX, layout.SEC_BLOB_INDEX])
+@pytest.mark.parametrize("sid", [layout.SEC_RANK_INDEX, layout.SEC_CHUNK_INDEX, layout.SEC_BLOB_INDEX, layout.SEC_RANK_INFO])
 def test_damaged_indexes_behind_valid_checksums(tmp_path, sid):
     data = GOLDEN.read_bytes()
     rng = random.Random(sid)
@@ -123,7 +124,8 @@ def test_hostile_manifests_behind_valid_checksums(tmp_path):
         codec.compress(msgpack.packb({**good, "world_size": "4"})),
         codec.compress(msgpack.packb({**good, "recorded_ranks": [9]})),
         codec.compress(msgpack.packb({**good, "groups": [{"id": "x"}]})),
-        codec.compress(msgpack.packb({**good, "ranks": []})),
+        codec.compress(msgpack.packb({**good, "groups": [{"id": 1, "ranks": {0: 5, 1: 2**40, 2: 1}}]})),
+        codec.compress(msgpack.packb({**good, "groups": [{"id": 1, "ranks": ["a"]}]})),
         codec.compress(msgpack.packb({**good, "format": "1.0"})),
         codec.compress(msgpack.packb({**good, "world_size": 3})),  # disagrees with the rank index
         codec.compress(msgpack.packb({1: 2, (1,): 3}, strict_types=False) if False else msgpack.packb({**good, "features_required": [7]})),
