@@ -99,6 +99,11 @@ class ChunkSummary:
         self.summary = summary
 
 
+def _all_same(column: Sequence) -> bool:
+    # the ends differ in most varying columns: a cheap test before the full scan
+    return column[-1] == column[0] and column.count(column[0]) == len(column)
+
+
 def pack_ranks(ranks: Sequence[int]):
     """A list of ranks as it goes on the wire: an arithmetic run as {0: start, 1: stop, 2: step}."""
     n = len(ranks)
@@ -163,7 +168,7 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
             to_wire = _TO_WIRE.get(key)
             if to_wire is not None:
                 column = tuple(map(to_wire, column))
-            if column.count(column[0]) == len(column):
+            if _all_same(column):
                 constants[key] = column[0]
             else:
                 columns[key] = column
@@ -181,14 +186,17 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
         step_lo = s_lo if step_lo is None else min(step_lo, s_lo)
         step_hi = s_hi if step_hi is None else max(step_hi, s_hi)
         peaks = named.get("mem_peak")
-        if peaks is not None and peaks.count(None) < len(peaks):
-            peak = max(peak, max(p for p in peaks if p is not None))
+        if peaks is not None:
+            if None not in peaks:
+                peak = max(peak, max(peaks))
+            elif peaks.count(None) < len(peaks):
+                peak = max(peak, max(p for p in peaks if p is not None))
         columns[K_START] = [starts[0], *map(operator.sub, starts[1:], starts[:-1])]
         if open_here:
             durations = [None if e is None else e - s for s, e in zip(starts, ends)]
         else:
             durations = list(map(operator.sub, ends, starts))
-        if durations.count(durations[0]) == len(durations):
+        if _all_same(durations):
             constants[K_END] = durations[0]
         else:
             columns[K_END] = durations
