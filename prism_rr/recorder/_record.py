@@ -1,0 +1,85 @@
+"""The in-process API: `with record(path): train()` and `step()`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+from prism_rr.recorder._options import RecordOptions, spool_dir_for
+
+__all__ = ["record", "step"]
+
+log = logging.getLogger("prism_rr.recorder")
+_PACK_WAIT_S = 60.0
+
+
+def step() -> None:
+    """Mark a training step boundary by hand (optimizer steps then no longer do)."""
+    session = sys.modules.get("prism_rr.recorder._session")
+    if session is not None:
+        session.step()
+
+
+@contextmanager
+def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, pack=True):
+    """Record the process groups this process creates inside the block into `path`.
+
+    Enter before `init_process_group`. Every rank enters it; on exit each rank closes
+    its spool in `<path>.d/`, and rank 0 packs the spools into `path` once all ranks
+    have closed theirs (or after a minute).
+    """
+    options = RecordOptions.make(spool_dir_for(path), payload=payload, steps=steps, ranks=ranks,
+                                 ops=ops, memory=memory)
+    import torch.distributed as dist
+
+    from prism_rr.recorder import _install
+
+    if dist.is_available() and dist.is_initialized():
+        log.warning("prism-rr: record() entered after init_process_group; "
+                    "groups made before it are not recorded")
+    _install.install(options)
+    try:
+        yield Path(options.spool_dir)
+    finally:
+        rec = _install._state.rec
+        _install.uninstall()
+        _install._state.rec = None
+        if rec is not None:
+            rec.close("record() exit")
+        if pack:
+            _pack_when_all_closed(Path(options.spool_dir), Path(path))
+
+
+def _pack_when_all_closed(spool_dir: Path, out: Path) -> None:
+    import torch.distributed as dist
+
+    rank = 0
+    try:
+        if dist.is_initialized():
+            import torch.distributed.distributed_c10d as c10d
+
+            rank, world = dist.get_rank(), dist.get_world_size()
+            store = c10d._world.pg_map[c10d._get_default_group()][1]
+            store.set(f"prism_rr/closed/{rank}", b"1")
+            if rank == 0:
+                store.wait([f"prism_rr/closed/{r}" for r in range(world)], timedelta(seconds=_PACK_WAIT_S))
+    except Exception as exc:
+        log.warning("prism-rr: could not wait for every rank's spool: %s", exc)
+    if rank != 0:
+        return
+    try:
+        import prism_rr.format as fmt
+    except Exception:
+        return
+    pack = getattr(fmt, "pack", None)
+    if pack is None:
+        # TODO(lead): prism_rr.format.pack does not exist yet; the spools stay in spool_dir.
+        log.warning("prism-rr: spools left in %s (no prism_rr.format.pack yet)", spool_dir)
+        return
+    try:
+        pack(spool_dir, out)
+    except Exception as exc:
+        log.warning("prism-rr: packing %s failed: %s", out, exc)

@@ -1,0 +1,365 @@
+"""One rank's recording: its spool, step counter, open calls, and the off switch.
+
+Everything here runs inside a training rank. Any failure in the recorder logs one
+warning and turns recording off; the training run goes on as if nothing were watching.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from pathlib import Path
+from time import monotonic_ns
+
+from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
+from prism_rr.format.spool import SpoolWriter, spool_path
+from prism_rr.recorder import _payload, _signals
+from prism_rr.recorder._options import RecordOptions
+from prism_rr.recorder._stack import caller_stack
+
+__all__ = ["Call", "Recording", "current", "step"]
+
+log = logging.getLogger("prism_rr.recorder")
+
+_current: Recording | None = None
+
+
+def current() -> Recording | None:
+    return _current
+
+
+class Call:
+    """A communication call between entry and completion."""
+
+    __slots__ = (
+        "p2p", "op", "group", "seq", "start", "issued", "step", "ins", "outs", "in_desc",
+        "digest_in", "blob_in", "reduce_op", "root", "peer", "tag", "async_op", "stack",
+        "mem", "done", "work",
+    )
+
+    def __init__(self):
+        self.done = False
+        self.work = None  # the real Work's future, polled for completion
+
+
+class Recording:
+    """The recorder state of this process; at most one at a time."""
+
+    def __init__(self, options: RecordOptions, rank: int, info: dict):
+        self.options = options
+        self.rank = rank
+        self.world_size = int(info.get("world_size", 0))
+        self.mesh: dict | None = None
+        self.spool_dir = Path(options.spool_dir)
+        self.writer = SpoolWriter(spool_path(self.spool_dir, rank), rank, info=info)
+        self.on = True
+        self.step = 0
+        self.step_start = monotonic_ns()
+        self.active = options.in_window(0)
+        self.digest = options.payload == "digest"
+        self.full = options.payload == "full"
+        self.stack_depth = options.stack_depth
+        self.last_return: int | None = None  # when the previous comm call gave control back
+        self.open: dict[int, Call] = {}
+        self.cuda = False  # read CUDA allocator statistics at each event
+        self.cpu_memory = None  # a CpuMemoryTracker when options.memory on CPU
+        self.ops_mode = None
+        self._lock = threading.Lock()
+        self._manual_steps = False
+        self._pacer = None  # weakref to the optimizer whose steps mark boundaries
+        self._closed = False
+        self._hook_handle = None
+
+    # --- life cycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        global _current
+        _current = self
+        import torch.optim.optimizer as optim
+
+        self._hook_handle = optim.register_optimizer_step_post_hook(self._optimizer_stepped)
+        atexit.register(self.close, "exit")
+        _signals.install(self)
+        if self.active:
+            self._begin_window()
+
+    def fail(self, exc: BaseException) -> None:
+        """Log once, turn recording off, keep training."""
+        if not self.on:
+            return
+        self.on = False
+        self.active = False
+        log.warning("prism-rr: recording stopped on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
+        try:
+            t = monotonic_ns()
+            self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name="recorder_failed",
+                                      text=f"{type(exc).__name__}: {exc}"[:500]))
+            self.writer.flush()
+        except BaseException:
+            pass
+
+    def close(self, reason: str = "closed") -> None:
+        """Write calls still open (end_ns None), flush, close the spool. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.active = False
+        self.on = False
+        global _current
+        if _current is self:
+            _current = None
+        try:
+            if self._hook_handle is not None:
+                self._hook_handle.remove()
+            self._stop_modes()
+            t = monotonic_ns()
+            with self._lock:
+                hung = list(self.open.values())
+                self.open.clear()
+            for call in hung:
+                self.writer.append(self._record(call, None))
+            self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name="recording_end",
+                                      value=len(hung), text=reason))
+            self.writer.close(timeout=5.0)
+        except BaseException as exc:
+            log.warning("prism-rr: could not close the spool of rank %d: %s", self.rank, exc)
+
+    def emergency_flush(self, reason: str) -> None:
+        """From a signal: get every record, open calls included, onto the disk."""
+        self.close(reason)
+
+    # --- steps --------------------------------------------------------------------
+
+    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        if self._manual_steps:
+            return
+        pacer = self._pacer() if self._pacer is not None else None
+        if pacer is None:
+            self._pacer = weakref.ref(optimizer)
+        elif pacer is not optimizer:
+            return  # the other optimizers of a multi-optimizer step
+        self.mark_step()
+
+    def mark_step(self, manual: bool = False) -> None:
+        if manual:
+            self._manual_steps = True
+        if not self.on:
+            self.step += 1
+            return
+        try:
+            if self.open:
+                self.reap()
+            t = monotonic_ns()
+            if self.active:
+                if self.last_return is not None and t > self.last_return:
+                    self.writer.append(Compute(start_ns=self.last_return, end_ns=t, step=self.step))
+                peak = self._step_peak()
+                self.writer.append(Step(start_ns=self.step_start, end_ns=t, step=self.step, mem_peak=peak))
+            self.step += 1
+            self.step_start = t
+            self.last_return = t
+            was = self.active
+            self.active = self.options.in_window(self.step)
+            if self.active and not was:
+                self._begin_window()
+            elif was and not self.active:
+                self._stop_modes()
+                self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name="window_end"))
+                self.writer.flush()
+        except BaseException as exc:
+            self.fail(exc)
+
+    def _begin_window(self) -> None:
+        t = monotonic_ns()
+        self.last_return = t
+        self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name="window_start"))
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        if self.options.ops or self.cpu_memory is not None:
+            from prism_rr.recorder import _ops
+
+            self.ops_mode = _ops.start(self)
+
+    def _stop_modes(self) -> None:
+        if self.ops_mode is not None:
+            mode, self.ops_mode = self.ops_mode, None
+            try:
+                mode.stop()
+            except BaseException:
+                pass
+
+    def _step_peak(self) -> int | None:
+        if self.cuda:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            return int(peak)
+        if self.cpu_memory is not None:
+            return self.cpu_memory.take_peak()
+        return None
+
+    def memory(self) -> tuple[int | None, int | None]:
+        if self.cuda:
+            import torch
+
+            return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
+        if self.cpu_memory is not None:
+            return self.cpu_memory.allocated, self.cpu_memory.peak
+        return None, None
+
+    # --- groups -------------------------------------------------------------------
+
+    def group_created(self, gid: int, ranks, name: str, desc: str, backend: str) -> None:
+        if not self.on:
+            return
+        try:
+            t = monotonic_ns()
+            self.writer.append(GroupInfo(start_ns=t, end_ns=t, step=self.step, group=gid,
+                                         ranks=tuple(int(r) for r in ranks), name=str(name),
+                                         text=str(desc), backend=str(backend)))
+        except BaseException as exc:
+            self.fail(exc)
+
+    # --- calls --------------------------------------------------------------------
+
+    def enter(self, op, gid, seq, ins, outs, *, reduce_op=None, root=None, peer=None, tag=0,
+              async_op=False, p2p=False) -> Call | None:
+        """Note a call's entry; None when recording is off or fails."""
+        try:
+            if self.open:
+                self.reap()
+            start = monotonic_ns()
+            call = Call()
+            call.p2p = p2p
+            call.op = op
+            call.group = gid
+            call.seq = seq
+            call.start = start
+            call.issued = None
+            call.step = self.step
+            call.ins = ins
+            call.outs = outs
+            call.in_desc = _payload.describe(ins)
+            call.digest_in = _payload.digests(ins) if self.digest and not (p2p and op.endswith("recv")) else None
+            call.blob_in = _payload.blobs(self.spool_dir, ins) if self.full and not (p2p and op.endswith("recv")) else None
+            call.reduce_op = reduce_op
+            call.root = root
+            call.peer = peer
+            call.tag = tag
+            call.async_op = async_op
+            call.stack = caller_stack(self.stack_depth, 3) if self.stack_depth else None
+            call.mem = self.memory() if (self.cuda or self.cpu_memory is not None) else (None, None)
+            last = self.last_return
+            if last is not None and start > last:
+                self.writer.append(Compute(start_ns=last, end_ns=start, step=call.step,
+                                           mem_alloc=call.mem[0], mem_peak=call.mem[1]))
+            self.last_return = None
+            with self._lock:
+                self.open[id(call)] = call
+            return call
+        except BaseException as exc:
+            self.fail(exc)
+            return None
+
+    def reap(self) -> None:
+        """Complete open calls whose future is done: sooner than their callback, which
+        waits for the GIL the main thread holds (the future is marked done first)."""
+        for call in list(self.open.values()):
+            fut = call.work
+            if fut is not None and not call.done:
+                try:
+                    finished = fut.done()
+                except Exception:
+                    continue
+                if finished:
+                    self.complete(call)
+
+    def issued(self, call: Call) -> None:
+        t = monotonic_ns()
+        call.issued = t
+        self.last_return = t
+
+    def complete(self, call: Call, error: BaseException | None = None, peer: int | None = None) -> None:
+        """The call finished (from a future callback, a wait(), or inline)."""
+        end = monotonic_ns()
+        with self._lock:
+            if call.done:
+                return
+            call.done = True
+            self.open.pop(id(call), None)
+        if not call.async_op and self.last_return == call.issued:
+            self.last_return = end  # the caller was waiting until now: not compute
+        if not self.on:
+            return
+        try:
+            if peer is not None:
+                call.peer = peer
+            self.writer.append(self._record(call, end))
+            if error is not None:
+                self.writer.append(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed",
+                                          value=call.seq, text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
+        except BaseException as exc:
+            self.fail(exc)
+
+    def _record(self, call: Call, end: int | None):
+        done = end is not None
+        mem_alloc, mem_peak = call.mem
+        if call.p2p:
+            receiving = call.op.endswith("recv")
+            digest = call.digest_in
+            blob = call.blob_in
+            if receiving and done:
+                if self.digest:
+                    digest = _payload.digests(call.outs)
+                if self.full:
+                    blob = _payload.blobs(self.spool_dir, call.outs)
+            shapes, dtypes, nbytes = call.in_desc
+            return PointToPoint(
+                start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
+                seq=call.seq, peer=-1 if call.peer is None else call.peer, tag=call.tag,
+                shapes=shapes, dtypes=dtypes, nbytes=nbytes, async_op=call.async_op,
+                issued_ns=call.issued, digest=digest, blob=blob, mem_alloc=mem_alloc,
+                mem_peak=mem_peak, stack=call.stack,
+            )
+        in_shapes, in_dtypes, in_bytes = call.in_desc
+        outs = call.outs
+        if outs is call.ins:
+            out_shapes, out_dtypes, out_bytes = call.in_desc
+        else:
+            out_shapes, out_dtypes, out_bytes = _payload.describe(outs)
+        digest_out = _payload.digests(outs) if self.digest and done else None
+        blob_out = _payload.blobs(self.spool_dir, outs) if self.full and done else None
+        return Collective(
+            start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
+            seq=call.seq, in_shapes=in_shapes, in_dtypes=in_dtypes, in_bytes=in_bytes,
+            out_shapes=out_shapes, out_dtypes=out_dtypes, out_bytes=out_bytes,
+            reduce_op=call.reduce_op, root=call.root, async_op=call.async_op,
+            issued_ns=call.issued, digest_in=call.digest_in, digest_out=digest_out,
+            blob_in=call.blob_in, blob_out=blob_out, mem_alloc=mem_alloc, mem_peak=mem_peak,
+            stack=call.stack,
+        )
+
+    def marker(self, name: str, value: int | None = None, text: str | None = None) -> None:
+        if not self.on:
+            return
+        t = monotonic_ns()
+        self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name=name, value=value, text=text))
+
+    def sample_memory(self, name: str) -> None:
+        alloc, peak = self.memory()
+        if alloc is not None:
+            t = monotonic_ns()
+            self.writer.append(Memory(start_ns=t, end_ns=t, step=self.step, mem_alloc=alloc,
+                                      mem_peak=peak, name=name))
+
+
+def step() -> None:
+    """Mark a step boundary by hand (then optimizer steps no longer mark them)."""
+    rec = _current
+    if rec is not None:
+        rec.mark_step(manual=True)

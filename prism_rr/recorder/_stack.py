@@ -1,0 +1,86 @@
+"""A few frames of the user's code that led to a call, cheaply (no traceback module)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["caller_stack", "p2p_api"]
+
+_LIB_DIRS: tuple[str, ...] = ()
+_is_user: dict[object, bool] = {}  # code object -> does it belong to user code
+_text: dict[tuple[object, int], str] = {}  # (code, line) -> "file:line func"
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # prism_rr/
+_DEMO = _PACKAGE + "demo" + os.sep  # the embedded workload is user code
+
+
+def _lib_dirs() -> tuple[str, ...]:
+    global _LIB_DIRS
+    if not _LIB_DIRS:
+        dirs = [_PACKAGE[:-1]]
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(torch, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
+        dirs.append(os.path.dirname(os.__file__))  # the standard library
+        _LIB_DIRS = tuple(d + os.sep for d in dirs)
+    return _LIB_DIRS
+
+
+def _user(code) -> bool:
+    v = _is_user.get(code)
+    if v is None:
+        name = code.co_filename
+        v = name.startswith(_DEMO) or not (
+            name.startswith("<") or name.startswith(_lib_dirs()) or "site-packages" in name
+        )
+        _is_user[code] = v
+    return v
+
+
+def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
+    """Innermost-first "file:line function" of up to `depth` user frames."""
+    if depth <= 0:
+        return None
+    try:
+        frame = sys._getframe(skip)
+    except ValueError:
+        return None
+    out = []
+    hops = 0
+    while frame is not None and hops < 64:
+        code = frame.f_code
+        if _user(code):
+            key = (code, frame.f_lineno)
+            text = _text.get(key)
+            if text is None:
+                text = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+                if len(_text) < 100_000:
+                    _text[key] = text
+            out.append(text)
+            if len(out) >= depth:
+                break
+        frame = frame.f_back
+        hops += 1
+    return tuple(out) if out else None
+
+
+_C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
+
+
+def p2p_api(skip: int = 2) -> str:
+    """The outermost torch.distributed function on the stack: dist.send calls dist.isend,
+    so "send" there means a blocking call."""
+    try:
+        frame = sys._getframe(skip)
+    except ValueError:
+        return ""
+    name = ""
+    hops = 0
+    while frame is not None and hops < 12 and frame.f_code.co_filename.endswith(_C10D_FILES):
+        if frame.f_code.co_name in ("send", "recv", "isend", "irecv", "batch_isend_irecv"):
+            name = frame.f_code.co_name
+        frame = frame.f_back
+        hops += 1
+    return name
