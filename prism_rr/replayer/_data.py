@@ -1,0 +1,131 @@
+"""Building a call's outputs from its members' inputs: real ones, recorded ones, or replicas.
+
+`contrib[j]` is the list of input tensors of the member with group rank j, or None when
+nothing is known of it; such a member is taken to be an identical replica of this rank
+(its inputs are this rank's inputs), which is what data-parallel peers are. A SUM
+all_reduce over n replicas is then n times this rank's value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["build_outputs", "from_bytes", "host_bytes", "reduce", "write"]
+
+
+def host_bytes(t: torch.Tensor):
+    t = t.detach().contiguous()
+    if t.numel() == 0:
+        return b""
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def from_bytes(data: bytes, dtype: str | torch.dtype, shape) -> torch.Tensor:
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if not data:
+        return torch.empty(tuple(shape), dtype=dt)
+    return torch.frombuffer(bytearray(data), dtype=dt).reshape(tuple(shape))
+
+
+def write(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy src's values into dst in place (shapes may differ; element counts do not)."""
+    with torch.no_grad():
+        dst.copy_(src.reshape(dst.shape))
+
+
+def reduce(tensors: list[torch.Tensor], op: str | None) -> torch.Tensor:
+    """Reduce in member order, as a ring would on identical hardware (values, not bits)."""
+    name = (op or "SUM").upper()
+    acc = tensors[0].clone()
+    for t in tensors[1:]:
+        if name in ("SUM", "AVG", "PREMUL_SUM"):
+            acc.add_(t)
+        elif name == "PRODUCT":
+            acc.mul_(t)
+        elif name == "MAX":
+            torch.maximum(acc, t, out=acc)
+        elif name == "MIN":
+            torch.minimum(acc, t, out=acc)
+        elif name == "BAND":
+            acc.bitwise_and_(t)
+        elif name == "BOR":
+            acc.bitwise_or_(t)
+        elif name == "BXOR":
+            acc.bitwise_xor_(t)
+        else:
+            raise ValueError(f"reduce op {op!r}")
+    if name == "AVG":
+        acc = acc / len(tensors) if acc.is_floating_point() else acc // len(tensors)
+    return acc
+
+
+def _rows(t: torch.Tensor, splits, j: int, n: int) -> torch.Tensor:
+    """The rows of t that go to member j of n (even split when splits are empty)."""
+    if not splits:
+        return t.reshape(n, -1)[j] if t.numel() else t
+    start = sum(splits[:j])
+    return t[start : start + splits[j]]
+
+
+def build_outputs(op: str, me: int, n: int, ins, outs, contrib, *, reduce_op=None, root=None,
+                  in_splits=None, out_splits=None) -> None:
+    """Fill `outs` in place for `op` at group rank `me` of `n` members."""
+    c = [x if x is not None else list(ins) for x in contrib]
+    if op in ("all_reduce", "all_reduce_coalesced"):
+        for i, t in enumerate(outs):
+            write(t, reduce([m[i] for m in c], reduce_op))
+    elif op in ("all_gather", "all_gather_coalesced"):
+        k = len(ins)
+        for j in range(n):
+            for i in range(k):
+                # all_gather lists outputs input-major, all_gather_coalesced rank-major.
+                slot = i * n + j if op == "all_gather" else j * k + i
+                write(outs[slot], c[j][i])
+    elif op in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
+        for i, t in enumerate(outs):
+            write(t, torch.cat([m[i].reshape(-1) for m in c]))
+    elif op == "reduce_scatter":
+        for i, t in enumerate(outs):
+            write(t, reduce([m[i * n + me] for m in c], reduce_op))
+    elif op in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
+        for i, t in enumerate(outs):
+            write(t, reduce([m[i].reshape(n, -1)[me] for m in c], reduce_op))
+    elif op == "all_to_all":
+        for j in range(n):
+            write(outs[j], c[j][me])
+    elif op == "all_to_all_single":
+        out = outs[0]
+        row = math.prod(out.shape[1:]) if out.dim() else 1
+        mine = in_splits[me] if in_splits is not None else []
+        parts = []
+        for j in range(n):
+            need = out_splits[j] * row if out_splits else out.numel() // n
+            if contrib[j] is not None:
+                splits = in_splits[j] if in_splits is not None else []
+                part = _rows(contrib[j][0], splits, me, n).reshape(-1)
+            else:  # a replica sends this rank what this rank sends itself
+                part = _rows(ins[0], mine, me, n).reshape(-1)
+            if part.numel() != need:
+                part = torch.zeros(need, dtype=out.dtype)
+            parts.append(part)
+        write(out, torch.cat(parts) if parts else out)
+    elif op == "broadcast":
+        for i, t in enumerate(outs):
+            write(t, c[root][i])
+    elif op == "reduce":
+        if me == root:
+            for i, t in enumerate(outs):
+                write(t, reduce([m[i] for m in c], reduce_op))
+    elif op == "gather":
+        if me == root:
+            for j in range(n):
+                write(outs[j], c[j][0])
+    elif op == "scatter":
+        if contrib[root] is not None and len(contrib[root]) == n:
+            write(outs[0], contrib[root][me])
+    elif op in ("barrier", "monitored_barrier"):
+        pass
+    else:
+        raise ValueError(f"no virtual-member rule for {op}")

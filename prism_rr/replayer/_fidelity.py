@@ -1,0 +1,99 @@
+"""The fidelity report: recorded against replayed iteration time, memory and compute."""
+
+from __future__ import annotations
+
+from prism_rr.format.records import Compute
+
+__all__ = ["card", "fidelity_report"]
+
+
+def _pct(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not a:
+        return None
+    return abs(b - a) / a * 100.0
+
+
+def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> dict:
+    """One JSON object; `stats` holds what each real rank wrote (rank -> facts)."""
+    replayed: dict[int, dict[int, list]] = {r: {s[0]: s for s in st.get("steps", ())} for r, st in stats.items()}
+    recorded_compute: dict[tuple[int, int], int] = {}
+    for r in ranks:
+        for rec in bundle.events(r):
+            if isinstance(rec, Compute) and rec.name is None and rec.end_ns is not None:
+                key = (r, rec.step)
+                recorded_compute[key] = recorded_compute.get(key, 0) + rec.end_ns - rec.start_ns
+    steps = []
+    rec_peak = rep_peak = None
+    compute_by_step: dict[int, list[int]] = {}
+    for step in bundle.steps:
+        times = bundle.step_times(step)
+        peaks = bundle.summaries["steps"].get(step, {})
+        rec_s, rep_s = [], []
+        for r in ranks:
+            if r not in times or times[r][1] is None or step not in replayed.get(r, {}):
+                continue
+            _, start, end, compute, peak = replayed[r][step]
+            rec_s.append((times[r][1] - times[r][0]) / 1e9)
+            rep_s.append((end - start) / 1e9)
+            compute_by_step.setdefault(step, [0, 0])
+            compute_by_step[step][0] += recorded_compute.get((r, step), 0)
+            compute_by_step[step][1] += compute
+            rp = peaks.get(r, (None, None, None))[2]
+            if rp is not None:
+                rec_peak = max(rec_peak or 0, rp)
+            if peak is not None:
+                rep_peak = max(rep_peak or 0, peak)
+        if rec_s:
+            steps.append({"step": step, "recorded_s": sum(rec_s) / len(rec_s), "replayed_s": sum(rep_s) / len(rep_s)})
+    # The first step also holds start-up (imports, model build): leave it out when others exist.
+    scored = steps[1:] if len(steps) > 1 else steps
+    errors = [_pct(s["recorded_s"], s["replayed_s"]) for s in scored]
+    errors = [e for e in errors if e is not None]
+    rec_compute = sum(compute_by_step[s["step"]][0] for s in scored)
+    rep_compute = sum(compute_by_step[s["step"]][1] for s in scored)
+    divs = [d for r in sorted(stats) for d in stats[r].get("divergences", ())]
+    return {
+        "ranks": list(ranks),
+        "world_size": bundle.world_size,
+        "timing": timing,
+        "steps": steps,
+        "scored_steps": [s["step"] for s in scored],
+        "iteration_time_error_pct": sum(errors) / len(errors) if errors else None,
+        "peak_memory_recorded_bytes": rec_peak,
+        "peak_memory_replayed_bytes": rep_peak,
+        "peak_memory_error_pct": _pct(rec_peak, rep_peak),
+        "compute_ratio": rep_compute / rec_compute if rec_compute else None,
+        "diverged": bool(divs),
+        "first_divergence": divs[0] if divs else None,
+        "divergences": len(divs),
+        "synthetic_numerics": any(st.get("synthetic_numerics") for st in stats.values()),
+    }
+
+
+def _fmt(v, unit="") -> str:
+    return "n/a" if v is None else f"{v:.2f}{unit}"
+
+
+def _mb(v) -> str:
+    return "n/a" if v is None else f"{v / 1e6:.1f} MB"
+
+
+def card(report: dict) -> str:
+    """A few lines for people (stderr)."""
+    real = len(report["ranks"])
+    lines = [
+        f"prism-rr replay · {real} real rank(s) {report['ranks']}, {report['world_size'] - real} virtual · "
+        f"timing {report['timing']}",
+        f"  steps {len(report['steps'])} · iteration time error {_fmt(report['iteration_time_error_pct'], '%')} "
+        f"(mean abs, steps {report['scored_steps']}) · compute ratio {_fmt(report['compute_ratio'])}",
+        f"  peak memory recorded {_mb(report['peak_memory_recorded_bytes'])}, replayed "
+        f"{_mb(report['peak_memory_replayed_bytes'])} (error {_fmt(report['peak_memory_error_pct'], '%')})",
+        f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}",
+    ]
+    d = report["first_divergence"]
+    if d is None:
+        lines.append("  diverged: no")
+    else:
+        lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {d['op']}: {d['what']} "
+                     f"expected {d['expected']}, got {d['got']}")
+    return "\n".join(lines)

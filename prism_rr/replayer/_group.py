@@ -1,0 +1,322 @@
+"""The replay process group: a real rank's view of a group whose other members may be virtual.
+
+It subclasses the recorder's RecordingGroup, so every torch entry point (classic API,
+functional collectives, DDP, FSDP2) reaches the same two generic paths with the same op
+names and the same sequence numbering as in the recording; only those paths differ.
+For each call the group finds the recorded call of this rank at (group, seq), checks it,
+builds the result and completes it when the live timing model says so:
+
+- a group whose members are all real forwards to a real gloo group, as in production;
+- otherwise the real members exchange their inputs over a gloo group of just them, the
+  virtual members contribute their recorded inputs (or are taken as replicas of this
+  rank), and the outputs are this rank's recorded outputs whenever they were recorded
+  and the inputs matched (so a `full` recording is followed bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._C._distributed_c10d import AllgatherOptions
+
+from prism_rr.format.blobs import blob_id
+from prism_rr.format.records import PointToPoint
+from prism_rr.recorder._group import RecordingGroup
+from prism_rr.recorder._payload import describe, digests
+from prism_rr.recorder._stack import p2p_api
+from prism_rr.replayer._data import build_outputs, from_bytes, host_bytes, write
+from prism_rr.replayer._schedule import transfer_ns
+
+__all__ = ["ReplayGroup"]
+
+
+class _Absent:
+    """Stands for the real backend of a group with virtual members: nothing is forwarded."""
+
+    def name(self) -> str:
+        return "prism_rr_replay"  # no backend type: nothing is registered with torch for it
+
+    def __getattr__(self, attr):
+        def absent(*args, **kwargs):
+            raise RuntimeError(f"prism-rr replay: {attr} has no real backend in a group with virtual members")
+
+        return absent
+
+
+def _shapes(x) -> tuple:
+    return tuple(tuple(s) for s in x)
+
+
+class ReplayGroup(RecordingGroup):
+    """A group of the recorded world as one real rank replays it."""
+
+    def __init__(self, session, rank: int, size: int, *, gid: int, ranks, real_pg, all_real: bool,
+                 backend_name: str = "gloo"):
+        real = real_pg if all_real else _Absent()
+        super().__init__({"cpu": real}, rank, size, gid=gid, ranks=ranks, rec=None)
+        self._session = session
+        self._real_pg = real_pg  # gloo among the real members, or None when this rank is alone
+        self._all_real = all_real
+        self._backend_name = backend_name
+        real_ranks = set(session.real)
+        self._real_members = [g for g in self._ranks if g in real_ranks]  # global ranks, group order
+        self._sub = {g: i for i, g in enumerate(self._real_members)}  # global rank -> rank in real_pg
+        self._coalesced: list | None = None
+
+    def getBackendName(self) -> str:
+        # Torch's C++ side (DDP's logger) looks a backend up by this name: only an all-real
+        # group has one registered under the real name.
+        return self._backend_name if self._all_real else "prism_rr_replay"
+
+    def name(self) -> str:
+        return self._backend_name
+
+    def shutdown(self) -> None:
+        if self._real_pg is not None and hasattr(self._real_pg, "shutdown"):
+            self._real_pg.shutdown()
+
+    def abort(self) -> None:
+        if self._real_pg is not None and hasattr(self._real_pg, "abort"):
+            self._real_pg.abort()
+
+    # --- checking -----------------------------------------------------------------
+
+    def _check(self, own, seq, op, live: dict, ins) -> bool:
+        """Compare with the recorded call; True when the inputs are known to match."""
+        s = self._session
+        if own is None:
+            if s.schedule.windowed.get(s.rank, False):
+                return False
+            s.diverge(self._gid, seq, op, "call", "no such call (the recording ends before it)", op)
+            return False
+        if own.op != op:
+            s.diverge(self._gid, seq, op, "op", own.op, op)
+            return False
+        for name, got in live.items():
+            want = getattr(own, name)
+            if name.endswith("shapes"):
+                want, got = _shapes(want), _shapes(got)
+            elif isinstance(want, list):
+                want = tuple(want)
+            if want != got:
+                s.diverge(self._gid, seq, op, name, want, got)
+                return False
+        if isinstance(own, PointToPoint):
+            if own.op.endswith("recv"):
+                return True  # what arrives is checked by the sender's side
+            dig, blobs = own.digest, own.blob
+        else:
+            dig, blobs = own.digest_in, own.blob_in
+        if s.synthetic:
+            # Data made up for virtual peers has flowed into this rank's numerics since:
+            # its tensors can no longer match the recorded digests, only shapes can.
+            return True
+        if dig is not None:
+            got = digests(ins)
+            if tuple(got) != tuple(dig):
+                s.diverge(self._gid, seq, op, "digest_in", _hex(dig), _hex(got))
+                return False
+        if blobs is not None:
+            got = tuple(blob_id(host_bytes(t)) for t in ins)
+            if got != tuple(blobs):
+                s.diverge(self._gid, seq, op, "payload_in", _hex(blobs), _hex(got))
+                return False
+        return True
+
+    # --- collectives --------------------------------------------------------------
+
+    def _collective(self, op, ins, outs, fn, args, *, reduce_op=None, root=None, async_op=False):
+        seq = self._seq
+        self._seq = seq + 1
+        s = self._session
+        entry = s.enter()
+        try:
+            with s.internal():
+                own = s.schedule.collective(s.rank, self._gid, seq)
+                s.clock.anchor(entry, own)
+                in_shapes, in_dtypes, _ = describe(ins)
+                out_shapes, out_dtypes, _ = describe(outs)
+                live = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "out_shapes": out_shapes,
+                        "out_dtypes": out_dtypes, "reduce_op": reduce_op, "root": root}
+                matched = self._check(own, seq, op, live, ins)
+                if self._all_real:
+                    return fn(*args)
+                return self._virtual(op, seq, entry, own, matched, ins, outs, args, reduce_op, root)
+        finally:
+            s.returned()
+
+    def _virtual(self, op, seq, entry, own, matched, ins, outs, args, reduce_op, root):
+        s = self._session
+        n = self._size
+        virtual = [g for g in self._ranks if g not in self._sub]
+        vrecs = {v: s.schedule.collective(v, self._gid, seq) for v in virtual}
+        ventries = [e for e in (s.clock.entry(v, r) for v, r in vrecs.items()) if e is not None]
+        vmax = max(ventries, default=0)
+        in_splits = out_splits = None
+        if op == "all_to_all_single":
+            out_splits, mine = list(args[2]), list(args[3])
+            in_splits = [None] * n
+            in_splits[self._rank] = mine
+        contrib: list = [None] * n
+        entries = [entry]
+        if self._real_pg is not None:
+            got = self._exchange(entry, vmax, ins, in_splits[self._rank] if in_splits else [])
+            entries = [m[0] for m, _ in got]
+            vmax = max(m[1] for m, _ in got)
+            for g, (meta, data) in zip(self._real_members, got):
+                j = self._peer_map[g]
+                contrib[j] = _decode(data, ins)
+                if in_splits is not None:
+                    in_splits[j] = meta[4 : 4 + meta[3]]
+        contrib[self._rank] = list(ins)
+        known = True
+        for v, rec in vrecs.items():
+            j = self._peer_map[v]
+            tensors = _recorded_inputs(s.bundle, rec, ins)
+            if tensors is None:
+                known = False
+            contrib[j] = tensors
+        exact = matched and own is not None and own.blob_out is not None and len(own.blob_out) == len(outs)
+        if exact:
+            for t, b, dt, shape in zip(outs, own.blob_out, own.out_dtypes, own.out_shapes):
+                write(t, from_bytes(s.bundle.blob(b), dt, shape))
+        else:
+            root_j = self._peer_map[root] if root is not None else None
+            build_outputs(op, self._rank, n, ins, outs, contrib, reduce_op=reduce_op, root=root_j,
+                          in_splits=in_splits, out_splits=out_splits)
+            if not known and outs:
+                s.synthetic = True
+        done = max(entries + [vmax]) + transfer_ns([own, *vrecs.values()])
+        for v, rec in vrecs.items():
+            s.clock.completed(v, rec, done)
+        return s.complete_at(done, list(outs))
+
+    def _exchange(self, entry: int, vmax: int, ins, splits) -> list:
+        """Every real member's (meta, input bytes): meta = [entry, vmax, nbytes, nsplits, *splits]."""
+        pg = self._real_pg
+        k = len(self._real_members)
+        data = b"".join(host_bytes(t) for t in ins)
+        meta = torch.tensor([entry, vmax, len(data), len(splits), *splits, *[0] * (self._size - len(splits))],
+                            dtype=torch.int64)
+        metas = [torch.empty_like(meta) for _ in range(k)]
+        pg.allgather([metas], [meta], AllgatherOptions()).wait()
+        metas = [m.tolist() for m in metas]
+        size = max(m[2] for m in metas)
+        if size == 0:
+            return [(m, b"") for m in metas]
+        mine = torch.zeros(size, dtype=torch.uint8)
+        if data:
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        bufs = [torch.empty(size, dtype=torch.uint8) for _ in range(k)]
+        pg.allgather([bufs], [mine], AllgatherOptions()).wait()
+        return [(m, bytes(b[: m[2]].numpy())) for m, b in zip(metas, bufs)]
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        def real_barrier(*_):
+            if timeout is None:
+                self._real_pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+            else:
+                self._real_pg.monitored_barrier(timeout, wait_all_ranks)
+            return self._session.complete_at(0, [])
+
+        self._collective("monitored_barrier", [], [], real_barrier, ()).wait()
+
+    # --- point to point -----------------------------------------------------------
+
+    def _p2p(self, op, tensors, group_peer, tag, fn, args):
+        peer = self._ranks[group_peer]
+        key = (op, peer)
+        seq = self._p2p_seq.get(key, 0)
+        self._p2p_seq[key] = seq + 1
+        async_op = p2p_api(3) not in ("send", "recv")
+        name = ("i" + op) if async_op else op
+        s = self._session
+        entry = s.enter()
+        try:
+            with s.internal():
+                own = s.schedule.p2p(s.rank, self._gid, op, peer, seq)
+                s.clock.anchor(entry, own)
+                shapes, dtypes, _ = describe(tensors)
+                live = {"shapes": shapes, "dtypes": dtypes, "tag": tag}
+                matched = self._check(own, seq, name, live, tensors)
+                if self._all_real:
+                    work = fn(*args)
+                elif peer in self._sub:
+                    real = self._real_pg.send if op == "send" else self._real_pg.recv
+                    work = real(tensors, self._sub[peer], tag)
+                else:
+                    work = self._virtual_p2p(op, seq, entry, own, matched, tensors, peer)
+                if self._coalesced is not None:
+                    self._coalesced.append(work)
+                return work
+        finally:
+            s.returned()
+
+    def _virtual_p2p(self, op, seq, entry, own, matched, tensors, peer):
+        s = self._session
+        other = s.schedule.p2p(peer, self._gid, "recv" if op == "send" else "send", s.rank, seq)
+        if op == "recv":
+            blobs = own.blob if own is not None and matched else None
+            if blobs is None and other is not None:
+                blobs = other.blob
+            if blobs is not None and len(blobs) == len(tensors):
+                for t, b in zip(tensors, blobs):
+                    write(t, from_bytes(s.bundle.blob(b), t.dtype, t.shape))
+            else:
+                s.synthetic = True  # the tensor keeps what the program put in it
+        start = s.clock.entry(peer, other)
+        done = max(entry, start or 0) + transfer_ns([own, other])
+        s.clock.completed(peer, other, done)
+        return s.complete_at(done, list(tensors))
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("prism-rr replay: recv from any source is not supported yet")
+
+    # --- coalescing ---------------------------------------------------------------
+
+    def _start_coalescing(self, device):
+        if self._all_real:
+            return super()._start_coalescing(device)
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        if self._all_real:
+            return super()._end_coalescing(device)
+        works, self._coalesced = self._coalesced or [], None
+        for w in works:
+            w.wait()
+        return self._session.complete_at(0, [])
+
+
+def _hex(values) -> str:
+    return "[" + ", ".join(v.hex() if isinstance(v, bytes) else f"{v:016x}" for v in values) + "]"
+
+
+def _decode(data: bytes, like) -> list:
+    """A real member's inputs from its bytes, shaped as this rank's (the first dimension of a
+    single tensor follows the byte count: all_to_all_single with uneven splits)."""
+    if len(like) == 1:
+        t = like[0]
+        if t.dim() >= 1:
+            row = t[0].numel() * t.element_size() if t.shape[0] else max(1, t.element_size())
+            rows = len(data) // row if row else 0
+            return [from_bytes(data, t.dtype, (rows, *t.shape[1:]))]
+        return [from_bytes(data, t.dtype, t.shape)]
+    out, at = [], 0
+    for t in like:
+        nb = t.numel() * t.element_size()
+        out.append(from_bytes(data[at : at + nb], t.dtype, t.shape))
+        at += nb
+    return out
+
+
+def _recorded_inputs(bundle, rec, like) -> list | None:
+    """A virtual member's recorded inputs, when they were recorded in full and fit."""
+    if rec is None or rec.blob_in is None or len(rec.blob_in) != len(like):
+        return None
+    out = []
+    for b, dt, shape, t in zip(rec.blob_in, rec.in_dtypes, rec.in_shapes, like):
+        x = from_bytes(bundle.blob(b), dt, shape)
+        if x.dtype != t.dtype or x.shape != t.shape:
+            return None  # the program diverged here: a replica fits better than the recording
+        out.append(x)
+    return out

@@ -1,0 +1,127 @@
+"""Make `init_process_group`/`new_group` build replay groups, without editing the program.
+
+As the recorder does, we wrap torch's `_new_process_group_helper` and let it build our
+registered backend; its creator makes a ReplayGroup. Group ids count every call of the
+helper (members or not) from the world group on, as the recorder counts them, so they
+name the same groups as the bundle.
+
+The env:// rendezvous is replaced: the program asks for a world of the recorded size,
+but only the real ranks exist. They meet on their own store (a TCPStore on the replay's
+port, sized for the real ranks; a HashStore when there is one), and the Python groups
+make no store calls of their own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+from datetime import timedelta
+
+from prism_rr.replayer._options import ReplayOptions
+
+__all__ = ["BACKEND", "install"]
+
+BACKEND = "prism_rr_replay"
+log = logging.getLogger("prism_rr.replayer")
+
+
+class _State:
+    def __init__(self):
+        self.options: ReplayOptions | None = None
+        self.original = None
+        self.signature = None
+        self.registered = False
+        self.next_gid = 0
+        self.session = None
+        self.pending = threading.local()
+
+
+_state = _State()
+
+
+def install(options: ReplayOptions) -> None:
+    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.rendezvous as rdzv
+
+    _state.options = options
+    if not _state.registered:
+        c10d.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+        _state.registered = True
+    if _state.original is None:
+        _state.original = c10d._new_process_group_helper
+        _state.signature = inspect.signature(_state.original)
+        c10d._new_process_group_helper = _helper
+    rdzv._rendezvous_handlers["env"] = _env_rendezvous
+
+
+def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
+    """Like torch's env:// handler, but the store joins only the real ranks."""
+    from torch.distributed import HashStore, TCPStore
+
+    opts = _state.options
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    real = list(opts.ranks)
+    if len(real) == 1:
+        store = HashStore()
+    else:
+        store = TCPStore("127.0.0.1", opts.real_port, len(real), rank == real[0], timeout=timeout,
+                         wait_for_workers=True)
+    yield (store, rank, world)
+    raise RuntimeError("prism-rr replay: cannot re-rendezvous")
+
+
+def _helper(*args, **kwargs):
+    st = _state
+    bound = st.signature.bind(*args, **kwargs)
+    a = bound.arguments
+    members = list(a["global_ranks_in_group"] or [])
+    is_world = not members
+    if is_world:
+        st.next_gid = 0
+        if st.session is None:
+            from prism_rr.replayer._session import ReplaySession
+
+            st.session = ReplaySession(st.options, int(a["group_rank"]), int(a["group_size"]))
+    gid = st.next_gid
+    st.next_gid += 1
+    backend = str(a["backend"]).lower()
+    real_name = "gloo" if backend in ("undefined", "none", "") else backend
+    st.pending.value = (gid, members or list(range(int(a["group_size"]))), real_name)
+    a["backend"] = BACKEND
+    try:
+        result = st.original(*bound.args, **bound.kwargs)
+    finally:
+        st.pending.value = None
+    from prism_rr.recorder._install import _fix_books
+    from prism_rr.replayer._group import ReplayGroup
+
+    if isinstance(result[0], ReplayGroup):
+        _fix_books(result[0], real_name)
+        _check_group(st.session, gid, result[0]._ranks)
+    return result
+
+
+def _check_group(session, gid: int, ranks) -> None:
+    recorded = session.schedule.groups.get(gid)
+    if recorded is not None and tuple(recorded) != tuple(ranks):
+        session.diverge(gid, -1, "new_group", "ranks", list(recorded), list(ranks))
+
+
+def _create(dist_opts, backend_options):
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    from prism_rr.replayer._group import ReplayGroup
+
+    gid, ranks, real_name = _state.pending.value
+    session = _state.session
+    real = [g for g in ranks if g in set(session.real)]
+    real_pg = None
+    if len(real) > 1:
+        store = PrefixStore("prism_rr_real/", dist_opts.store)
+        real_pg = ProcessGroupGloo(store, real.index(session.rank), len(real), timeout=dist_opts.timeout)
+    return ReplayGroup(session, dist_opts.group_rank, dist_opts.group_size, gid=gid, ranks=ranks,
+                       real_pg=real_pg, all_real=len(real) == len(ranks) and real_pg is not None,
+                       backend_name=real_name)

@@ -1,0 +1,64 @@
+"""The recorded calls a replay needs, keyed the way a replay group counts its calls.
+
+A collective is found by (rank, group, seq); a point-to-point call by (rank, group,
+direction, peer, seq), where direction is "send" or "recv" and seq counts messages in
+that direction between the rank and its peer (FORMAT.md, key 6).
+"""
+
+from __future__ import annotations
+
+from prism_rr.format.records import Collective, PointToPoint
+
+__all__ = ["Schedule", "direction", "transfer_ns"]
+
+
+def direction(op: str) -> str:
+    """isend -> send, irecv -> recv."""
+    return op[1:] if op.startswith("i") else op
+
+
+def transfer_ns(records) -> int:
+    """A call's transfer time: the smallest end - start among the members that recorded it
+    (the last member to arrive waits only for the transfer), 0 when none completed."""
+    spans = [r.end_ns - r.start_ns for r in records if r is not None and r.end_ns is not None]
+    return max(0, min(spans)) if spans else 0
+
+
+class Schedule:
+    """Recorded communication calls of some ranks of a bundle, indexed for lookup."""
+
+    def __init__(self, bundle, ranks):
+        self.world_size = bundle.world_size
+        self.recorded = set(bundle.recorded_ranks)
+        self.groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
+        self._calls: dict[tuple, object] = {}
+        self.windowed: dict[int, bool] = {}
+        self.clock_offset: dict[int, int] = {}
+        for rank in sorted(set(ranks) & self.recorded):
+            info = bundle.rank_info(rank)
+            self.windowed[rank] = info.get("steps") is not None
+            clock = info.get("clock_offset")
+            self.clock_offset[rank] = int(clock.get("offset_ns", 0)) if isinstance(clock, dict) else 0
+            for rec in bundle.events(rank):
+                if isinstance(rec, Collective):
+                    self._calls[(rank, rec.group, rec.seq)] = rec
+                elif isinstance(rec, PointToPoint):
+                    self._calls[(rank, rec.group, direction(rec.op), rec.peer, rec.seq)] = rec
+
+    @classmethod
+    def for_real_ranks(cls, bundle, real) -> Schedule:
+        """Load the real ranks and every rank that shares a group with one of them."""
+        need = set(real)
+        for g in bundle.groups:
+            if need & set(g["ranks"]):
+                need |= set(g["ranks"])
+        return cls(bundle, need)
+
+    def collective(self, rank: int, group: int, seq: int) -> Collective | None:
+        return self._calls.get((rank, group, seq))
+
+    def p2p(self, rank: int, group: int, way: str, peer: int, seq: int) -> PointToPoint | None:
+        return self._calls.get((rank, group, way, peer, seq))
+
+    def has(self, rank: int) -> bool:
+        return rank in self.windowed

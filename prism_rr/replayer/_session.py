@@ -1,0 +1,236 @@
+"""One real rank's replay: the bundle, the schedule, the clocks, steps and divergences.
+
+Everything here runs inside the replayed program. It writes what it measured to
+`<work_dir>/rank-NNNNN.json` at exit (and at once when a divergence stops the replay),
+where the launcher reads it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import json
+import logging
+import os
+import sys
+import threading
+import weakref
+from contextlib import contextmanager
+from pathlib import Path
+from time import monotonic_ns
+
+from prism_rr.errors import DivergenceError, ReplayError
+from prism_rr.format import open_bundle
+from prism_rr.replayer._divergence import Divergence, user_stack
+from prism_rr.replayer._options import ReplayOptions
+from prism_rr.replayer._schedule import Schedule
+from prism_rr.replayer._timing import LiveClock
+
+__all__ = ["ReplaySession", "stats_path"]
+
+log = logging.getLogger("prism_rr.replayer")
+
+
+def stats_path(work_dir, rank: int) -> Path:
+    return Path(work_dir) / f"rank-{rank:05d}.json"
+
+
+class _Alarm:
+    """Completes futures at given monotonic times, from one daemon thread."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._n = 0
+
+    def at(self, t_ns: int, fut, value) -> None:
+        if t_ns <= monotonic_ns():
+            fut.set_result(value)
+            return
+        with self._cond:
+            self._n += 1
+            heapq.heappush(self._heap, (t_ns, self._n, fut, value))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="prism-rr-replay-clock", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                t, _, fut, value = self._heap[0]
+                delay = t - monotonic_ns()
+                if delay > 0:
+                    self._cond.wait(delay / 1e9)
+                    continue
+                heapq.heappop(self._heap)
+            fut.set_result(value)
+
+
+class _MemoryShim:
+    """What the recorder's dispatch mode needs to run its CPU memory tracker for us."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        from prism_rr.recorder._memory import CpuMemoryTracker
+
+        self.options = SimpleNamespace(ops=False)
+        self.cpu_memory = CpuMemoryTracker()
+        self.active = False
+        self.cuda = False
+
+    def fail(self, exc) -> None:
+        log.warning("prism-rr: replay memory tracking is off: %s", exc)
+
+
+class ReplaySession:
+    """The replay state of this process (one real rank)."""
+
+    def __init__(self, options: ReplayOptions, rank: int, world_size: int):
+        self.options = options
+        self.rank = rank
+        self.bundle = open_bundle(options.bundle)
+        if world_size != self.bundle.world_size:
+            raise ReplayError(f"the program made a world of {world_size}; the recording has {self.bundle.world_size}")
+        if rank not in self.bundle.recorded_ranks:
+            raise ReplayError(f"rank {rank} was not recorded; recorded ranks: {self.bundle.recorded_ranks}")
+        self.real = tuple(options.ranks)
+        self.schedule = Schedule.for_real_ranks(self.bundle, self.real)
+        self.clock = LiveClock(rank, self.schedule.clock_offset)
+        self.live = options.timing == "live"
+        self.alarm = _Alarm()
+        self.divergences: list[Divergence] = []
+        self.stopped: Divergence | None = None
+        self.synthetic = False
+        self.calls = 0
+        self.step = 0
+        self.step_start = monotonic_ns()
+        self.last_return: int | None = self.step_start
+        self.compute_ns = 0
+        self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
+        self._pacer = None
+        self._memory_mode = None
+        self._written = False
+        info = self.bundle.rank_info(rank)
+        if info.get("memory") and info.get("device", "cpu") == "cpu":
+            from prism_rr.recorder import _ops
+
+            shim = _MemoryShim()
+            self._memory = shim.cpu_memory
+            self._memory_mode = _ops.start(shim)
+        else:
+            self._memory = None
+        import torch.optim.optimizer as optim
+
+        optim.register_optimizer_step_post_hook(self._optimizer_stepped)
+        # A divergence ends the process with exit code 3 once the program has unwound
+        # (and torch's excepthook has printed the traceback): see _at_exit.
+        atexit.register(self._at_exit)
+
+    # --- calls ------------------------------------------------------------------
+
+    def enter(self) -> int:
+        t = monotonic_ns()
+        if self.stopped is not None:
+            raise DivergenceError(self.stopped.paragraph())
+        if self.last_return is not None and t > self.last_return:
+            self.compute_ns += t - self.last_return
+        self.last_return = None
+        self.calls += 1
+        return t
+
+    def returned(self) -> None:
+        self.last_return = monotonic_ns()
+
+    @contextmanager
+    def internal(self):
+        """Replay work inside a call: not the program's memory."""
+        mode = self._memory_mode
+        if mode is None or not mode.enabled:
+            yield
+            return
+        mode.enabled = False
+        try:
+            yield
+        finally:
+            mode.enabled = True
+
+    def complete_at(self, t_ns: int, value):
+        """A Work whose future completes with `value` at `t_ns` (at once with timing none)."""
+        import torch
+        from torch._C._distributed_c10d import _create_work_from_future
+
+        fut = torch.futures.Future()
+        self.alarm.at(t_ns if self.live else 0, fut, value)
+        return _create_work_from_future(fut)
+
+    # --- divergence -------------------------------------------------------------
+
+    def diverge(self, group: int, seq: int, op: str, what: str, expected, got) -> None:
+        d = Divergence(rank=self.rank, group=group, seq=seq, op=op, what=what, expected=str(expected),
+                       got=str(got), stack=user_stack())
+        self.divergences.append(d)
+        if self.options.continue_on_divergence:
+            log.warning("%s (continuing)", d.paragraph())
+            return
+        self.stopped = d
+        log.error("%s", d.paragraph())
+        self.write()
+        raise DivergenceError(d.paragraph())
+
+    def _exit_diverged(self) -> None:
+        self.write()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(3)
+
+    # --- steps --------------------------------------------------------------------
+
+    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        pacer = self._pacer() if self._pacer is not None else None
+        if pacer is None:
+            self._pacer = weakref.ref(optimizer)
+        elif pacer is not optimizer:
+            return
+        t = monotonic_ns()
+        if self.last_return is not None and t > self.last_return:
+            self.compute_ns += t - self.last_return
+        peak = self._memory.take_peak() if self._memory is not None else None
+        self.steps.append([self.step, self.step_start, t, self.compute_ns, peak])
+        self.step += 1
+        self.step_start = t
+        self.last_return = t
+        self.compute_ns = 0
+
+    # --- results ------------------------------------------------------------------
+
+    def write(self) -> None:
+        facts = {
+            "rank": self.rank,
+            "steps": self.steps,
+            "calls": self.calls,
+            "synthetic_numerics": self.synthetic,
+            "divergences": [d.to_dict() for d in self.divergences[:100]],
+            "stopped": self.stopped is not None,
+            "timing": self.options.timing,
+        }
+        path = stats_path(self.options.work_dir, self.rank)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(facts))
+        os.replace(tmp, path)
+        self._written = True
+
+    def _at_exit(self) -> None:
+        try:
+            self.write()
+        except Exception as exc:
+            log.warning("prism-rr: could not write the replay results: %s", exc)
+        if self.stopped is not None:
+            self._exit_diverged()
