@@ -1,6 +1,8 @@
 """prism-rr: record a window of a distributed PyTorch run, replay it on a few ranks.
 
-Reading bundles needs neither torch nor a terminal UI: `prism_rr.open(path)`.
+Record in-process with `with prism_rr.record("run.prism"): ...` (or `prism-rr record`),
+mark steps by hand with `prism_rr.step()`, read with `prism_rr.open(path)`; reading
+bundles needs neither torch nor a terminal UI.
 """
 
 from prism_rr._version import __version__
@@ -13,6 +15,7 @@ from prism_rr.errors import (
 )
 from prism_rr.format.reader import Bundle
 from prism_rr.format.reader import open_bundle as open
+from prism_rr.recorder import record, step
 
 __all__ = [
     "Bundle",
@@ -23,4 +26,6 @@ __all__ = [
     "UsageError",
     "__version__",
     "open",
+    "record",
+    "step",
 ]

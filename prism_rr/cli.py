@@ -176,6 +176,135 @@ def repair(
     _say(f"{len(paths)} spools checked, {repaired} repaired")
 
 
+@app.command(
+    epilog="Example: prism-rr record -o run.prism --nproc 4 --steps 1:4 -- python train.py --lr 3e-4\n\n"
+    + EXIT_CODES,
+    context_settings={"allow_interspersed_args": False},
+)
+def record(
+    cmd: list[str] = typer.Argument(..., metavar="-- CMD...", help="The training command, after --."),
+    output: Path = typer.Option(..., "-o", "--output", help="The bundle to write; spools go to OUTPUT.d/."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Record only steps A:B (B excluded), e.g. 1:4."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Record only these ranks, e.g. 0,2,4-7."),
+    payload: str = typer.Option("digest", "--payload", help="none: metadata only · digest: a hash of each tensor · full: the tensors themselves."),
+    ops: bool = typer.Option(False, "--ops", help="Also record every operator (name, shapes, duration)."),
+    memory: bool = typer.Option(False, "--memory", help="Track live tensor memory on CPU (CUDA statistics are always read)."),
+    nproc: int = typer.Option(0, "--nproc", help="Start this many local ranks with torchrun's environment (0: CMD starts its own ranks, e.g. torchrun)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the run after this many seconds (a hang still yields a bundle)."),
+) -> None:
+    """Record a training run into a bundle, without editing the training code.
+
+    CMD is whatever starts the Python ranks: `torchrun ... train.py`, a cluster launcher,
+    or `python train.py` with --nproc. Every rank records its collectives, point-to-point
+    calls, compute gaps, steps and memory into OUTPUT.d/; when CMD ends (or crashes, or is
+    interrupted) the spools are packed into OUTPUT.
+    """
+    from prism_rr.errors import UsageError
+    from prism_rr.format import pack as pack_spools
+    from prism_rr.recorder.launch import record_command
+    from prism_rr.recorder._options import spool_dir_for
+
+    if not cmd:
+        raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
+    if nproc < 0:
+        raise UsageError("--nproc must be 0 or more")
+    if nproc:
+        cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
+    code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
+                          memory=memory, timeout=timeout)
+    if code != 0:
+        _say(f"warning: the command exited with code {code}; packing what was recorded")
+    spool_dir = spool_dir_for(output)
+    if not any(spool_dir.glob("rank-*.spool")):
+        raise UsageError(
+            f"nothing was recorded: no rank called torch.distributed.init_process_group "
+            f"(is CMD a PyTorch distributed program? exit code {code})"
+        )
+    result = pack_spools(spool_dir, output, progress=_progress("packing ranks"))
+    for rank, why in sorted(result.torn.items()):
+        _say(f"warning: rank {rank}: tail of its spool lost ({why})")
+    _say(f"wrote {output}: {result.ranks} ranks, {result.events:,} records, {result.bytes:,} bytes")
+    if code != 0:
+        raise typer.Exit(code if code < 128 else 1)
+
+
+@app.command(
+    epilog="Example: prism-rr replay run.prism --ranks 0 --report fidelity.json\n\n" + EXIT_CODES,
+    context_settings={"allow_interspersed_args": False},
+)
+def replay(
+    bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),
+    cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="Run this instead of the recorded command (the code under test, perhaps edited)."),
+    ranks: str = typer.Option("0", "--ranks", help="Ranks to run for real, e.g. 0 or 0,1; every other rank is a virtual peer."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the fidelity report (JSON) here."),
+    timing: str = typer.Option("live", "--timing", help="live: virtual peers arrive and transfers take as long as recorded · none: no waiting (fast functional replay)."),
+    continue_on_divergence: bool = typer.Option(False, "--continue-on-divergence", help="Log a divergence and go on instead of stopping (exit 3)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the replay after this many seconds."),
+) -> None:
+    """Replay a recording: the selected ranks run the original training code for real,
+    every other rank is a virtual peer driven from the bundle.
+
+    Each real rank gets the environment torchrun gave it (RANK, WORLD_SIZE of the
+    recorded world, ...) and sees the world it saw in production: the groups, the data
+    its peers sent (bit for bit with --payload full recordings), and when they arrived.
+    Each call is checked against the recording; the first mismatch stops the replay with
+    exit code 3 and a report naming rank, group, sequence number and the call's stack.
+    """
+    from prism_rr.errors import UsageError
+    from prism_rr.replayer import replay as run_replay
+
+    if timing not in ("live", "none"):
+        raise UsageError(f"--timing must be live or none, not {timing!r}")
+    result = run_replay(bundle, ranks=ranks, cmd=cmd or None, report=report, timing=timing,
+                        continue_on_divergence=continue_on_divergence, timeout=timeout)
+    _say(result.card)
+    if report is not None:
+        _say(f"wrote {report}")
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+@app.command(epilog=EXIT_CODES)
+def demo(
+    output: Path = typer.Option(Path("demo.prism"), "-o", "--output", help="The bundle to write."),
+    world: int = typer.Option(4, "--world", help="Number of ranks (dp x tp, or dp x pp with --pp)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree; 1 runs FSDP2 x tensor parallel."),
+    replay_too: bool = typer.Option(True, "--replay/--no-replay", help="Replay rank 0 against the recording afterwards."),
+) -> None:
+    """Record the embedded demo: a small GPT trained with FSDP2 x DTensor tensor parallel
+    (or pipelining with --pp) on gloo, 3 steps after 1 warm-up, then replay rank 0.
+    """
+    from prism_rr.errors import UsageError
+
+    if world < 1 or pp < 1 or world % pp:
+        raise UsageError("--world must be a positive multiple of --pp")
+    train = [sys.executable, "-m", "prism_rr.demo.train", "--steps", "4", "--quiet"]
+    if pp > 1:
+        train += ["--pp", str(pp)]
+        layout = f"pp{pp} x dp{world // pp}"
+    else:
+        tp = 2 if world % 2 == 0 else 1
+        train += ["--tp", str(tp)]
+        layout = f"dp{world // tp} x tp{tp} (FSDP2 x DTensor TP)"
+    _say(f"recording the demo GPT at world {world}, {layout}, steps 1-3 after 1 warm-up ...")
+    cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(world), "--timeout", "300", "--", *train]
+    record(cmd=cmd, output=output, steps="1:4", ranks=None, payload="digest", ops=False,
+           memory=True, nproc=0, timeout=600)
+    from prism_rr.format import open_bundle
+
+    with open_bundle(output) as b:
+        facts = bundle_facts(b)
+    _say(f"  {facts['event_count']:,} records from {len(facts['recorded_ranks'])} ranks, "
+         f"{facts['groups']} groups, steps {_ranges(facts['steps'])}, {facts['bytes']:,} bytes")
+    if replay_too:
+        _say("replaying rank 0 against virtual peers ...")
+        replay(bundle=output, cmd=None, ranks="0", report=None, timing="live",
+               continue_on_divergence=False, timeout=300)
+    _say("\nlook further:")
+    _say(f"  prism-rr info {output}")
+    _say(f"  prism-rr replay {output} --ranks 0 --report fidelity.json")
+
+
 def _progress(label: str):
     if not sys.stderr.isatty():
         return None
