@@ -229,8 +229,8 @@ def record(
 
 
 @app.command(
-    epilog="Example: prism-rr replay run.prism --ranks 0 --report fidelity.json\n\n" + EXIT_CODES,
-    context_settings={"allow_interspersed_args": False},
+    epilog="Example: prism-rr replay run.prism --ranks 0 --report fidelity.json -- python train.py\n\n"
+    + EXIT_CODES,
 )
 def replay(
     bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),

@@ -166,8 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TimeoutError as exc:
         print(f"prism-rr launch: {exc}", file=sys.stderr)
         return 124
-    bad = [c for c in codes if c != 0]
-    return (128 - bad[0] if bad[0] < 0 else bad[0]) if bad else 0
+    # A rank that failed on its own says more than the ranks killed because of it.
+    bad = [c for c in codes if c > 0] or [128 - c for c in codes if c < 0]
+    return bad[0] if bad else 0
 
 
 if __name__ == "__main__":
