@@ -1,0 +1,32 @@
+"""The execution graph over a bundle's events: matching, per-step analysis, diagnosis, export.
+
+Reads bundles only through `prism_rr.format`; imports neither torch nor a UI library.
+"""
+
+from prism_rr.graph._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
+from prism_rr.graph._chrome import export_chrome
+from prism_rr.graph._diagnose import KINDS, Finding, diagnose, diagnosis_json
+from prism_rr.graph._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
+from prism_rr.graph._steps import CriticalPath, Segment, StepAnalysis, analyze_step
+
+__all__ = [
+    "CriticalPath",
+    "ExecutionGraph",
+    "Finding",
+    "KINDS",
+    "MatchedCall",
+    "Member",
+    "P2PMatch",
+    "RankTrace",
+    "Segment",
+    "StepAnalysis",
+    "StepStats",
+    "analyze_step",
+    "build_graph",
+    "clock_offset",
+    "clock_offsets",
+    "diagnose",
+    "diagnosis_json",
+    "export_chrome",
+    "signature",
+]

@@ -1,0 +1,540 @@
+"""Find and explain what went wrong in a recorded run: hangs, mismatches, stragglers, gaps."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from prism_rr.format.reader import Bundle
+from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
+from prism_rr.graph._build import ExecutionGraph, build_graph
+from prism_rr.graph._model import MatchedCall, Member
+
+__all__ = ["KINDS", "Finding", "diagnose", "diagnosis_json"]
+
+# Finding kinds, in the order they are reported.
+KINDS = (
+    "hang", "incomplete", "mismatch", "unmatched_p2p", "straggler",
+    "call_failed", "recorder_failed", "dropped", "truncated",
+)
+_MAX_LISTED = 20  # seqs listed in a coalesced finding's details
+
+# Straggler thresholds: a rank must arrive last this much more often than chance, at
+# calls whose skew is above the noise floor, and cost the others this share of their time.
+STRAGGLER_MIN_SKEW_NS = 50_000
+STRAGGLER_MIN_Z = 3.0
+STRAGGLER_MIN_RATIO = 2.0
+STRAGGLER_MIN_COUNT = 3
+STRAGGLER_MIN_FRACTION = 0.20  # of the others' step time lost waiting for the rank
+STRAGGLER_MIN_LOST_PER_STEP_NS = 1_000_000  # below this, scheduling noise on a busy host
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """One problem: what kind, which ranks, which call, and a sentence for people."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    message: str
+    group: int | None = None
+    seq: int | None = None
+    stack: tuple[str, ...] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "ranks": list(self.ranks), "group": self.group, "seq": self.seq,
+            "message": self.message, "stack": list(self.stack) if self.stack else None,
+            "details": self.details,
+        }
+
+
+def diagnosis_json(findings: list[Finding]) -> dict[str, Any]:
+    """The `--json` form: {"findings": [...], "summary": {...}}."""
+    by_kind: dict[str, int] = {}
+    for f in findings:
+        by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+    ranks = sorted({r for f in findings for r in f.ranks})
+    text = "no problems found" if not findings else (
+        f"{len(findings)} finding{'s' if len(findings) != 1 else ''}: "
+        + ", ".join(f"{n} {k}" for k, n in by_kind.items())
+    )
+    return {
+        "findings": [f.to_dict() for f in findings],
+        "summary": {"count": len(findings), "by_kind": by_kind, "ranks": ranks, "message": text},
+    }
+
+
+def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None) -> list[Finding]:
+    """Everything notable in `bundle`, most serious first; an empty list on a clean run."""
+    g = build_graph(bundle) if graph is None else graph
+    failures = _Failures(g)
+    out: list[Finding] = []
+    out += _hangs(g, failures)
+    out += _mismatches(g, failures)
+    out += _unmatched_p2p(g)
+    out += _stragglers(g)
+    out += _call_failures(g, failures)
+    out += _gaps(g)
+    out.sort(key=lambda f: _order(g, f))
+    return out
+
+
+_ON_CALLS = ("hang", "incomplete", "mismatch", "unmatched_p2p")
+
+
+def _order(g: ExecutionGraph, f: Finding) -> tuple:
+    """Problems on calls first, earliest first (the first is most often the cause of
+    the rest), then stragglers, then what the bundle cannot show."""
+    if f.kind in _ON_CALLS:
+        t = None
+        call = g.calls.get((f.group, f.seq)) if "src" not in f.details else None
+        if call is not None and call.members:
+            t = call.first_arrival.enter_ns
+        else:
+            pm = g.p2p.get((f.group, f.details.get("src"), f.details.get("dst"), f.seq))
+            m = pm and (pm.send or pm.recv)
+            t = m.enter_ns if m else None
+        return (0, t if t is not None else 1 << 62, f.ranks)
+    return (1 + KINDS.index(f.kind) if f.kind in KINDS else 99, f.group or -1, f.seq or -1, f.ranks)
+
+
+class _Failures:
+    """Calls that ended in an error (call_failed markers); a finding that explains one
+    takes it, and the rest are reported on their own."""
+
+    def __init__(self, g: ExecutionGraph):
+        self.by_call: dict[tuple[int, int], dict[int, str]] = {}
+        self.explained: set[tuple[int, int | None, int | None]] = set()
+        for rank, trace in g.traces.items():
+            for group, seq, mk in trace.failed:
+                if group is not None:
+                    self.by_call.setdefault((group, seq), {})[rank] = mk.text or ""
+
+    def take(self, group: int, seq: int, ranks=None) -> dict[int, str]:
+        got = {r: t for r, t in self.by_call.get((group, seq), {}).items() if ranks is None or r in ranks}
+        self.explained.update((r, group, seq) for r in got)
+        return got
+
+
+def _short(text: str, n: int = 160) -> str:
+    text = re.sub(r"\[[^\]]*[/\\][^\]]*\]\s*", "", " ".join(text.split()))  # "[/src/gloo/pair.cc:78] "
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+# --- wording --------------------------------------------------------------------------
+
+
+def _ranks_text(ranks) -> str:
+    ranks = sorted(ranks)
+    if not ranks:
+        return "no rank"
+    word = "rank" if len(ranks) == 1 else "ranks"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{word} {ranks[0]}-{ranks[-1]}"
+    if len(ranks) > 12:
+        return f"{word} {', '.join(map(str, ranks[:10]))}, ... ({len(ranks)} in all)"
+    return f"{word} {', '.join(map(str, ranks))}"
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.3f} ms"
+
+
+def _at(g: ExecutionGraph, t: int) -> str:
+    return f"+{(t - g.t0_ns) / 1e6:.3f} ms"
+
+
+def _call_text(op: str, group: int, seq: int) -> str:
+    return f"{op} (group {group}, seq {seq})"
+
+
+def _describe_record(rec) -> str:
+    cls = type(rec)
+    if cls is Collective:
+        return f"{rec.op} (group {rec.group}, seq {rec.seq})"
+    if cls is PointToPoint:
+        direction = "from" if rec.op.endswith("recv") else "to"
+        return f"{rec.op} {direction} rank {rec.peer} (group {rec.group}, message {rec.seq})"
+    if cls is Compute:
+        return f"compute{' ' + rec.name if rec.name else ''}"
+    if cls is Step:
+        return "the end of a step"
+    if cls is Marker:
+        return f"marker {rec.name}" + (f" ({rec.text})" if rec.text else "")
+    if cls is Memory:
+        return "a memory sample"
+    if cls is GroupInfo:
+        return f"creating group {rec.group}"
+    return type(rec).__name__
+
+
+def _doing_last(g: ExecutionGraph, rank: int, failures: "_Failures | None" = None) -> tuple[str, dict]:
+    """What a rank was doing last, in words and as details."""
+    trace = g.traces.get(rank)
+    if trace is None or trace.events == 0:
+        return f"rank {rank} recorded nothing", {"state": "nothing recorded"}
+    if trace.open_calls:
+        kind, group, seq, m = min(trace.open_calls, key=lambda c: c[3].enter_ns)
+        if kind == "collective":
+            what = _call_text(m.op, group, seq)
+        else:
+            what = f"{m.op} (group {group}, message {seq})"
+        return (f"rank {rank} was blocked in {what} since {_at(g, m.enter_ns)} and never left it",
+                {"state": "blocked", "op": m.op, "group": group, "seq": seq, "since_ns": m.enter_ns - g.t0_ns,
+                 "stack": list(m.stack) if m.stack else None})
+    rec = trace.last_record
+    if rec is None:
+        return f"rank {rank} recorded no calls or compute", {"state": "nothing recorded"}
+    end = rec.start_ns if rec.end_ns is None else rec.end_ns
+    text = f"rank {rank}'s last record is {_describe_record(rec)} in step {rec.step}, ending at {_at(g, end - trace.offset_ns)}"
+    ends = [mk for mk in trace.markers if mk.name == "recording_end"]
+    details: dict[str, Any] = {"state": "finished", "last": _describe_record(rec), "step": rec.step,
+                               "last_ns": end - trace.offset_ns - g.t0_ns}
+    if failures is not None and type(rec) is Collective:
+        failed = failures.take(rec.group, rec.seq, (rank,))
+        if failed:
+            text += f", which failed ({_short(failed[rank])})"
+            details["failed"] = failed[rank]
+    if ends and ends[-1].text:
+        text += f"; its recording then ended ({ends[-1].text})"
+        details["ended"] = ends[-1].text
+    elif trace.truncated:
+        text += "; its spool is truncated (was the process killed?)"
+        details["state"] = "truncated"
+    elif not ends:
+        text += "; then nothing: its recording stops without a proper end (was the process killed?)"
+        details["state"] = "stopped"
+    return text, details
+
+
+# --- hangs ----------------------------------------------------------------------------
+
+
+def _recording_off_before(g: ExecutionGraph, rank: int, t: int) -> bool:
+    off = g.traces[rank].off_ns if rank in g.traces else None
+    return off is not None and off <= t
+
+
+def _hangs(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+    out: list[Finding] = []
+    runs: dict[tuple, list[MatchedCall]] = {}  # (kind, group, ranks) -> calls, coalesced
+    for call in g.calls.values():
+        if not call.members:
+            continue
+        first = call.first_arrival.enter_ns
+        missing = tuple(r for r in call.missing if not _recording_off_before(g, r, first))
+        if missing:
+            runs.setdefault(("hang", call.group, missing), []).append(call)
+        elif call.incomplete and not call.missing:
+            runs.setdefault(("incomplete", call.group, call.incomplete), []).append(call)
+    for (kind, group, ranks), calls in runs.items():
+        calls.sort(key=lambda c: c.seq)
+        call = calls[0]
+        seqs = [c.seq for c in calls]
+        entered = call.entered
+        waiting = [m for m in call.members if m.end_ns is None]
+        stack = next((m.stack for m in call.members if m.stack), None)
+        details: dict[str, Any] = {
+            "op": call.op, "entered": list(entered), "never_completed": list(call.incomplete),
+            "seqs": seqs[:_MAX_LISTED], "calls": len(seqs),
+        }
+        if kind == "hang":
+            doing = {}
+            sentences = []
+            for r in ranks:
+                text, d = _doing_last(g, r, failures)
+                doing[str(r)] = d
+                sentences.append(text)
+            details["missing"] = list(ranks)
+            details["missing_last"] = doing
+            stuck = f"; {_ranks_text(call.incomplete)} waited there and never completed it" if waiting else ""
+            failed = failures.take(group, call.seq)
+            if failed:
+                details["failed"] = {str(r): t for r, t in sorted(failed.items())}
+                stuck += (f"; the wait ended in an error on {_ranks_text(failed)} "
+                          f"({_short(next(iter(failed.values())))})")
+            more = f" ({len(seqs) - 1} later calls of this group lack them too)" if len(seqs) > 1 else ""
+            msg = (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)} "
+                   f"but never by {_ranks_text(ranks)}{stuck}{more}. " + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
+        else:
+            more = f" ({len(seqs) - 1} later calls too)" if len(seqs) > 1 else ""
+            msg = (f"{_call_text(call.op, group, call.seq)} was entered by every member but never "
+                   f"completed on {_ranks_text(ranks)}{more}.")
+        out.append(Finding(kind=kind, ranks=tuple(ranks), group=group, seq=call.seq, message=msg,
+                           stack=stack, details=details))
+    # point-to-point calls left open whose partner is there: a receive never matched is
+    # reported as unmatched; a matched pair that never completed is incomplete.
+    for pm in g.p2p.values():
+        if pm.send is None or pm.recv is None:
+            continue
+        stuck = [m for m in (pm.send, pm.recv) if m.end_ns is None]
+        if stuck:
+            ranks = tuple(sorted(m.rank for m in stuck))
+            out.append(Finding(
+                kind="incomplete", ranks=ranks, group=pm.group, seq=pm.seq,
+                message=(f"{pm.send.op} from rank {pm.src} to rank {pm.dst} (group {pm.group}, message {pm.seq}) "
+                         f"was posted on both sides but never completed on {_ranks_text(ranks)}."),
+                stack=stuck[0].stack, details={"src": pm.src, "dst": pm.dst, "op": pm.send.op}))
+    return out
+
+
+# --- mismatches -----------------------------------------------------------------------
+
+
+def _fmt_shapes(shapes) -> str:
+    if shapes is None:
+        return "?"
+    return ", ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes) or "no tensors"
+
+
+def _difference(odd: tuple, ref: tuple) -> tuple[str, str, str]:
+    """(field, odd value, reference value) of the first field that differs."""
+    names = ("op", "shapes", "dtypes", "reduce op", "root")
+    for name, a, b in zip(names, odd, ref):
+        if a != b:
+            if name == "shapes":
+                return name, _fmt_shapes(a), _fmt_shapes(b)
+            if name == "dtypes":
+                return name, ", ".join(a) or "none", ", ".join(b) or "none"
+            return name, str(a), str(b)
+    return "signature", str(odd), str(ref)
+
+
+def _mismatches(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+    out: list[Finding] = []
+    pending: list[dict] = []
+    seen: dict[tuple[int, tuple[int, ...]], dict] = {}  # (group, odd ranks) -> first finding's details
+    for call in sorted(g.calls.values(), key=lambda c: c.key):
+        if len(call.members) < 2:
+            continue
+        first_sig = call.members[0].sig
+        if all(m.sig is first_sig or m.sig == first_sig for m in call.members):
+            continue
+        counts: dict[tuple, list[Member]] = {}
+        for m in call.members:
+            counts.setdefault(m.sig, []).append(m)
+        ref_sig = max(counts, key=lambda s: (len(counts[s]), -min(m.rank for m in counts[s])))
+        ref_ranks = [m.rank for m in counts[ref_sig]]
+        odd = [m for m in call.members if m.sig != ref_sig]
+        odd_ranks = tuple(sorted(m.rank for m in odd))
+        prior = seen.get((call.group, odd_ranks))
+        if prior is not None:  # the same ranks out of step again: most likely a consequence
+            if len(prior["later"]) < _MAX_LISTED:
+                prior["later"].append(call.seq)
+            prior["later_count"] += 1
+            continue
+        parts = []
+        fields: dict[str, Any] = {}
+        for sig, ms in counts.items():
+            if sig == ref_sig:
+                continue
+            name, a, b = _difference(sig, ref_sig)
+            ranks = [m.rank for m in ms]
+            fields[name] = {"ranks": sorted(ranks), "value": a, "expected": b}
+            verb = "called" if name == "op" else "passed"
+            if name == "op":
+                parts.append(f"{_ranks_text(ranks)} called {a} where {_ranks_text(ref_ranks)} called {b}")
+            else:
+                parts.append(f"{_ranks_text(ranks)} {verb} {name} {a} where {_ranks_text(ref_ranks)} passed {b}")
+        details = {"op": ref_sig[0], "differences": fields, "later": [], "later_count": 0,
+                   "expected_ranks": sorted(ref_ranks)}
+        failed = failures.take(call.group, call.seq)
+        if failed:
+            details["failed"] = {str(r): t for r, t in sorted(failed.items())}
+            parts.append(f"the call then failed on {_ranks_text(failed)} ({_short(next(iter(failed.values())))})")
+        seen[(call.group, odd_ranks)] = details
+        msg = f"Members of {_call_text(ref_sig[0], call.group, call.seq)} disagree: " + "; ".join(parts) + "."
+        pending.append(dict(kind="mismatch", ranks=odd_ranks, group=call.group, seq=call.seq, message=msg,
+                            stack=next((m.stack for m in odd if m.stack), None), details=details))
+    for kw in pending:
+        n = kw["details"]["later_count"]
+        if n:
+            kw["message"] += (f" {n} later calls of group {kw['group']} disagree the same way "
+                              "(the same ranks are likely out of step).")
+        out.append(Finding(**kw))
+    # sends and receives that pair up but disagree on what is sent
+    for pm in g.p2p.values():
+        if pm.send is None or pm.recv is None:
+            continue
+        (_, s_shapes, s_dtypes, _, _), (_, r_shapes, r_dtypes, _, _) = pm.send.sig, pm.recv.sig
+        if s_shapes != r_shapes or s_dtypes != r_dtypes:
+            out.append(Finding(
+                kind="mismatch", ranks=(pm.src, pm.dst), group=pm.group, seq=pm.seq,
+                message=(f"Rank {pm.src} sent {_fmt_shapes(s_shapes)} {', '.join(s_dtypes)} to rank {pm.dst} "
+                         f"(group {pm.group}, message {pm.seq}), which received into "
+                         f"{_fmt_shapes(r_shapes)} {', '.join(r_dtypes)}."),
+                stack=pm.send.stack or pm.recv.stack,
+                details={"op": pm.send.op, "src": pm.src, "dst": pm.dst}))
+    return out
+
+
+def _unmatched_p2p(g: ExecutionGraph) -> list[Finding]:
+    recorded = set(g.ranks)
+    runs: dict[tuple, list] = {}
+    for pm in g.p2p.values():
+        if (pm.send is None) == (pm.recv is None):
+            continue
+        m = pm.send or pm.recv
+        other = pm.dst if pm.send is not None else pm.src
+        if other not in recorded or _recording_off_before(g, other, m.enter_ns):
+            continue
+        runs.setdefault((pm.group, pm.src, pm.dst, pm.send is not None), []).append(pm)
+    out = []
+    for (group, src, dst, sending), pms in runs.items():
+        pms.sort(key=lambda p: p.seq)
+        pm = pms[0]
+        m = pm.send or pm.recv
+        n = len(pms)
+        more = f" ({n - 1} later messages too)" if n > 1 else ""
+        if sending:
+            msg = (f"Rank {src} sent {_fmt_shapes(m.sig[1])} to rank {dst} (group {group}, message {pm.seq}) "
+                   f"but rank {dst} never posted the matching receive{more}.")
+            ranks = (src, dst)
+        else:
+            msg = (f"Rank {dst} waited to receive from rank {src} (group {group}, message {pm.seq}) "
+                   f"but rank {src} never sent it{more}.")
+            ranks = (src, dst)
+        out.append(Finding(kind="unmatched_p2p", ranks=ranks, group=group, seq=pm.seq, message=msg,
+                           stack=m.stack, details={"src": src, "dst": dst, "op": m.op, "side": "send" if sending else "recv",
+                                                   "seqs": [p.seq for p in pms[:_MAX_LISTED]], "count": n,
+                                                   "completed": m.end_ns is not None}))
+    return out
+
+
+# --- stragglers -----------------------------------------------------------------------
+
+
+def _stragglers(g: ExecutionGraph) -> list[Finding]:
+    last: dict[int, int] = {}
+    expected: dict[int, float] = {}
+    var: dict[int, float] = {}
+    lost: dict[int, int] = {}
+    victims: dict[int, set] = {}
+    worst: dict[int, tuple[int, MatchedCall]] = {}
+    warmup = _warmup_step(g)
+    for call in g.calls.values():
+        ms = call.members
+        n = len(ms)
+        if n < 2 or call.missing or ms[0].step == warmup:
+            continue
+        got = call.arrivals()
+        if got is None:
+            continue
+        lm, waits = got
+        skew = max(waits.values())
+        if skew < STRAGGLER_MIN_SKEW_NS:
+            continue
+        p = 1.0 / n
+        for m in ms:
+            expected[m.rank] = expected.get(m.rank, 0.0) + p
+            var[m.rank] = var.get(m.rank, 0.0) + p * (1 - p)
+        last[lm.rank] = last.get(lm.rank, 0) + 1
+        waited = 0
+        for rank, w in waits.items():
+            if rank != lm.rank and w > 0:
+                waited += w
+                victims.setdefault(lm.rank, set()).add(rank)
+        lost[lm.rank] = lost.get(lm.rank, 0) + waited
+        if lm.rank not in worst or skew > worst[lm.rank][0]:
+            worst[lm.rank] = (skew, call)
+    span = _recorded_time(g)
+    warm = _warmup_step(g)
+    steps = max(1, sum(1 for st in g.steps.values() if st.iteration_ns and st.step != warm))
+    total_lost = sum(lost.values()) or 1
+    out = []
+    for rank, k in last.items():
+        e = expected.get(rank, 0.0)
+        sd = math.sqrt(var.get(rank, 0.0)) or 1.0
+        z = (k - e) / sd
+        n = len(g.groups.get(0, ())) or len(g.ranks)
+        share = lost[rank] / total_lost
+        often = z >= STRAGGLER_MIN_Z and k >= STRAGGLER_MIN_RATIO * e
+        # in small groups "last" is often by chance alone: then the lost time must be its doing
+        dominant = share >= max(0.5, min(0.8, 3 / max(n, 1)))
+        if k < STRAGGLER_MIN_COUNT or not (often or dominant):
+            continue
+        others = victims.get(rank, set())
+        per_rank = lost[rank] / max(1, len(others))
+        fraction = per_rank / span if span else 0.0
+        if fraction < STRAGGLER_MIN_FRACTION or per_rank < STRAGGLER_MIN_LOST_PER_STEP_NS * steps:
+            continue
+        longest, call = worst[rank]
+        msg = (f"Rank {rank} arrived last at {k} collectives where chance gives {e:.1f}; "
+               f"{_ranks_text(others)} lost {_ms(lost[rank])} waiting for it in all "
+               f"({_ms(int(per_rank))} each, {fraction:.1%} of the recorded time). "
+               f"The longest wait was {_ms(longest)} in {_call_text(call.op, call.group, call.seq)}.")
+        out.append(Finding(
+            kind="straggler", ranks=(rank,), group=call.group, seq=call.seq, message=msg,
+            stack=next((m.stack for m in call.members if m.rank == rank and m.stack), None),
+            details={"last": k, "expected": round(e, 2), "z": round(z, 2), "share_of_waiting": round(share, 3),
+                     "lost_ns": lost[rank], "lost_per_rank_ns": int(per_rank), "fraction": round(fraction, 4),
+                     "waiting_ranks": sorted(others)}))
+    return out
+
+
+def _warmup_step(g: ExecutionGraph) -> int | None:
+    """The first recorded step, when there are enough others: it holds start-up skew
+    (imports, lazy initialisation) that says nothing about stragglers."""
+    timed = sorted(s for s, st in g.steps.items() if st.iteration_ns)
+    return timed[0] if len(timed) >= 3 else None
+
+
+def _recorded_time(g: ExecutionGraph) -> int:
+    """A typical rank's recorded step time, warm-up aside (its time span where no steps
+    were recorded)."""
+    per_rank: dict[int, int] = {}
+    warmup = _warmup_step(g)
+    for st in g.steps.values():
+        if st.step == warmup:
+            continue
+        for r, ns in st.iteration_ns.items():
+            per_rank[r] = per_rank.get(r, 0) + ns
+    spans = sorted(per_rank.values()) or sorted(
+        t.last_ns - t.first_ns for t in g.traces.values() if t.first_ns is not None and t.last_ns is not None)
+    return spans[len(spans) // 2] if spans else 0
+
+
+# --- what the bundle cannot show ----------------------------------------------------
+
+
+def _call_failures(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+    out = []
+    for rank, trace in g.traces.items():
+        left = [(grp, seq, mk) for grp, seq, mk in trace.failed if (rank, grp, seq) not in failures.explained]
+        if left:
+            group, seq, mk = left[0]
+            more = f" ({len(left) - 1} more failures after it)" if len(left) > 1 else ""
+            where = f"group {group}, seq {seq}" if group is not None else f"seq {seq}"
+            out.append(Finding(kind="call_failed", ranks=(rank,), group=group, seq=seq,
+                               message=f"A call ({where}) failed on rank {rank} in step {mk.step}: {_short(mk.text or '')}{more}.",
+                               details={"count": len(left), "text": mk.text, "step": mk.step}))
+    return out
+
+
+def _gaps(g: ExecutionGraph) -> list[Finding]:
+    out = []
+    for rank, trace in g.traces.items():
+        failed = [mk for mk in trace.markers if mk.name in ("recorder_failed", "recording_off")]
+        if failed:
+            mk = failed[0]
+            out.append(Finding(kind="recorder_failed", ranks=(rank,),
+                               message=(f"The recorder turned itself off on rank {rank} in step {mk.step}"
+                                        f"{': ' + mk.text if mk.text else ''}; later events of this rank are missing."),
+                               details={"step": mk.step, "text": mk.text}))
+    dropped = {r: t.dropped for r, t in g.traces.items() if t.dropped}
+    if dropped:
+        total = sum(dropped.values())
+        out.append(Finding(kind="dropped", ranks=tuple(sorted(dropped)),
+                           message=(f"The recorder dropped {total} records on {_ranks_text(dropped)} because its queue "
+                                    "was full; calls in those gaps cannot be matched or timed."),
+                           details={"dropped": {str(r): n for r, n in sorted(dropped.items())}}))
+    truncated = sorted(r for r, t in g.traces.items() if t.truncated)
+    if truncated:
+        out.append(Finding(kind="truncated", ranks=tuple(truncated),
+                           message=(f"The spools of {_ranks_text(truncated)} end in a torn frame (the process died "
+                                    "while writing?); the events after the last whole frame are lost."),
+                           details={}))
+    return out

@@ -1,0 +1,164 @@
+"""The execution graph's nodes: one member's part in a call, a matched call, a rank's trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prism_rr.format.records import Marker, Record
+
+__all__ = ["MatchedCall", "Member", "P2PMatch", "RankTrace", "StepStats"]
+
+
+@dataclass(slots=True)
+class Member:
+    """One rank's part in a collective or point-to-point call (times on rank 0's clock)."""
+
+    rank: int
+    enter_ns: int
+    end_ns: int | None  # None: entered and never completed
+    step: int
+    op: str
+    sig: tuple  # what members of one call must agree on (interned; see _build.signature)
+    stack: tuple[str, ...] | None
+    async_op: bool
+
+    @property
+    def duration_ns(self) -> int | None:
+        return None if self.end_ns is None else self.end_ns - self.enter_ns
+
+
+def _ENTER(m: Member) -> int:
+    return m.enter_ns
+
+
+def _DURATION(m: Member) -> int:
+    return m.end_ns - m.enter_ns
+
+
+@dataclass(slots=True)
+class MatchedCall:
+    """A collective matched across the members of its group by (group, seq)."""
+
+    group: int
+    seq: int
+    expected: tuple[int, ...]  # the group's recorded ranks
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.group, self.seq)
+
+    @property
+    def op(self) -> str:
+        ops = [m.op for m in self.members]
+        return max(set(ops), key=ops.count) if ops else ""
+
+    @property
+    def entered(self) -> tuple[int, ...]:
+        return tuple(sorted(m.rank for m in self.members))
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        have = {m.rank for m in self.members}
+        return tuple(r for r in self.expected if r not in have)
+
+    @property
+    def incomplete(self) -> tuple[int, ...]:
+        return tuple(sorted(m.rank for m in self.members if m.end_ns is None))
+
+    @property
+    def first_arrival(self) -> Member:
+        return min(self.members, key=_ENTER)
+
+    @property
+    def last_arrival(self) -> Member:
+        return max(self.members, key=_ENTER)
+
+    @property
+    def skew_ns(self) -> int:
+        """Last arrival minus first arrival."""
+        if not self.members:
+            return 0
+        enters = [m.enter_ns for m in self.members]
+        return max(enters) - min(enters)
+
+    @property
+    def transfer_ns(self) -> int | None:
+        """The smallest end - start among members: the last to arrive waits only for this."""
+        durs = [m.end_ns - m.enter_ns for m in self.members if m.end_ns is not None]
+        return min(durs) if durs else None
+
+    def wait_ns(self, member: Member, last_enter_ns: int | None = None) -> int:
+        """Time `member` spent in the call waiting for the last to arrive."""
+        last = self.last_arrival.enter_ns if last_enter_ns is None else last_enter_ns
+        w = last - member.enter_ns
+        if member.end_ns is not None:
+            w = min(w, member.end_ns - member.enter_ns)
+        return max(0, w)
+
+    def arrivals(self) -> tuple[Member, dict[int, int]] | None:
+        """(last to arrive, {rank: wait}) for a call every member completed.
+
+        On clocks that agree, from entry times. Where they cannot agree (a member ended
+        before the last one entered, impossible for a call that needs everyone), from
+        durations, which need no alignment: the member that waited least arrived last.
+        """
+        ms = self.members
+        if not ms or any(m.end_ns is None for m in ms):
+            return None
+        last = max(ms, key=_ENTER)
+        t = last.enter_ns
+        if all(m.end_ns >= t for m in ms):
+            return last, {m.rank: min(t - m.enter_ns, m.end_ns - m.enter_ns) for m in ms}
+        if any(m.async_op for m in ms):
+            return None  # an async call's end is when it was noticed, not when it finished
+        last = min(ms, key=_DURATION)
+        d = last.end_ns - last.enter_ns
+        return last, {m.rank: m.end_ns - m.enter_ns - d for m in ms}
+
+
+@dataclass(slots=True)
+class P2PMatch:
+    """A send paired with its receive by (group, src, dst, seq); either side may be absent."""
+
+    group: int
+    src: int
+    dst: int
+    seq: int
+    send: Member | None = None
+    recv: Member | None = None
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.group, self.src, self.dst, self.seq)
+
+
+@dataclass(slots=True)
+class RankTrace:
+    """What one rank's recording says about the rank as a whole."""
+
+    rank: int
+    offset_ns: int  # this rank's clock minus rank 0's (subtracted from its times)
+    events: int = 0
+    dropped: int = 0
+    truncated: bool = False
+    first_ns: int | None = None
+    last_ns: int | None = None
+    last_record: Record | None = None  # the record that ends latest
+    last_call: Member | None = None  # the communication call entered last
+    last_call_group_seq: tuple[int, int] | None = None
+    open_calls: list[tuple[str, int, int, Member]] = field(default_factory=list)  # (kind, group, seq, member)
+    markers: list[Marker] = field(default_factory=list)  # recording_end, recorder_failed, call_failed, ...
+    failed: list[tuple[int | None, int | None, Marker]] = field(default_factory=list)  # (group, seq, call_failed)
+    off_ns: int | None = None  # when the recorder turned itself off, if it did
+
+
+@dataclass(slots=True)
+class StepStats:
+    """One training step across ranks: durations in ns, keyed by rank."""
+
+    step: int
+    iteration_ns: dict[int, int] = field(default_factory=dict)
+    wait_ns: dict[int, int] = field(default_factory=dict)
+    compute_ns: dict[int, int] = field(default_factory=dict)
+    comm_ns: dict[int, int] = field(default_factory=dict)

@@ -1,0 +1,74 @@
+"""diagnose() on real recorded runs of 2 gloo ranks, each with one planted fault.
+
+Two ranks, as the test machines may have two cores: more would make stragglers of their own.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism_rr.format import open_bundle, pack
+from prism_rr.graph import diagnose
+from prism_rr.recorder._options import spool_dir_for
+from prism_rr.recorder.launch import record_command
+
+SCRIPT = Path(__file__).parent / "scripts" / "faults.py"
+WORLD = 2
+
+
+def _diagnose(tmp_path, mode):
+    out = tmp_path / "run.prism"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+           str(SCRIPT), mode]
+    code = record_command(cmd, out, timeout=90)
+    pack(spool_dir_for(out), out)
+    with open_bundle(out) as b:
+        return code, diagnose(b)
+
+
+def _kinds(findings):
+    return [(f.kind, f.ranks, f.group, f.seq) for f in findings]
+
+
+@pytest.mark.timeout(150)
+def test_clean_run(tmp_path):
+    code, findings = _diagnose(tmp_path, "clean")
+    assert code == 0
+    assert findings == [], [f.message for f in findings]
+
+
+@pytest.mark.timeout(150)
+def test_rank_that_skips_a_collective(tmp_path):
+    _, findings = _diagnose(tmp_path, "skip")
+    hang = findings[0]
+    assert (hang.kind, hang.ranks, hang.group, hang.seq) == ("hang", (1,), 0, 8), _kinds(findings)
+    assert hang.details["entered"] == [0]
+    assert hang.stack and hang.stack[0].startswith("faults.py:")
+    assert {f.kind for f in findings} <= {"hang"}  # the waiting ranks' time-outs are folded in
+
+
+@pytest.mark.timeout(150)
+def test_rank_that_calls_with_another_shape(tmp_path):
+    _, findings = _diagnose(tmp_path, "shape")
+    first = findings[0]
+    assert (first.kind, first.ranks, first.group, first.seq) == ("mismatch", (1,), 0, 6), _kinds(findings)
+    assert first.details["differences"]["shapes"] == {"ranks": [1], "value": "[1, 3]", "expected": "[3]"}
+    assert len(findings) == 1
+
+
+@pytest.mark.timeout(150)
+def test_rank_slowed_by_a_sleep(tmp_path):
+    code, findings = _diagnose(tmp_path, "slow")
+    assert code == 0
+    assert _kinds(findings)[:1] == [("straggler", (1,), 0, findings[0].seq)], [f.message for f in findings]
+    assert findings[0].details["waiting_ranks"] == [0]
+    assert findings[0].details["lost_per_rank_ns"] > 5 * 80_000_000
+
+
+@pytest.mark.timeout(150)
+def test_rank_killed_mid_run(tmp_path):
+    _, findings = _diagnose(tmp_path, "kill")
+    hang = findings[0]
+    assert (hang.kind, hang.ranks, hang.group, hang.seq) == ("hang", (1,), 0, 8), _kinds(findings)
+    assert hang.details["missing_last"]["1"]["state"] in ("stopped", "truncated")
