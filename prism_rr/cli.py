@@ -14,7 +14,7 @@ from prism_rr.errors import PrismError, exit_code_for
 
 EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
-4 bundle malformed or of an unsupported version."""
+4 bundle malformed or of an unsupported version · 5 diagnose found problems."""
 
 app = typer.Typer(
     name="prism-rr",
@@ -136,6 +136,8 @@ def verify(bundle: Path = typer.Argument(..., help="The .prism bundle to check."
 def pack(
     spool_dir: Path = typer.Argument(..., help="A directory of rank-*.spool files (run.prism.d/)."),
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write."),
+    redact: bool = typer.Option(False, "--redact", help="Make it safe for a public bug report (see `prism-rr redact --help`)."),
+    stacks: bool = typer.Option(True, "--stacks/--no-stacks", help="With --redact: keep stack frames as file name and line, or drop them."),
 ) -> None:
     """Pack a directory of spools into one portable bundle.
 
@@ -144,9 +146,20 @@ def pack(
     """
     from prism_rr.format import pack as pack_spools
 
-    result = pack_spools(spool_dir, output, progress=_progress("packing ranks"))
+    target = output.with_name(output.name + ".unredacted") if redact else output
+    result = pack_spools(spool_dir, target, progress=_progress("packing ranks"))
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail dropped ({why})")
+    if redact:
+        from prism_rr.format.redact import redact as redact_bundle
+
+        try:
+            redact_bundle(target, output, stacks=stacks)
+        finally:
+            target.unlink(missing_ok=True)
+        _say(f"wrote {output} (redacted): {result.ranks} ranks, {result.events:,} records, "
+             f"{output.stat().st_size:,} bytes")
+        return
     _say(f"wrote {output}: {result.ranks} ranks, {result.events:,} records, {result.bytes:,} bytes")
 
 
@@ -303,6 +316,95 @@ def demo(
     _say("\nlook further:")
     _say(f"  prism-rr info {output}")
     _say(f"  prism-rr replay {output} --ranks 0 --report fidelity.json")
+
+
+DIAGNOSE_CODES = """\
+Exit codes: 0 nothing found · 5 findings · 1 any other failure · 2 usage error ·
+4 bundle malformed or of an unsupported version."""
+
+
+@app.command(epilog=DIAGNOSE_CODES)
+def diagnose(
+    bundle: Path = typer.Argument(..., help="The .prism bundle to examine."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {findings: [...], summary}."),
+) -> None:
+    """Find hangs, mismatched calls, stragglers and lost records, and explain them.
+
+    Each finding names the ranks, the group and sequence number of the call, what each
+    rank was doing, and the Python stack where it was recorded. Hangs: calls some members
+    entered and others never did, or that never completed. Mismatches: members of one call
+    that disagree on op, shapes, dtypes, reduce op or root; sends nobody received.
+    Stragglers: ranks that arrive last far more often than chance, with the time the
+    others lost waiting. Also dropped records and truncated spools.
+    """
+    from prism_rr.format import open_bundle
+    from prism_rr.graph import diagnose as find, diagnosis_json
+
+    with open_bundle(bundle) as b:
+        findings = find(b)
+    if as_json:
+        print(json.dumps(diagnosis_json(findings)))
+    elif not findings:
+        print("no problems found")
+    else:
+        for i, f in enumerate(findings, 1):
+            where = f"group {f.group} seq {f.seq}" if f.group is not None else ""
+            print(f"{i}. [{f.kind}] ranks {_ranges(list(f.ranks))} {where}".rstrip())
+            print(f"   {f.message}")
+            if f.stack:
+                print(f"   at {' <- '.join(f.stack)}")
+    if findings:
+        raise typer.Exit(5)
+
+
+@app.command(epilog=EXIT_CODES)
+def export(
+    bundle: Path = typer.Argument(..., help="The .prism bundle to export."),
+    output: Path = typer.Option(..., "-o", "--output", help="The trace file to write."),
+    fmt: str = typer.Option("chrome", "--format", help="chrome: Chrome trace event JSON (open it in Perfetto or chrome://tracing)."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. 0,2,4-7."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Only steps A:B (B excluded)."),
+) -> None:
+    """Export a bundle as a trace for Perfetto: a process per rank, compute and
+    communication spans, arrows linking the members of each collective, memory counters.
+
+    The trace is written as it is read, so large bundles never sit in memory whole.
+    """
+    from prism_rr.errors import UsageError
+    from prism_rr.format import open_bundle
+    from prism_rr.graph import export_chrome
+    from prism_rr.recorder._options import parse_ranks, parse_steps
+
+    if fmt != "chrome":
+        raise UsageError(f"--format must be chrome, not {fmt!r}")
+    window = parse_steps(steps)
+    if window is not None:
+        lo, hi = window
+        window = (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
+    rank_list = list(parse_ranks(ranks)) if ranks else None
+    with open_bundle(bundle) as b:
+        stats = export_chrome(b, output, ranks=rank_list, steps=window)
+    _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
+         f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")
+
+
+@app.command(name="redact", epilog=EXIT_CODES)
+def redact_cmd(
+    bundle: Path = typer.Argument(..., help="The .prism bundle to redact."),
+    output: Path = typer.Option(..., "-o", "--output", help="The redacted bundle to write."),
+    stacks: bool = typer.Option(True, "--stacks/--no-stacks", help="Keep stack frames as file name and line, or drop them."),
+) -> None:
+    """Write a copy safe to attach to a public bug report.
+
+    Removed: payload blobs; host names and paths (replaced by stable placeholders); stack
+    frames reduced to file name and line (or dropped); environment and argv reduced to an
+    allow-list. Kept: shapes, timings, groups and digests, so the copy still diagnoses and
+    still drives a replay without payloads. The manifest says what was removed.
+    """
+    from prism_rr.format.redact import redact as redact_bundle
+
+    note = redact_bundle(bundle, output, stacks=stacks)
+    _say(f"wrote {output} (redacted: {', '.join(sorted(k for k in note if k != 'version'))})")
 
 
 def _progress(label: str):

@@ -75,3 +75,37 @@ def test_pack_and_repair(tmp_path):
 def test_help_lists_exit_codes():
     out = run_cli("--help")
     assert out.returncode == 0 and "Exit codes" in out.stdout
+
+
+def test_diagnose_clean_and_with_findings(tmp_path):
+    from prism_rr.format import Collective, GroupInfo, SpoolWriter, pack, spool_path
+
+    out = run_cli("diagnose", GOLDEN)
+    assert out.returncode == 0 and "no problems found" in out.stdout
+    spools = tmp_path / "hang.prism.d"
+    for rank in (0, 1):
+        w = SpoolWriter(spool_path(spools, rank), rank, info={"world_size": 2})
+        w.append(GroupInfo(start_ns=0, end_ns=0, step=0, group=0, ranks=(0, 1), name="0", backend="gloo"))
+        for seq in range(3 if rank == 0 else 2):  # rank 1 never enters seq 2
+            w.append(Collective(start_ns=1000 * seq, end_ns=None if seq == 2 else 1000 * seq + 10, step=0,
+                                op="all_reduce", group=0, seq=seq, in_shapes=((4,),), in_dtypes=("float32",),
+                                in_bytes=16, out_shapes=((4,),), out_dtypes=("float32",), out_bytes=16))
+        w.close()
+    pack(spools, tmp_path / "hang.prism")
+    out = run_cli("diagnose", tmp_path / "hang.prism", "--json")
+    assert out.returncode == 5
+    findings = json.loads(out.stdout)["findings"]
+    assert findings[0]["kind"] == "hang" and findings[0]["group"] == 0 and findings[0]["seq"] == 2
+    assert 1 in findings[0]["ranks"]
+
+
+def test_export_and_redact(tmp_path):
+    out = run_cli("export", GOLDEN, "--format", "chrome", "-o", tmp_path / "trace.json", "--ranks", "0,1")
+    assert out.returncode == 0, out.stderr
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert {e["pid"] for e in events if "pid" in e} <= {0, 1}
+    out = run_cli("redact", GOLDEN, "-o", tmp_path / "public.prism", "--no-stacks")
+    assert out.returncode == 0, out.stderr
+    assert run_cli("verify", tmp_path / "public.prism").returncode == 0
+    assert run_cli("diagnose", tmp_path / "public.prism").returncode == 0
