@@ -407,6 +407,27 @@ def redact_cmd(
     _say(f"wrote {output} (redacted: {', '.join(sorted(k for k in note if k != 'version'))})")
 
 
+@app.command(epilog=EXIT_CODES)
+def tui(
+    bundle: Path = typer.Argument(..., help="The .prism bundle to browse."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A replay's bundle to compare with the recording."),
+) -> None:
+    """Browse a bundle in the terminal: overview, rank timelines, collectives, diagnosis,
+    and recorded-vs-replayed comparison.
+
+    Keys: 1-4 switch screens · F1 help · ? keys of this screen · ctrl+p search ops,
+    groups and ranks · q quit. Only what is on screen is read, so 8192 ranks scroll.
+    """
+    from prism_rr.format import open_bundle
+    from prism_rr.tui import run
+
+    # Fail with a one-line error before the terminal is taken over.
+    for path in (bundle, compare):
+        if path is not None:
+            open_bundle(path).close()
+    run(bundle, compare=compare)
+
+
 def _progress(label: str):
     if not sys.stderr.isatty():
         return None

@@ -1,0 +1,141 @@
+"""The prism-rr terminal UI: overview, timeline, collectives, compare and help."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from textual.app import App
+from textual.binding import Binding
+from textual.widgets import HelpPanel
+
+from prism_rr.format import Bundle, Collective, open_bundle
+from prism_rr.tui.commands import BundleCommands
+from prism_rr.tui.model import TimelineModel
+from prism_rr.tui.screens.collectives import CollectivesScreen
+from prism_rr.tui.screens.compare import CompareScreen
+from prism_rr.tui.screens.help import HelpScreen
+from prism_rr.tui.screens.overview import OverviewScreen
+from prism_rr.tui.screens.timeline import TimelineScreen
+
+__all__ = ["PrismApp", "load_keymap"]
+
+
+def load_keymap(path: str | os.PathLike) -> dict[str, str]:
+    """`binding-id = keys` lines (as `timeline.zoom_in = ctrl+up,plus`); # starts a comment."""
+    out = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip().strip("\"'")
+    return out
+
+
+class PrismApp(App):
+    """Browse a bundle; with a replay, compare them."""
+
+    TITLE = "prism-rr"
+    CSS_PATH = "app.tcss"
+    COMMANDS = App.COMMANDS | {BundleCommands}
+    MODES = {
+        "overview": OverviewScreen,
+        "timeline": TimelineScreen,
+        "collectives": CollectivesScreen,
+        "compare": CompareScreen,
+    }
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("f1", "help", "Help", id="app.help"),
+        Binding("question_mark", "keys", "Keys", id="app.keys"),
+        Binding("1", "switch_mode('overview')", "Overview", id="app.overview"),
+        Binding("2", "switch_mode('timeline')", "Timeline", id="app.timeline"),
+        Binding("3", "switch_mode('collectives')", "Collectives", id="app.collectives"),
+        Binding("4", "switch_mode('compare')", "Compare", id="app.compare"),
+    ]
+
+    def __init__(self, bundle: Bundle | str | os.PathLike, compare: Bundle | str | os.PathLike | None = None,
+                 *, start: str = "overview", keymap: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.bundle = bundle if isinstance(bundle, Bundle) else open_bundle(bundle)
+        self.replay = compare if compare is None or isinstance(compare, Bundle) else open_bundle(compare)
+        self.model = TimelineModel(self.bundle)
+        self.findings: list = []
+        self.start_mode = start
+        self.sub_title = self.bundle.path.name
+        path = os.environ.get("PRISM_RR_KEYMAP")
+        self._user_keymap = {**(load_keymap(path) if path else {}), **(keymap or {})}
+
+    def on_mount(self) -> None:
+        if self._user_keymap:
+            self.set_keymap(self._user_keymap)
+        self.switch_mode(self.start_mode)
+
+    # --- what other screens ask for ------------------------------------------------
+
+    def cursor_rank(self) -> int:
+        tl = self._timeline_screen()
+        return tl.timeline.cursor_rank if tl else (self.model.ranks[0] if self.model.ranks else 0)
+
+    def _timeline_screen(self) -> TimelineScreen | None:
+        screen = self.screen
+        if isinstance(screen, TimelineScreen):
+            return screen
+        for s in getattr(self, "_screen_stacks", {}).get("timeline", []):
+            if isinstance(s, TimelineScreen):
+                return s
+        return None
+
+    def default_group(self) -> int:
+        """The group of the selected call, else the first group with collectives on rank 0."""
+        tl = self._timeline_screen()
+        if tl and tl.timeline.selected:
+            rank, i = tl.timeline.selected
+            rec = self.model.load(rank).records[i]
+            if hasattr(rec, "group"):
+                return rec.group
+        if self.model.ranks:
+            for rec in self.model.load(self.model.ranks[0]).records:
+                if isinstance(rec, Collective):
+                    return rec.group
+        return min(self.model.groups, default=0)
+
+    async def show_call(self, rank: int, group: int | None = None, seq: int | None = None,
+                        candidates: tuple[int, ...] = ()) -> None:
+        """The timeline, on `rank` (and its call `seq` in `group`); with `candidates`, on the
+        first of them that made that call."""
+        await self.switch_mode("timeline")
+        screen = self.screen
+
+        def go():
+            if group is not None and any(screen.goto(r, group, seq, fallback=False) for r in candidates):
+                return
+            screen.goto(rank, group, seq)
+
+        self.call_after_refresh(go)
+
+    async def show_step(self, step: int) -> None:
+        await self.switch_mode("timeline")
+        self.call_after_refresh(self.screen.timeline.show_step, step)
+
+    async def show_group(self, group: int) -> None:
+        await self.switch_mode("collectives")
+        self.screen.show_group(group)
+
+    async def next_op(self, op: str) -> None:
+        await self.switch_mode("timeline")
+        self.call_after_refresh(self.screen.timeline.action_call, 1, op)
+
+    # --- actions -------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss()
+        else:
+            self.push_screen(HelpScreen())
+
+    def action_keys(self) -> None:
+        if self.screen.query(HelpPanel):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()

@@ -1,0 +1,271 @@
+"""What the timeline shows, read lazily from a bundle; imports no UI.
+
+Times are on rank 0's clock: a rank's `clock_offset` (its monotonic clock minus rank 0's)
+is subtracted from every time it recorded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from statistics import median
+
+from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record
+
+__all__ = [
+    "FAR",
+    "KIND_NAMES",
+    "RankSpans",
+    "TimelineModel",
+    "format_ns",
+    "span_code",
+]
+
+FAR = 1 << 62  # the end of a call that never completed
+
+# Span codes, in painting priority: a later code wins a cell shared with an earlier one.
+IDLE, COMPUTE, MARK, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, OTHER_COLL, P2P, HANG = range(10)
+KIND_NAMES = {
+    IDLE: "idle", COMPUTE: "compute", MARK: "marker", ALL_REDUCE: "all_reduce/reduce",
+    ALL_GATHER: "all_gather/gather", REDUCE_SCATTER: "reduce_scatter", ALL_TO_ALL: "all_to_all",
+    OTHER_COLL: "broadcast/barrier/other", P2P: "send/recv", HANG: "never completed",
+}
+
+
+def span_code(rec: Record) -> int:
+    if rec.end_ns is None and not isinstance(rec, Marker):
+        return HANG
+    if isinstance(rec, Compute):
+        return COMPUTE
+    if isinstance(rec, PointToPoint):
+        return P2P
+    if isinstance(rec, Marker):
+        return MARK
+    op = rec.op
+    if op.startswith("reduce_scatter"):
+        return REDUCE_SCATTER
+    if op in ("all_reduce", "reduce"):
+        return ALL_REDUCE
+    if op.startswith("all_gather") or op == "gather":
+        return ALL_GATHER
+    if op.startswith("all_to_all"):
+        return ALL_TO_ALL
+    return OTHER_COLL
+
+
+def format_ns(ns: float) -> str:
+    """A duration for people: 850ns, 12.3us, 4.56ms, 1.234s."""
+    a = abs(ns)
+    if a < 1_000:
+        return f"{ns:.0f}ns"
+    if a < 1_000_000:
+        return f"{ns / 1e3:.3g}us"
+    if a < 1_000_000_000:
+        return f"{ns / 1e6:.3g}ms"
+    return f"{ns / 1e9:.4g}s"
+
+
+@dataclass(slots=True)
+class RankSpans:
+    """One rank's calls as parallel arrays sorted by start, on rank 0's clock."""
+
+    rank: int
+    starts: list[int]
+    ends: list[int]  # FAR for a call that never completed
+    codes: list[int]
+    records: list[Record]
+    reach: list[int]  # running maximum of ends: bisect it to find the first visible span
+    _by_call: dict | None = field(default=None)
+
+    @classmethod
+    def build(cls, rank: int, records, offset: int) -> "RankSpans":
+        rows = []
+        for rec in records:
+            if isinstance(rec, (Collective, PointToPoint, Compute, Marker)):
+                end = FAR if rec.end_ns is None else rec.end_ns - offset
+                rows.append((rec.start_ns - offset, end, span_code(rec), rec))
+        rows.sort(key=lambda r: r[0])
+        reach, m = [], -FAR
+        for r in rows:
+            m = max(m, r[1])
+            reach.append(m)
+        return cls(rank, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                   [r[3] for r in rows], reach)
+
+    def visible(self, t0: int, t1: int) -> range:
+        """Indexes of spans that may overlap [t0, t1]."""
+        return range(bisect.bisect_left(self.reach, t0), bisect.bisect_right(self.starts, t1))
+
+    def cells(self, t0: int, ns_per_cell: float, width: int) -> list[int]:
+        """The span code shown in each of `width` cells starting at time t0."""
+        out = [IDLE] * width
+        t1 = t0 + ns_per_cell * width
+        late = []
+        starts, ends, codes = self.starts, self.ends, self.codes
+        for i in self.visible(t0, int(t1)):
+            code = codes[i]
+            if code == COMPUTE:
+                c0 = max(0, int((starts[i] - t0) / ns_per_cell))
+                c1 = min(width, int((ends[i] - t0) / ns_per_cell) + 1)
+                if c1 > c0:
+                    out[c0:c1] = [code] * (c1 - c0)
+            else:
+                late.append(i)
+        for i in late:  # communication is drawn over compute so short calls stay visible
+            c0 = max(0, int((starts[i] - t0) / ns_per_cell))
+            c1 = min(width, int((min(ends[i], int(t1) + 1) - t0) / ns_per_cell) + 1)
+            if c1 > c0:
+                out[c0:c1] = [codes[i]] * (c1 - c0)
+        return out
+
+    def at(self, t: int) -> int | None:
+        """Index of the call covering time t (communication first), or None."""
+        best = None
+        for i in self.visible(t, t):
+            if self.starts[i] <= t <= self.ends[i]:
+                if best is None or self.codes[i] > self.codes[best]:
+                    best = i
+        return best
+
+    def nearest(self, t: int, tolerance: float) -> int | None:
+        i = self.at(t)
+        if i is not None:
+            return i
+        j = bisect.bisect_left(self.starts, t)
+        cands = [k for k in (j - 1, j) if 0 <= k < len(self.starts)]
+        cands = [k for k in cands if min(abs(self.starts[k] - t), abs(self.ends[k] - t)) <= tolerance]
+        return min(cands, key=lambda k: min(abs(self.starts[k] - t), abs(self.ends[k] - t)), default=None)
+
+    def find_call(self, group: int, seq: int, kind: type = Collective) -> int | None:
+        """Index of this rank's call `seq` in `group`."""
+        if self._by_call is None:
+            self._by_call = {
+                (type(r), r.group, r.seq): i for i, r in enumerate(self.records)
+                if isinstance(r, (Collective, PointToPoint))
+            }
+        return self._by_call.get((kind, group, seq))
+
+    def next_comm(self, t: int, direction: int, op: str | None = None) -> int | None:
+        """The first collective or point-to-point call starting after (or before) t."""
+        idx = range(bisect.bisect_right(self.starts, t), len(self.starts)) if direction > 0 \
+            else range(bisect.bisect_left(self.starts, t) - 1, -1, -1)
+        for i in idx:
+            r = self.records[i]
+            if isinstance(r, (Collective, PointToPoint)) and (op is None or r.op == op):
+                return i
+        return None
+
+
+class TimelineModel:
+    """A bundle's ranks, steps and clocks, with each rank's spans loaded on demand.
+
+    Spans of at most `capacity` ranks are kept (least recently used go first), so the
+    model never holds a whole bundle; `load` is safe to call from a worker thread.
+    """
+
+    def __init__(self, bundle: Bundle, capacity: int = 1024):
+        self.bundle = bundle
+        self.ranks: list[int] = bundle.recorded_ranks
+        self.row_of = {r: i for i, r in enumerate(self.ranks)}
+        self.capacity = capacity
+        self._cache: OrderedDict[int, RankSpans] = OrderedDict()
+        self._lock = threading.Lock()
+        self.summaries = bundle.summaries  # read once, on this thread
+        self.offsets = {}
+        for r in self.ranks:
+            clock = bundle.rank_info(r).get("clock_offset")
+            off = clock.get("offset_ns") if type(clock) is dict else None
+            self.offsets[r] = off if type(off) is int else 0
+        self.steps: list[int] = bundle.steps
+        self.groups = {g["id"]: g for g in bundle.groups}
+        t_first = [rs.get("t_first") for rs in self.summaries["ranks"].values()]
+        t_last = [rs.get("t_last") for rs in self.summaries["ranks"].values()]
+        t_first = [t for t in t_first if type(t) is int]
+        t_last = [t for t in t_last if type(t) is int]
+        self.t_min = min(t_first, default=0)
+        self.t_max = max(t_last, default=self.t_min + 1_000_000)
+        if self.t_max <= self.t_min:
+            self.t_max = self.t_min + 1_000_000
+
+    # --- spans ---------------------------------------------------------------------
+
+    def get(self, rank: int) -> RankSpans | None:
+        with self._lock:
+            spans = self._cache.get(rank)
+            if spans is not None:
+                self._cache.move_to_end(rank)
+            return spans
+
+    def load(self, rank: int) -> RankSpans:
+        spans = self.get(rank)
+        if spans is not None:
+            return spans
+        spans = RankSpans.build(rank, self.bundle.events(rank), self.offsets.get(rank, 0))
+        with self._lock:
+            self._cache[rank] = spans
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+        return spans
+
+    def cached_ranks(self) -> list[int]:
+        with self._lock:
+            return list(self._cache)
+
+    # --- steps ---------------------------------------------------------------------
+
+    def step_span(self, step: int, rank: int) -> tuple[int, int | None] | None:
+        v = self.summaries["steps"].get(step, {}).get(rank)
+        if v is None:
+            return None
+        off = self.offsets.get(rank, 0)
+        return v[0] - off, (None if v[1] is None else v[1] - off)
+
+    def step_at(self, rank: int, t: int) -> int | None:
+        """The step whose start is the last one at or before t on `rank`."""
+        best = None
+        for s in self.steps:
+            span = self.step_span(s, rank)
+            if span is not None and span[0] <= t:
+                best = s
+        return best
+
+    def step_durations(self, step: int) -> dict[int, int]:
+        return {r: v[1] - v[0] for r, v in self.summaries["steps"].get(step, {}).items()
+                if v[1] is not None}
+
+    def step_stats(self) -> list[dict]:
+        """Per step: ranks, min, median and max iteration time, and the slowest rank."""
+        out = []
+        for s in self.steps:
+            d = self.step_durations(s)
+            if not d:
+                out.append({"step": s, "ranks": 0, "min": None, "median": None, "max": None, "slowest": None})
+                continue
+            slow = max(d, key=d.get)
+            out.append({"step": s, "ranks": len(d), "min": min(d.values()), "median": median(d.values()),
+                        "max": d[slow], "slowest": slow})
+        return out
+
+    def rank_step_times(self, rank: int) -> list[int | None]:
+        out = []
+        for s in self.steps:
+            v = self.summaries["steps"].get(s, {}).get(rank)
+            out.append(None if v is None or v[1] is None else v[1] - v[0])
+        return out
+
+    def initial_window(self) -> tuple[int, int]:
+        """The first two steps of rank 0 (or of the first recorded rank), else everything."""
+        if self.ranks and self.steps:
+            r = self.ranks[0]
+            first = self.step_span(self.steps[0], r)
+            last = self.step_span(self.steps[min(1, len(self.steps) - 1)], r)
+            if first and last and last[1]:
+                pad = (last[1] - first[0]) // 50
+                return first[0] - pad, last[1] + pad
+        return self.t_min, self.t_max
+
+    def group_members(self, group: int) -> tuple[int, ...]:
+        g = self.groups.get(group)
+        return tuple(g["ranks"]) if g else ()

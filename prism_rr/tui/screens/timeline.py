@@ -1,0 +1,112 @@
+"""The timeline screen: ruler, rank rows, status line, and the detail pane."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from prism_rr.tui.model import format_ns
+from prism_rr.tui.widgets.detail import SpanDetail
+from prism_rr.tui.widgets.ruler import Ruler
+from prism_rr.tui.widgets.timeline import Timeline
+
+__all__ = ["TimelineScreen"]
+
+
+class TimelineScreen(Screen):
+    BINDINGS = [
+        Binding("g", "goto", "Go to", id="timeline.goto"),
+        Binding("escape", "close_detail", "Close details", show=False, id="timeline.close_detail"),
+        Binding("tab", "toggle_focus", "Details/timeline", show=False, id="timeline.focus_detail"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        tm = self.app.model
+        self.timeline = Timeline(tm, id="timeline")
+        with Horizontal(id="timeline-body"):
+            with Vertical(id="timeline-main"):
+                yield Ruler(self.timeline, id="ruler")
+                yield self.timeline
+                yield Static(id="timeline-status")
+            yield SpanDetail(tm, id="detail", classes="hidden")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.timeline.focus()
+
+    def on_timeline_view_changed(self, _msg) -> None:
+        self.query_one(Ruler).refresh()
+        tl = self.timeline
+        rank = tl.cursor_rank
+        step = tl.model.step_at(rank, tl.cursor_time - tl.shift(rank))
+        bits = [f"rank {rank}", f"step {step}" if step is not None else "before step 0",
+                f"{format_ns(tl.ns_per_cell)}/cell", f"window {format_ns(tl.t1 - tl.t0)}"]
+        if tl.align_step is not None:
+            bits.append(f"aligned on step {tl.align_step}")
+        self.query_one("#timeline-status", Static).update("  ·  ".join(bits), layout=False)
+
+    def on_timeline_span_selected(self, msg: Timeline.SpanSelected) -> None:
+        detail = self.query_one(SpanDetail)
+        detail.remove_class("hidden")
+        detail.show(msg.rank, msg.index)
+
+    def action_close_detail(self) -> None:
+        self.query_one(SpanDetail).add_class("hidden")
+        self.timeline.select(self.timeline.cursor_rank, None)
+        self.timeline.focus()
+
+    def action_toggle_focus(self) -> None:
+        detail = self.query_one(SpanDetail)
+        if self.timeline.has_focus and not detail.has_class("hidden"):
+            detail.focus()
+        else:
+            self.timeline.focus()
+
+    def action_goto(self) -> None:
+        from prism_rr.tui.screens.goto import GotoScreen
+
+        def done(target):
+            if target is not None:
+                self.goto(*target)
+
+        self.app.push_screen(GotoScreen(), done)
+
+    def goto(self, rank: int, group: int | None = None, seq: int | None = None, *,
+             fallback: bool = True) -> bool:
+        """Show `rank`, and its call `seq` in `group` when given; False if there is none."""
+        tm = self.timeline.model
+        if rank not in tm.row_of:
+            self.notify(f"rank {rank} is not in this bundle", severity="error")
+            return False
+        if group is None:
+            self.timeline.set_cursor_row(tm.row_of[rank])
+            return True
+        spans = tm.load(rank)
+        i = spans.find_call(group, seq if seq is not None else 0)
+        if i is None:
+            from prism_rr.format import PointToPoint
+
+            i = spans.find_call(group, seq if seq is not None else 0, PointToPoint)
+        if i is None and not fallback:
+            return False
+        if i is None:
+            # the rank never entered the call (a finding often names such a rank): show the
+            # call on a member that did, keeping the cursor's rank the one asked for
+            members = tm.group_members(group)
+            for other in members if rank in members else ():
+                if other != rank and other in tm.row_of:
+                    j = tm.load(other).find_call(group, seq if seq is not None else 0)
+                    if j is not None:
+                        self.notify(f"rank {rank} never entered call {seq} of group {group}; "
+                                    f"showing rank {other}'s", severity="warning")
+                        self.timeline.show_span(other, j)
+                        return False
+            self.notify(f"rank {rank} has no call {seq} in group {group}", severity="warning")
+            self.timeline.select(rank, None)
+            self.timeline.set_cursor_row(tm.row_of[rank])
+            return False
+        self.timeline.show_span(rank, i)
+        return True

@@ -1,0 +1,400 @@
+"""The timeline: one line per rank, time across, drawn with the Line API.
+
+Only visible lines are rendered (`render_line`); each is a few run-length-encoded
+segments. A rank's spans are loaded in a thread worker the first time its line is
+shown, and rendered lines are kept in an LRU until the view changes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import work
+from textual.binding import Binding
+from textual.cache import LRUCache
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from prism_rr.tui import model as m
+
+__all__ = ["Timeline"]
+
+# One background colour per span code (see prism_rr.tui.model).
+# Truecolor throughout: textual converts palette colours on every repaint.
+COLOURS = {
+    m.IDLE: None, m.COMPUTE: "#4e4e4e", m.MARK: "#ffffff", m.ALL_REDUCE: "#1c6fd6",
+    m.ALL_GATHER: "#1fa33c", m.REDUCE_SCATTER: "#b23ab8", m.ALL_TO_ALL: "#c9a227",
+    m.OTHER_COLL: "#119c9c", m.P2P: "#e0791b", m.HANG: "#ff2020",
+}
+STYLES = {code: Style(bgcolor=c, color="#ffffff") if c else Style() for code, c in COLOURS.items()}
+SELECTED = Style(bgcolor="#f0f0f0", color="#000000")
+CURSOR = Style(color="#ffff00", bold=True)
+LABEL = Style(color="#a0a0a0")
+LABEL_CURSOR = Style(color="#000000", bgcolor="#ffff00", bold=True)
+LOADING = Style(color="#5a5a5a", italic=True)
+CHARS = {m.HANG: "!", -2: "!"}  # -1, -2: the selected call (-2: one that never completed)
+
+ZOOM = 2.0
+MIN_NS_PER_CELL = 10.0
+
+
+class Timeline(ScrollView, can_focus=True):
+    """Ranks as rows; keys zoom and pan time, move between ranks, steps and calls."""
+
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "Rank up", show=False, id="timeline.up"),
+        Binding("down", "cursor(1)", "Rank down", show=False, id="timeline.down"),
+        Binding("pageup", "page(-1)", "Page up", show=False, id="timeline.page_up"),
+        Binding("pagedown", "page(1)", "Page down", show=False, id="timeline.page_down"),
+        Binding("home", "first_rank", "First rank", show=False, id="timeline.first_rank"),
+        Binding("end", "last_rank", "Last rank", show=False, id="timeline.last_rank"),
+        Binding("left", "move(-1)", "Earlier", show=False, id="timeline.left"),
+        Binding("right", "move(1)", "Later", show=False, id="timeline.right"),
+        Binding("shift+left,h", "pan(-0.5)", "Pan left", id="timeline.pan_left"),
+        Binding("shift+right,l", "pan(0.5)", "Pan right", id="timeline.pan_right"),
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", id="timeline.zoom_in"),
+        Binding("minus", "zoom(2)", "Zoom out", id="timeline.zoom_out"),
+        Binding("0", "fit", "Fit all", id="timeline.fit"),
+        Binding("right_square_bracket", "step(1)", "Next step", id="timeline.next_step"),
+        Binding("left_square_bracket", "step(-1)", "Prev step", id="timeline.prev_step"),
+        Binding("n", "call(1)", "Next call", id="timeline.next_call"),
+        Binding("p", "call(-1)", "Prev call", id="timeline.prev_call"),
+        Binding("a", "align", "Align steps", id="timeline.align"),
+        Binding("enter", "select", "Details", id="timeline.select"),
+    ]
+
+    class ViewChanged(Message):
+        """Time window, cursor or alignment changed (the ruler redraws)."""
+
+    class SpanSelected(Message):
+        def __init__(self, rank: int, index: int) -> None:
+            super().__init__()
+            self.rank = rank
+            self.index = index
+
+    def __init__(self, tm: m.TimelineModel, **kw) -> None:
+        super().__init__(**kw)
+        self.model = tm
+        self.t0, t1 = tm.initial_window()
+        self.ns_per_cell = float(max(t1 - self.t0, 1000)) / 100
+        self._fit_pending = True  # the first resize sets ns_per_cell to fit the window
+        self._want_span = t1 - self.t0
+        self.cursor_row = 0
+        self.cursor_col = 0
+        self.align_step: int | None = None
+        self.selected: tuple[int, int] | None = None  # (rank, span index)
+        self.label_width = max(len(str(max(tm.ranks, default=0))) + 2, 5)
+        self._lines: LRUCache[tuple, Strip] = LRUCache(2048)
+        self._pending: set[int] = set()
+        self._pending_lock = threading.Lock()
+        self._loading = False
+        self.loads = 0  # ranks loaded so far (benchmark and tests read it)
+
+    # --- geometry --------------------------------------------------------------------
+
+    @property
+    def cells(self) -> int:
+        return max(1, self.scrollable_content_region.width - self.label_width)
+
+    @property
+    def cursor_rank(self) -> int:
+        return self.model.ranks[self.cursor_row] if self.model.ranks else 0
+
+    @property
+    def cursor_time(self) -> int:
+        return int(self.t0 + (self.cursor_col + 0.5) * self.ns_per_cell)
+
+    @property
+    def t1(self) -> int:
+        return int(self.t0 + self.ns_per_cell * self.cells)
+
+    def shift(self, rank: int) -> int:
+        """How far `rank`'s row is moved in time to align its step start with the cursor rank's."""
+        if self.align_step is None:
+            return 0
+        mine = self.model.step_span(self.align_step, rank)
+        ref = self.model.step_span(self.align_step, self.cursor_rank)
+        return 0 if mine is None or ref is None else mine[0] - ref[0]
+
+    def on_mount(self) -> None:
+        self.virtual_size = Size(self.size.width, len(self.model.ranks))
+
+    def on_resize(self) -> None:
+        self.virtual_size = Size(self.size.width, len(self.model.ranks))
+        if self._fit_pending and self.cells > 1:
+            self._fit_pending = False
+            self.ns_per_cell = max(MIN_NS_PER_CELL, self._want_span / self.cells)
+            self.cursor_col = self.cells // 2
+        self._view_changed()
+
+    # --- rendering -------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        row = int(self.scroll_offset.y) + y
+        if not 0 <= row < len(self.model.ranks):
+            return Strip.blank(self.size.width)
+        rank = self.model.ranks[row]
+        width = self.cells
+        is_cursor = row == self.cursor_row
+        sel = self.selected[1] if self.selected and self.selected[0] == rank else None
+        t0 = self.t0 + self.shift(rank)
+        key = (rank, t0, self.ns_per_cell, width, sel, self.cursor_col if is_cursor else None)
+        strip = self._lines.get(key)
+        if strip is not None:
+            return strip
+        label = Segment(f"{rank:>{self.label_width - 1}} ", LABEL_CURSOR if is_cursor else LABEL)
+        spans = self.model.get(rank)
+        if spans is None:
+            self._request(rank)
+            return Strip([label, Segment("·" * width, LOADING)], width + self.label_width)
+        cells = spans.cells(t0, self.ns_per_cell, width)
+        codes: list = cells
+        if sel is not None:
+            s0 = max(0, int((spans.starts[sel] - t0) / self.ns_per_cell))
+            s1 = min(width, int((min(spans.ends[sel], t0 + self.ns_per_cell * width) - t0) / self.ns_per_cell) + 1)
+            codes = list(cells)
+            mark = -2 if spans.codes[sel] == m.HANG else -1
+            for c in range(s0, s1):
+                codes[c] = mark
+        segments = [label]
+        run_code, run_start = codes[0] if codes else m.IDLE, 0
+        for c in range(1, width + 1):
+            code = codes[c] if c < width else None
+            if code != run_code:
+                n = c - run_start
+                style = SELECTED if run_code < 0 else STYLES[run_code]
+                segments.append(Segment(CHARS.get(run_code, " ") * n, style))
+                run_code, run_start = code, c
+        if is_cursor and 0 <= self.cursor_col < width:
+            strip = Strip(segments, width + self.label_width)
+            col = self.label_width + self.cursor_col
+            left, mid, right = strip.divide([col, col + 1, width + self.label_width])
+            segs = list(mid)
+            under = segs[0].style if segs else Style()
+            mid = Strip([Segment("┃", (under or Style()) + CURSOR)], 1)
+            strip = Strip.join([left, mid, right])
+        else:
+            strip = Strip(segments, width + self.label_width)
+        self._lines[key] = strip
+        return strip
+
+    def visible_rows(self) -> range:
+        top = int(self.scroll_offset.y)
+        return range(top, min(len(self.model.ranks), top + self.scrollable_content_region.height))
+
+    def missing_visible(self) -> int:
+        """Visible ranks whose spans are not loaded yet."""
+        return sum(1 for r in self.visible_rows() if self.model.get(self.model.ranks[r]) is None)
+
+    # --- loading ---------------------------------------------------------------------
+
+    def _request(self, rank: int) -> None:
+        with self._pending_lock:
+            self._pending.add(rank)
+            start = not self._loading
+            self._loading = True
+        if start:
+            self.call_later(self._load_pending)
+
+    @work(thread=True, group="spans")
+    def _load_pending(self) -> None:
+        while True:
+            with self._pending_lock:
+                rows = self.visible_rows()
+                lo, hi = rows.start - len(rows), rows.stop + len(rows)
+                todo = sorted(self._pending, key=lambda r: self.model.row_of[r])
+                # a rank scrolled far away is dropped; it is asked for again if shown
+                todo = [r for r in todo if lo <= self.model.row_of[r] < hi]
+                self._pending.clear()
+                if not todo:
+                    break
+            for i, rank in enumerate(todo):
+                self.model.load(rank)
+                self.loads += 1
+                if i % 8 == 7 or i == len(todo) - 1:
+                    self.app.call_from_thread(self.refresh)
+        self._prefetch_neighbours()
+
+    def _prefetch_neighbours(self) -> None:
+        """Load the pages above and below the view, so paging finds them ready."""
+        while True:
+            rows = self.visible_rows()
+            ranks = self.model.ranks
+            near = [*range(rows.stop, min(len(ranks), rows.stop + len(rows))),
+                    *range(max(0, rows.start - len(rows)), rows.start)]
+            rank = next((ranks[r] for r in near if self.model.get(ranks[r]) is None), None)
+            with self._pending_lock:
+                more = bool(self._pending)
+                if not more and rank is None:
+                    self._loading = False
+                    return
+            if more:  # visible rows were asked for meanwhile: they come first
+                self.app.call_from_thread(self._load_pending)
+                return
+            self.model.load(rank)
+            self.loads += 1
+
+    def prefetch(self, ranks) -> None:
+        for r in ranks:
+            if self.model.get(r) is None:
+                self._request(r)
+
+    # --- view changes ----------------------------------------------------------------
+
+    def _view_changed(self) -> None:
+        self.refresh()
+        self.post_message(self.ViewChanged())
+
+    def _keep_cursor_visible(self) -> None:
+        top = int(self.scroll_offset.y)
+        height = max(1, self.scrollable_content_region.height)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False)
+        elif self.cursor_row >= top + height:
+            self.scroll_to(y=self.cursor_row - height + 1, animate=False)
+
+    def set_cursor_row(self, row: int) -> None:
+        old, top = self.cursor_row, int(self.scroll_offset.y)
+        self.cursor_row = max(0, min(len(self.model.ranks) - 1, row))
+        self._keep_cursor_visible()
+        if int(self.scroll_offset.y) == top and self.align_step is None:
+            self.refresh_line(old)  # only the two rows the cursor left and entered
+            self.refresh_line(self.cursor_row)
+            self.post_message(self.ViewChanged())
+        else:
+            self._view_changed()
+
+    def center_on(self, t: int) -> None:
+        """Pan so time t is in view, and put the cursor on it."""
+        if not self.t0 <= t < self.t1:
+            self.t0 = int(t - self.ns_per_cell * self.cells / 2)
+        self.cursor_col = int((t - self.t0) / self.ns_per_cell)
+        self._view_changed()
+
+    def show_span(self, rank: int, index: int) -> None:
+        """Move the cursor to a rank's call, zooming so the call is at least a few cells wide."""
+        spans = self.model.load(rank)
+        self.cursor_row = self.model.row_of[rank]
+        self._keep_cursor_visible()
+        start, end = spans.starts[index], spans.ends[index]
+        if end != m.FAR and (end - start) / self.ns_per_cell > self.cells / 2:
+            self.ns_per_cell = max(MIN_NS_PER_CELL, (end - start) * 2 / self.cells)
+        start += self.shift(rank)
+        self.center_on(start)
+        self.cursor_col = int((start - self.t0) / self.ns_per_cell)
+        self.select(rank, index)
+
+    def select(self, rank: int, index: int | None) -> None:
+        self.selected = None if index is None else (rank, index)
+        self.refresh()
+        if index is not None:
+            self.post_message(self.SpanSelected(rank, index))
+
+    # --- actions ---------------------------------------------------------------------
+
+    def action_cursor(self, delta: int) -> None:
+        self.set_cursor_row(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        height = max(1, self.scrollable_content_region.height)
+        self.scroll_to(y=self.scroll_offset.y + direction * height, animate=False)
+        self.set_cursor_row(self.cursor_row + direction * height)
+
+    def action_first_rank(self) -> None:
+        self.set_cursor_row(0)
+
+    def action_last_rank(self) -> None:
+        self.set_cursor_row(len(self.model.ranks) - 1)
+
+    def action_move(self, delta: int) -> None:
+        col = self.cursor_col + delta
+        if col < 0 or col >= self.cells:
+            self.t0 += int(delta * self.ns_per_cell)
+            col = max(0, min(self.cells - 1, col))
+        self.cursor_col = col
+        self._view_changed()
+
+    def action_pan(self, fraction: float) -> None:
+        self.t0 += int(fraction * self.cells * self.ns_per_cell)
+        self._view_changed()
+
+    def action_zoom(self, factor: float) -> None:
+        t = self.cursor_time
+        self.ns_per_cell = max(MIN_NS_PER_CELL, self.ns_per_cell * factor)
+        self.t0 = int(t - (self.cursor_col + 0.5) * self.ns_per_cell)
+        self._view_changed()
+
+    def action_fit(self) -> None:
+        self.ns_per_cell = max(MIN_NS_PER_CELL, (self.model.t_max - self.model.t_min) / self.cells)
+        self.t0 = self.model.t_min
+        self.cursor_col = min(self.cursor_col, self.cells - 1)
+        self._view_changed()
+
+    def action_step(self, direction: int) -> None:
+        rank = self.cursor_rank
+        t = self.cursor_time - self.shift(rank)
+        current = self.model.step_at(rank, t)
+        steps = self.model.steps
+        if not steps:
+            return
+        if current is None:
+            target = steps[0] if direction > 0 else None
+        else:
+            i = steps.index(current)
+            span = self.model.step_span(current, rank)
+            # [ from inside a step goes to its start first
+            if direction < 0 and span and span[0] < t - self.ns_per_cell:
+                target = current
+            else:
+                j = i + direction
+                target = steps[j] if 0 <= j < len(steps) else None
+        if target is None or not self.show_step(target):
+            self.app.bell()
+
+    def show_step(self, step: int) -> bool:
+        """Fit step `step` of the cursor rank in the view, the cursor at its start."""
+        rank = self.cursor_rank
+        span = self.model.step_span(step, rank)
+        if not span:
+            return False
+        if span[1] is not None:  # show the whole step
+            self.ns_per_cell = max(MIN_NS_PER_CELL, (span[1] - span[0]) * 1.05 / self.cells)
+        self.t0 = int(span[0] + self.shift(rank) - self.ns_per_cell * self.cells * 0.02)
+        self.cursor_col = int((span[0] + self.shift(rank) - self.t0) / self.ns_per_cell)
+        self._view_changed()
+        return True
+
+    def action_call(self, direction: int, op: str | None = None) -> None:
+        rank = self.cursor_rank
+        spans = self.model.load(rank)
+        t = self.cursor_time - self.shift(rank)
+        if self.selected and self.selected[0] == rank:
+            t = spans.starts[self.selected[1]]
+        i = spans.next_comm(t, direction, op)
+        if i is None:
+            self.app.bell()
+            return
+        self.show_span(rank, i)
+
+    def action_align(self) -> None:
+        if self.align_step is None:
+            self.align_step = self.model.step_at(self.cursor_rank, self.cursor_time)
+            if self.align_step is None and self.model.steps:
+                self.align_step = self.model.steps[0]
+        else:
+            self.align_step = None
+        self._lines.clear()
+        self._view_changed()
+
+    def action_select(self) -> None:
+        rank = self.cursor_rank
+        spans = self.model.get(rank) or self.model.load(rank)
+        i = spans.nearest(self.cursor_time - self.shift(rank), self.ns_per_cell * 2)
+        if i is None:
+            self.app.bell()
+            return
+        self.select(rank, i)

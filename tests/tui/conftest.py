@@ -1,0 +1,112 @@
+"""Bundles for the TUI tests: a small run, one with a hang and a mismatch, a replay, and 8192 ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from prism_rr.format import Collective, layout, pack
+from prism_rr.format.spool import encode_frame, spool_path
+from prism_rr.format.synthetic import synthetic_records, write_synthetic
+
+FIXED = {"created_unix_ns": 0}  # snapshots must not show the time of the test run
+
+
+def _write_spools(spool_dir: Path, world: int, events: int, edit=None, seed: int = 0) -> Path:
+    """Spools of a synthetic run, each rank's records passed through `edit(rank, records)`."""
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        recs = list(synthetic_records(rank, world, events, seed=seed))
+        if edit is not None:
+            recs = edit(rank, recs)
+        info = {"world_size": world, "rank": rank, "backend": "gloo", "argv": ["train.py"]}
+        head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
+        parts = [head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"),
+                 encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info)]
+        for i in range(0, len(recs), 64):
+            parts.append(encode_frame(layout.FRAME_EVENTS, rank, 1 + i // 64, records=recs[i : i + 64]))
+        spool_path(spool_dir, rank).write_bytes(b"".join(parts))
+    return spool_dir
+
+
+@pytest.fixture(scope="session")
+def tui_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tui")
+
+
+@pytest.fixture(scope="session")
+def small(tui_dir) -> Path:
+    """8 ranks (tp=2), 3 steps."""
+    out = tui_dir / "small.prism"
+    pack(write_synthetic(tui_dir / "small.d", 8, 150, chunk_records=64), out, manifest_extra=FIXED)
+    return out
+
+
+from tui_helpers import HANG_GROUP, HANG_SEQ
+
+
+@pytest.fixture(scope="session")
+def hung(tui_dir) -> Path:
+    """Rank 2 never completes dp call 3; rank 4 never enters it; rank 6 calls another op."""
+    def edit(rank, recs):
+        out = []
+        for r in recs:
+            if isinstance(r, Collective) and r.group == HANG_GROUP and r.seq == HANG_SEQ:
+                if rank == 2:
+                    out.append(dataclasses.replace(r, end_ns=None))
+                    break  # a hung rank records nothing more
+                if rank == 4:
+                    continue
+                if rank == 6:
+                    r = dataclasses.replace(r, op="all_reduce")
+            out.append(r)
+        return out
+
+    out = tui_dir / "hung.prism"
+    pack(_write_spools(tui_dir / "hung.d", 8, 150, edit), out, manifest_extra=FIXED)
+    return out
+
+
+@pytest.fixture(scope="session")
+def replay(tui_dir) -> Path:
+    """A replay of ranks 0 and 1 of `small`, slower, whose rank 1 differs at tp call 5."""
+    def edit(rank, recs):
+        out = []
+        for r in recs:
+            if isinstance(r, Collective) and rank == 1 and r.group == 1 and r.seq == 5:
+                r = dataclasses.replace(r, in_shapes=((4, 512, 1024),))
+            out.append(r)
+        return out
+
+    d = tui_dir / "replay.d"
+    _write_spools(d, 8, 150, edit, seed=3)
+    for rank in range(2, 8):
+        spool_path(d, rank).unlink()
+    out = tui_dir / "replay.prism"
+    pack(d, out, manifest_extra=FIXED)
+    return out
+
+
+def _format_digest() -> str:
+    src = Path(layout.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(src.glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def big(request, tui_dir) -> Path:
+    """8192 ranks, one step each; kept in pytest's cache while the format code is unchanged."""
+    cache = Path(request.config.cache.mkdir("prism-rr-tui"))
+    out = cache / f"big-8192-{_format_digest()}.prism"
+    if not out.exists():
+        for old in cache.glob("big-8192-*.prism"):
+            old.unlink()
+        tmp = out.with_suffix(".tmp")
+        pack(write_synthetic(tui_dir / "big.d", 8192, 30), tmp, manifest_extra=FIXED)
+        tmp.rename(out)
+    return out

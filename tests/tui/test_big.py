@@ -1,0 +1,65 @@
+"""8192 ranks: the timeline draws only what is shown and never reads the whole bundle."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable, Sparkline
+
+from tui_helpers import make_app, screen_text, settle, sync
+
+SIZE = (140, 44)
+
+
+@sync
+async def test_timeline_scrolls_all_8192_ranks(big):
+    app = make_app(big, start="timeline")
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        assert len(tl.model.ranks) == 8192
+        visible = len(tl.visible_rows())
+        assert tl.missing_visible() == 0
+        await pilot.press("end")
+        await settle(pilot, tl)
+        assert tl.cursor_rank == 8191 and tl.missing_visible() == 0
+        assert screen_text(app).count("8191") >= 1
+        for _ in range(3):
+            await pilot.press("pageup")
+        await settle(pilot, tl)
+        assert tl.cursor_rank == 8191 - 3 * visible
+        await pilot.press("plus", "minus", "l", "h", "right_square_bracket", "n")
+        await settle(pilot, tl)
+        assert tl.selected is not None
+        # only what was shown, the pages beside it, and the selected call's group were read
+        assert len(tl.model.cached_ranks()) <= tl.model.capacity
+        assert tl.loads < 8192 // 8
+
+
+@sync
+async def test_goto_and_palette_on_8192_ranks(big):
+    app = make_app(big, start="timeline")
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        await pilot.press("g", *"8000:4001:3", "enter")  # rank 8000's tp group is 1 + 8000 // 2
+        await settle(pilot, tl)
+        rec = tl.model.load(8000).records[tl.selected[1]]
+        assert (tl.cursor_rank, rec.group, rec.seq) == (8000, 4001, 3)
+        assert app.screen.query_one("#detail").arrivals["members"] == 2
+        await pilot.press("ctrl+p", *"rank 4321")
+        await pilot.pause(0.3)
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot, app.screen.timeline)
+        assert app.screen.timeline.cursor_rank == 4321
+
+
+@sync
+async def test_overview_of_8192_ranks(big):
+    app = make_app(big)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.screen.query_one("#steps", DataTable).row_count == len(app.bundle.steps)
+        assert len(app.screen.query_one(Sparkline).data) == 8192
+        assert app.screen.query_one("#ranks", DataTable).row_count == 200
+        assert "8192 ranks, 8192 recorded" in screen_text(app)
+        assert app.model.cached_ranks() == [] or len(app.model.cached_ranks()) <= 2  # no events read

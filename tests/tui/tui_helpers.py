@@ -1,0 +1,46 @@
+"""Helpers for the TUI tests."""
+
+from __future__ import annotations
+
+HANG_GROUP, HANG_SEQ = 5, 3  # in the `hung` bundle: the dp group of even ranks, its 4th call
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as plain text."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+async def settle(pilot, timeline=None, timeout: float = 30.0) -> None:
+    """Let workers finish: the timeline's visible rows are loaded and everything is drawn."""
+    import asyncio
+    import time
+
+    end = time.monotonic() + timeout
+    await pilot.pause()
+    while timeline is not None and timeline.missing_visible():
+        assert time.monotonic() < end, "timeline rows never loaded"
+        await asyncio.sleep(0.01)
+        await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def make_app(bundle, compare=None, **kw):
+    """The app with animations off, as every test runs it."""
+    from prism_rr.tui.app import PrismApp
+
+    app = PrismApp(bundle, compare, **kw)
+    app.animation_level = "none"
+    return app
+
+
+def sync(fn):
+    """Run an async test in its own event loop (the project has no async pytest plugin)."""
+    import asyncio
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        return asyncio.run(fn(*args, **kw))
+
+    return run
