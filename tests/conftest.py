@@ -17,13 +17,3 @@ def small_bundle(tmp_path):
     out = tmp_path / "run.prism"
     pack(spools, out)
     return out
-
-
-def run_cli(*args, **kw):
-    """Run the installed CLI as a user would, in a fresh interpreter."""
-    import subprocess
-
-    return subprocess.run(
-        [sys.executable, "-m", "prism_rr.cli", *map(str, args)],
-        capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw,
-    )

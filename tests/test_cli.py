@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from conftest import run_cli
+from cli_helpers import run_cli
 
 GOLDEN = Path(__file__).parent / "data" / "golden-v1.prism"
 

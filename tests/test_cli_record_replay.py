@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_cli
+from cli_helpers import run_cli
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
