@@ -250,7 +250,12 @@ def replay(
     cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="Run this instead of the recorded command (the code under test, perhaps edited)."),
     ranks: str = typer.Option("0", "--ranks", help="Ranks to run for real, e.g. 0 or 0,1; every other rank is a virtual peer."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the fidelity report (JSON) here."),
-    timing: str = typer.Option("live", "--timing", help="live: virtual peers arrive and transfers take as long as recorded · none: no waiting (fast functional replay)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Record the replay itself into this bundle, to compare with the recording."),
+    output_payload: Optional[str] = typer.Option(None, "--output-payload", help="Payload mode of the replay's own recording (default: what the recording kept)."),
+    timing: str = typer.Option("live", "--timing", help="live: virtual peers arrive and transfers take as long as recorded · virtual: a virtual clock calibrated on the first step, for replaying on other hardware (a CPU replay of a GPU run) · none: no waiting."),
+    comm_scale: float = typer.Option(1.0, "--comm-scale", help="What if every transfer took X times as long?"),
+    compute_scale: float = typer.Option(1.0, "--compute-scale", help="What if every virtual rank's compute took X times as long?"),
+    slow_rank: Optional[str] = typer.Option(None, "--slow-rank", help="What if virtual rank R computed F times slower? R:F[,R:F]"),
     continue_on_divergence: bool = typer.Option(False, "--continue-on-divergence", help="Log a divergence and go on instead of stopping (exit 3)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the replay after this many seconds."),
 ) -> None:
@@ -262,17 +267,26 @@ def replay(
     its peers sent (bit for bit with --payload full recordings), and when they arrived.
     Each call is checked against the recording; the first mismatch stops the replay with
     exit code 3 and a report naming rank, group, sequence number and the call's stack.
+    The fidelity card (recorded vs replayed iteration time and peak memory) goes to stderr.
     """
     from prism_rr.errors import UsageError
     from prism_rr.replayer import replay as run_replay
 
-    if timing not in ("live", "none"):
-        raise UsageError(f"--timing must be live or none, not {timing!r}")
-    result = run_replay(bundle, ranks=ranks, cmd=cmd or None, report=report, timing=timing,
-                        continue_on_divergence=continue_on_divergence, timeout=timeout)
+    if timing not in ("live", "virtual", "none"):
+        raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
+    result = run_replay(
+        bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
+        output_payload=output_payload, timing=timing, comm_scale=comm_scale,
+        compute_scale=compute_scale, slow_rank=slow_rank,
+        continue_on_divergence=continue_on_divergence, timeout=timeout,
+    )
+    for warning in result.warnings:
+        _say(f"warning: {warning}")
     _say(result.card)
     if report is not None:
         _say(f"wrote {report}")
+    if result.output is not None:
+        _say(f"wrote {result.output} (the replay, recorded)")
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
@@ -311,7 +325,8 @@ def demo(
          f"{facts['groups']} groups, steps {_ranges(facts['steps'])}, {facts['bytes']:,} bytes")
     if replay_too:
         _say("replaying rank 0 against virtual peers ...")
-        replay(bundle=output, cmd=None, ranks="0", report=None, timing="live",
+        replay(bundle=output, cmd=None, ranks="0", report=None, output=None, output_payload=None,
+               timing="live", comm_scale=1.0, compute_scale=1.0, slow_rank=None,
                continue_on_divergence=False, timeout=300)
     _say("\nlook further:")
     _say(f"  prism-rr info {output}")

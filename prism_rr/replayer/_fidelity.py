@@ -13,6 +13,14 @@ def _pct(a: float | None, b: float | None) -> float | None:
     return abs(b - a) / a * 100.0
 
 
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> dict:
     """One JSON object; `stats` holds what each real rank wrote (rank -> facts)."""
     replayed: dict[int, dict[int, list]] = {r: {s[0]: s for s in st.get("steps", ())} for r, st in stats.items()}
@@ -29,6 +37,7 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
         times = bundle.step_times(step)
         peaks = bundle.summaries["steps"].get(step, {})
         rec_s, rep_s = [], []
+        step_rec_peak = step_rep_peak = None
         for r in ranks:
             if r not in times or times[r][1] is None or step not in replayed.get(r, {}):
                 continue
@@ -41,10 +50,14 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
             rp = peaks.get(r, (None, None, None))[2]
             if rp is not None:
                 rec_peak = max(rec_peak or 0, rp)
+                step_rec_peak = max(step_rec_peak or 0, rp)
             if peak is not None:
                 rep_peak = max(rep_peak or 0, peak)
+                step_rep_peak = max(step_rep_peak or 0, peak)
         if rec_s:
-            steps.append({"step": step, "recorded_s": sum(rec_s) / len(rec_s), "replayed_s": sum(rep_s) / len(rep_s)})
+            steps.append({"step": step, "recorded_s": sum(rec_s) / len(rec_s), "replayed_s": sum(rep_s) / len(rep_s),
+                          "replayed_compute_s": compute_by_step[step][1] / len(rep_s) / 1e9,
+                          "peak_recorded_bytes": step_rec_peak, "peak_replayed_bytes": step_rep_peak})
     # The first step also holds start-up (imports, model build): leave it out when others exist.
     scored = steps[1:] if len(steps) > 1 else steps
     errors = [_pct(s["recorded_s"], s["replayed_s"]) for s in scored]
@@ -62,11 +75,18 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
         "peak_memory_recorded_bytes": rec_peak,
         "peak_memory_replayed_bytes": rep_peak,
         "peak_memory_error_pct": _pct(rec_peak, rep_peak),
+        # Per scored step, the median of |replayed - recorded| peak: a racy step (a backend
+        # thread letting go of a buffer late while recording) does not stand for the run.
+        "step_peak_memory_error_pct": _median([_pct(s["peak_recorded_bytes"], s["peak_replayed_bytes"])
+                                               for s in scored]),
         "compute_ratio": rep_compute / rec_compute if rec_compute else None,
         "diverged": bool(divs),
         "first_divergence": divs[0] if divs else None,
         "divergences": len(divs),
         "synthetic_numerics": any(st.get("synthetic_numerics") for st in stats.values()),
+        # timing "virtual": replayed compute -> recorded compute, learned on step 0, per real rank
+        "calibration": {str(r): st.get("calibration") for r, st in sorted(stats.items())
+                        if st.get("calibration") is not None} or None,
     }
 
 

@@ -24,7 +24,6 @@ from prism_rr.recorder._group import RecordingGroup
 from prism_rr.recorder._payload import describe, digests
 from prism_rr.recorder._stack import p2p_api
 from prism_rr.replayer._data import build_outputs, from_bytes, host_bytes, write
-from prism_rr.replayer._schedule import transfer_ns
 
 __all__ = ["ReplayGroup"]
 
@@ -61,6 +60,7 @@ class ReplayGroup(RecordingGroup):
         self._real_members = [g for g in self._ranks if g in real_ranks]  # global ranks, group order
         self._sub = {g: i for i, g in enumerate(self._real_members)}  # global rank -> rank in real_pg
         self._coalesced: list | None = None
+        self._held = None  # the inputs of this group's latest call
 
     def getBackendName(self) -> str:
         # Torch's C++ side (DDP's logger) looks a backend up by this name: only an all-real
@@ -128,6 +128,10 @@ class ReplayGroup(RecordingGroup):
         seq = self._seq
         self._seq = seq + 1
         s = self._session
+        rec = s.rec
+        call = None
+        if rec is not None and rec.active:
+            call = rec.enter(op, self._gid, seq, ins, outs, reduce_op=reduce_op, root=root, async_op=async_op)
         entry = s.enter()
         try:
             with s.internal():
@@ -139,18 +143,41 @@ class ReplayGroup(RecordingGroup):
                         "out_dtypes": out_dtypes, "reduce_op": reduce_op, "root": root}
                 matched = self._check(own, seq, op, live, ins)
                 if self._all_real:
-                    return fn(*args)
-                return self._virtual(op, seq, entry, own, matched, ins, outs, args, reduce_op, root)
+                    work = self._real_call(fn, args, entry, own, outs, async_op)
+                else:
+                    work = self._virtual(op, seq, entry, own, matched, ins, outs, args, reduce_op, root, async_op)
         finally:
             s.returned()
+        if not self._all_real:
+            # A real backend's worker thread lets go of a call's inputs only after the call
+            # (gloo: once its next work starts); keep them as long, so the program's
+            # memory peaks where it peaked when recorded.
+            self._held = ins
+        return self._track(rec, call, work) if call is not None else work
 
-    def _virtual(self, op, seq, entry, own, matched, ins, outs, args, reduce_op, root):
+    def _real_call(self, fn, args, entry, own, outs, async_op):
+        """A group of real ranks only: the real backend, in real time; with virtual timing
+        the call completes on the virtual clock at the latest member's entry plus the
+        recorded transfer."""
+        s = self._session
+        if not s.virtual:
+            return fn(*args)
+        mine = torch.tensor([entry], dtype=torch.int64)
+        entries = [torch.empty_like(mine) for _ in self._real_members]
+        self._real_pg.allgather([entries], [mine], AllgatherOptions()).wait()
+        fn(*args).wait()
+        seq = self._seq - 1
+        records = {g: s.schedule.collective(g, self._gid, seq) for g in self._real_members}
+        done = s.clock.completion(records, {g: int(e) for g, e in zip(self._real_members, entries)})[s.rank]
+        return s.work(done, list(outs), blocking=not async_op)
+
+    def _virtual(self, op, seq, entry, own, matched, ins, outs, args, reduce_op, root, async_op):
         s = self._session
         n = self._size
         virtual = [g for g in self._ranks if g not in self._sub]
         vrecs = {v: s.schedule.collective(v, self._gid, seq) for v in virtual}
-        ventries = [e for e in (s.clock.entry(v, r) for v, r in vrecs.items()) if e is not None]
-        vmax = max(ventries, default=0)
+        ventry = {v: s.clock.entry(v, r) for v, r in vrecs.items()}
+        vmax = max((e for e in ventry.values() if e is not None), default=0)
         in_splits = out_splits = None
         if op == "all_to_all_single":
             out_splits, mine = list(args[2]), list(args[3])
@@ -185,10 +212,19 @@ class ReplayGroup(RecordingGroup):
                           in_splits=in_splits, out_splits=out_splits)
             if not known and outs:
                 s.synthetic = True
-        done = max(entries + [vmax]) + transfer_ns([own, *vrecs.values()])
+        records = {g: s.schedule.collective(g, self._gid, seq) for g in self._real_members}
+        records.update(vrecs)
+        arrivals = dict(zip(self._real_members, entries)) if len(entries) > 1 else {s.rank: entry}
+        arrivals.update({v: e for v, e in ventry.items() if e is not None})
+        if self._real_pg is not None and vmax > max(arrivals.values()):
+            arrivals[-1] = vmax  # a virtual member another real rank modelled later than we did
+        finish = s.clock.completion(records, arrivals)
+        done = finish[s.rank]
         for v, rec in vrecs.items():
-            s.clock.completed(v, rec, done)
-        return s.complete_at(done, list(outs))
+            s.clock.completed(v, rec, ventry[v], finish.get(v, done))
+        if s.trace is not None:
+            s.trace.append([self._gid, seq, entries, ventry, done])
+        return s.work(done, list(outs), blocking=not async_op, inputs=list(ins))
 
     def _exchange(self, entry: int, vmax: int, ins, splits) -> list:
         """Every real member's (meta, input bytes): meta = [entry, vmax, nbytes, nsplits, *splits]."""
@@ -230,6 +266,11 @@ class ReplayGroup(RecordingGroup):
         async_op = p2p_api(3) not in ("send", "recv")
         name = ("i" + op) if async_op else op
         s = self._session
+        rec = s.rec
+        call = None
+        if rec is not None and rec.active:
+            call = rec.enter(name, self._gid, seq, tensors, tensors, peer=peer, tag=tag,
+                             async_op=async_op, p2p=True)
         entry = s.enter()
         try:
             with s.internal():
@@ -244,14 +285,16 @@ class ReplayGroup(RecordingGroup):
                     real = self._real_pg.send if op == "send" else self._real_pg.recv
                     work = real(tensors, self._sub[peer], tag)
                 else:
-                    work = self._virtual_p2p(op, seq, entry, own, matched, tensors, peer)
-                if self._coalesced is not None:
-                    self._coalesced.append(work)
-                return work
+                    work = self._virtual_p2p(op, seq, entry, own, matched, tensors, peer, async_op)
         finally:
             s.returned()
+        if call is not None:
+            work = self._track(rec, call, work)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
-    def _virtual_p2p(self, op, seq, entry, own, matched, tensors, peer):
+    def _virtual_p2p(self, op, seq, entry, own, matched, tensors, peer, async_op):
         s = self._session
         other = s.schedule.p2p(peer, self._gid, "recv" if op == "send" else "send", s.rank, seq)
         if op == "recv":
@@ -264,9 +307,11 @@ class ReplayGroup(RecordingGroup):
             else:
                 s.synthetic = True  # the tensor keeps what the program put in it
         start = s.clock.entry(peer, other)
-        done = max(entry, start or 0) + transfer_ns([own, other])
-        s.clock.completed(peer, other, done)
-        return s.complete_at(done, list(tensors))
+        arrivals = {s.rank: entry} if start is None else {s.rank: entry, peer: start}
+        finish = s.clock.completion({s.rank: own, peer: other}, arrivals)
+        done = finish[s.rank]
+        s.clock.completed(peer, other, start, finish.get(peer, done))
+        return s.work(done, list(tensors), blocking=not async_op)
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("prism-rr replay: recv from any source is not supported yet")

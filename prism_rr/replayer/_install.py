@@ -85,6 +85,8 @@ def _helper(*args, **kwargs):
             from prism_rr.replayer._session import ReplaySession
 
             st.session = ReplaySession(st.options, int(a["group_rank"]), int(a["group_size"]))
+            if st.options.output:
+                _record_replay(st.session, "gloo")
     gid = st.next_gid
     st.next_gid += 1
     backend = str(a["backend"]).lower()
@@ -98,10 +100,29 @@ def _helper(*args, **kwargs):
     from prism_rr.recorder._install import _fix_books
     from prism_rr.replayer._group import ReplayGroup
 
-    if isinstance(result[0], ReplayGroup):
-        _fix_books(result[0], real_name)
-        _check_group(st.session, gid, result[0]._ranks)
+    pg = result[0]
+    if isinstance(pg, ReplayGroup):
+        _fix_books(pg, real_name)
+        _check_group(st.session, gid, pg._ranks)
+        rec = st.session.rec
+        if rec is not None:
+            rec.group_created(gid, pg._ranks, pg.getGroupName(), pg.getGroupDesc(), real_name)
     return result
+
+
+def _record_replay(session, backend: str) -> None:
+    """-o: record this rank's calls as they happen in the replay, in the recorder's format."""
+    from prism_rr.recorder import _manifest
+    from prism_rr.recorder._options import RecordOptions
+    from prism_rr.recorder._session import Recording
+
+    opts = session.options
+    options = RecordOptions.make(opts.output, payload=opts.payload)
+    info = _manifest.rank_info(options, session.rank, session.bundle.world_size, backend, "cpu")
+    info["replay_of"] = {"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing}
+    rec = Recording(options, session.rank, info)
+    rec.start()
+    session.rec = rec
 
 
 def _check_group(session, gid: int, ranks) -> None:

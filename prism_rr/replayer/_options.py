@@ -10,8 +10,10 @@ from prism_rr.errors import UsageError
 __all__ = ["ENV_VAR", "TIMINGS", "ReplayOptions"]
 
 ENV_VAR = "PRISM_RR_REPLAY"
-# live: a call completes when the modelled peers would let it; none: as soon as the data is there.
-TIMINGS = ("live", "none")
+# live: a call completes when the modelled peers would let it, in real time; virtual: the
+# same on a virtual clock, the real rank's compute calibrated against the recording on the
+# first step (nobody waits); none: as soon as the data is there.
+TIMINGS = ("live", "virtual", "none")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,12 +26,28 @@ class ReplayOptions:
     timing: str = "live"
     continue_on_divergence: bool = False
     real_port: int = 0  # TCPStore of the real ranks among themselves (2+ real ranks)
+    comm_scale: float = 1.0  # every transfer this many times as long
+    compute_scale: float = 1.0  # every rank's compute this many times as long
+    slow_rank: tuple[tuple[int, float], ...] = ()  # (virtual rank, factor on its compute)
+    output: str | None = None  # spool directory of the replay's own recording (-o)
+    payload: str = "none"  # what the replay's own recording keeps
 
     def __post_init__(self):
         if self.timing not in TIMINGS:
             raise UsageError(f"timing must be one of {', '.join(TIMINGS)}, not {self.timing!r}")
         if not self.ranks:
             raise UsageError("a replay needs at least one real rank")
+        for name in ("comm_scale", "compute_scale"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"{name} must be positive, not {getattr(self, name)!r}")
+        for rank, factor in self.slow_rank:
+            if rank in self.ranks:
+                raise UsageError(f"slow_rank {rank} is a real rank; slow_rank applies to virtual ranks")
+            if not factor > 0:
+                raise UsageError(f"slow_rank factor for rank {rank} must be positive, not {factor!r}")
+
+    def slow_rank_map(self) -> dict[int, float]:
+        return dict(self.slow_rank)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -46,4 +64,9 @@ class ReplayOptions:
             timing=str(d.get("timing", "live")),
             continue_on_divergence=bool(d.get("continue_on_divergence", False)),
             real_port=int(d.get("real_port", 0)),
+            comm_scale=float(d.get("comm_scale", 1.0)),
+            compute_scale=float(d.get("compute_scale", 1.0)),
+            slow_rank=tuple((int(r), float(f)) for r, f in d.get("slow_rank", ())),
+            output=d.get("output"),
+            payload=str(d.get("payload", "none")),
         )

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 from prism_rr.format.records import Collective, PointToPoint
 
-__all__ = ["Schedule", "direction", "transfer_ns"]
+__all__ = ["Schedule", "direction"]
 
 
 def direction(op: str) -> str:
     """isend -> send, irecv -> recv."""
     return op[1:] if op.startswith("i") else op
-
-
-def transfer_ns(records) -> int:
-    """A call's transfer time: the smallest end - start among the members that recorded it
-    (the last member to arrive waits only for the transfer), 0 when none completed."""
-    spans = [r.end_ns - r.start_ns for r in records if r is not None and r.end_ns is not None]
-    return max(0, min(spans)) if spans else 0
 
 
 class Schedule:
@@ -34,11 +27,17 @@ class Schedule:
         self._calls: dict[tuple, object] = {}
         self.windowed: dict[int, bool] = {}
         self.clock_offset: dict[int, int] = {}
+        reference_host = bundle.rank_info(0).get("hostname")
         for rank in sorted(set(ranks) & self.recorded):
             info = bundle.rank_info(rank)
             self.windowed[rank] = info.get("steps") is not None
             clock = info.get("clock_offset")
-            self.clock_offset[rank] = int(clock.get("offset_ns", 0)) if isinstance(clock, dict) else 0
+            offset = int(clock.get("offset_ns", 0)) if isinstance(clock, dict) else 0
+            if reference_host is not None and info.get("hostname") == reference_host:
+                # One host has one monotonic clock: the measured offset is only its error
+                # (milliseconds on a loaded machine).
+                offset = 0
+            self.clock_offset[rank] = offset
             for rec in bundle.events(rank):
                 if isinstance(rec, Collective):
                     self._calls[(rank, rec.group, rec.seq)] = rec

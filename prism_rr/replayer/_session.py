@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,11 +25,12 @@ from prism_rr.format import open_bundle
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._options import ReplayOptions
 from prism_rr.replayer._schedule import Schedule
-from prism_rr.replayer._timing import LiveClock
+from prism_rr.replayer._timing import PeerClock
 
 __all__ = ["ReplaySession", "stats_path"]
 
 log = logging.getLogger("prism_rr.replayer")
+_SPIN_NS = 1_500_000
 
 
 def stats_path(work_dir, rank: int) -> Path:
@@ -36,7 +38,7 @@ def stats_path(work_dir, rank: int) -> Path:
 
 
 class _Alarm:
-    """Completes futures at given monotonic times, from one daemon thread."""
+    """Calls functions at given monotonic times, from one daemon thread."""
 
     def __init__(self):
         self._heap: list = []
@@ -44,13 +46,13 @@ class _Alarm:
         self._thread: threading.Thread | None = None
         self._n = 0
 
-    def at(self, t_ns: int, fut, value) -> None:
+    def at(self, t_ns: int, fn) -> None:
         if t_ns <= monotonic_ns():
-            fut.set_result(value)
+            fn()
             return
         with self._cond:
             self._n += 1
-            heapq.heappush(self._heap, (t_ns, self._n, fut, value))
+            heapq.heappush(self._heap, (t_ns, self._n, fn))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="prism-rr-replay-clock", daemon=True)
                 self._thread.start()
@@ -61,13 +63,24 @@ class _Alarm:
             with self._cond:
                 while not self._heap:
                     self._cond.wait()
-                t, _, fut, value = self._heap[0]
+                t, _, fn = self._heap[0]
                 delay = t - monotonic_ns()
                 if delay > 0:
                     self._cond.wait(delay / 1e9)
                     continue
                 heapq.heappop(self._heap)
-            fut.set_result(value)
+            fn()
+
+
+def sleep_until(t_ns: int) -> None:
+    """Sleep, then spin the last stretch: a thread woken from sleep on a loaded machine can
+    be late by milliseconds, a waiting rank must not be."""
+    while True:
+        left = t_ns - monotonic_ns()
+        if left <= 0:
+            return
+        if left > _SPIN_NS:
+            time.sleep((left - _SPIN_NS) / 1e9)
 
 
 class _MemoryShim:
@@ -100,16 +113,28 @@ class ReplaySession:
             raise ReplayError(f"rank {rank} was not recorded; recorded ranks: {self.bundle.recorded_ranks}")
         self.real = tuple(options.ranks)
         self.schedule = Schedule.for_real_ranks(self.bundle, self.real)
-        self.clock = LiveClock(rank, self.schedule.clock_offset)
+        self.clock = PeerClock(rank, self.schedule.clock_offset, compute_scale=options.compute_scale,
+                               slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale)
         self.live = options.timing == "live"
+        self.virtual = options.timing == "virtual"
+        self.timed = self.live or self.virtual
+        # Real compute -> model compute: compute_scale, times (virtual timing) the
+        # calibration learned on the first step; a live rank is slowed by waiting instead.
+        self._factor = options.compute_scale if self.virtual else 1.0
+        self._pad = options.compute_scale if self.live else 1.0
+        self.calibration: float | None = None
+        self.rec = None  # the replay's own recording (-o), a recorder Recording
+        self.trace: list | None = [] if os.environ.get("PRISM_RR_REPLAY_TRACE") else None
         self.alarm = _Alarm()
         self.divergences: list[Divergence] = []
         self.stopped: Divergence | None = None
         self.synthetic = False
         self.calls = 0
         self.step = 0
-        self.step_start = monotonic_ns()
-        self.last_return: int | None = self.step_start
+        t0 = monotonic_ns()
+        self._real_mark = self._model_mark = t0
+        self.step_start = t0  # on the model clock
+        self.last_return: int | None = t0
         self.compute_ns = 0
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
         self._pacer = None
@@ -131,20 +156,76 @@ class ReplaySession:
         # (and torch's excepthook has printed the traceback): see _at_exit.
         atexit.register(self._at_exit)
 
+    # --- the real rank's clock ---------------------------------------------------------
+
+    def model_now(self, t: int | None = None) -> int:
+        """The model clock now: real time with live timing, the virtual clock with virtual."""
+        t = monotonic_ns() if t is None else t
+        if not self.virtual:
+            return t
+        return self._model_mark + int((t - self._real_mark) * self._factor)
+
+    def _mark(self, t: int, model: int) -> None:
+        self._real_mark, self._model_mark = t, model
+
+    def passed(self, model_ns: int) -> bool:
+        return not self.live or model_ns <= monotonic_ns()
+
+    def fire_at(self, model_ns: int, fn) -> None:
+        self.alarm.at(model_ns if self.live else 0, fn)
+
     # --- calls ------------------------------------------------------------------
 
     def enter(self) -> int:
+        """A call of the program starts; returns its entry on the model clock."""
         t = monotonic_ns()
         if self.stopped is not None:
             raise DivergenceError(self.stopped.paragraph())
-        if self.last_return is not None and t > self.last_return:
-            self.compute_ns += t - self.last_return
+        gap = t - self.last_return if self.last_return is not None and t > self.last_return else 0
+        self.compute_ns += gap
+        if self.live and self._pad != 1.0 and gap:
+            # compute_scale on a live rank: make its compute as long as asked, by waiting.
+            sleep_until(t + int(gap * (self._pad - 1.0)))
+            t = monotonic_ns()
         self.last_return = None
         self.calls += 1
-        return t
+        model = self.model_now(t)
+        self._mark(t, model)
+        return model
 
     def returned(self) -> None:
-        self.last_return = monotonic_ns()
+        """The call gives control back: on the model clock issuing takes no time."""
+        t = monotonic_ns()
+        self.last_return = t
+        if self.virtual:
+            self._real_mark = t  # the model mark stays at the entry
+        else:
+            self._mark(t, t)
+
+    def wait_until(self, model_ns: int, *, blocking: bool) -> None:
+        """The program waits for a call that completes at `model_ns`."""
+        if self.live:
+            sleep_until(model_ns)
+        t = monotonic_ns()
+        model = max(self.model_now(t), model_ns)
+        self._mark(t, model)
+        if blocking:
+            self.last_return = t  # waiting in a blocking call is not compute (as recorded)
+
+    def work(self, model_ns: int, value, *, blocking: bool, inputs=None):
+        """A Work that completes with `value` at `model_ns` (at once with timing none)."""
+        from prism_rr.replayer._work import ReplayWork
+
+        return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs)
+
+    def complete_at(self, t_ns: int, value):
+        """A Work whose future is complete (coalesced ends, monitored barriers)."""
+        import torch
+        from torch._C._distributed_c10d import _create_work_from_future
+
+        fut = torch.futures.Future()
+        fut.set_result(value)
+        return _create_work_from_future(fut)
 
     @contextmanager
     def internal(self):
@@ -158,15 +239,6 @@ class ReplaySession:
             yield
         finally:
             mode.enabled = True
-
-    def complete_at(self, t_ns: int, value):
-        """A Work whose future completes with `value` at `t_ns` (at once with timing none)."""
-        import torch
-        from torch._C._distributed_c10d import _create_work_from_future
-
-        fut = torch.futures.Future()
-        self.alarm.at(t_ns if self.live else 0, fut, value)
-        return _create_work_from_future(fut)
 
     # --- divergence -------------------------------------------------------------
 
@@ -199,15 +271,33 @@ class ReplaySession:
             self._pacer = weakref.ref(optimizer)
         elif pacer is not optimizer:
             return
+        self.mark_step()
+
+    def mark_step(self) -> None:
         t = monotonic_ns()
         if self.last_return is not None and t > self.last_return:
             self.compute_ns += t - self.last_return
+        model = self.model_now(t)
+        self._mark(t, model)
         peak = self._memory.take_peak() if self._memory is not None else None
-        self.steps.append([self.step, self.step_start, t, self.compute_ns, peak])
+        self.steps.append([self.step, self.step_start, model, self.compute_ns, peak])
+        if self.virtual and self.calibration is None:
+            self._calibrate()
         self.step += 1
-        self.step_start = t
+        self.step_start = model
         self.last_return = t
         self.compute_ns = 0
+
+    def _calibrate(self) -> None:
+        """Virtual timing: real compute runs this much slower (or faster) than recorded."""
+        from prism_rr.format.records import Compute
+
+        recorded = sum(r.end_ns - r.start_ns for r in self.bundle.events(self.rank)
+                       if isinstance(r, Compute) and r.name is None and r.step == self.step
+                       and r.end_ns is not None)
+        replayed = self.compute_ns
+        self.calibration = recorded / replayed if recorded > 0 and replayed > 0 else 1.0
+        self._factor = self.calibration * self.options.compute_scale
 
     # --- results ------------------------------------------------------------------
 
@@ -220,6 +310,8 @@ class ReplaySession:
             "divergences": [d.to_dict() for d in self.divergences[:100]],
             "stopped": self.stopped is not None,
             "timing": self.options.timing,
+            "calibration": self.calibration,
+            "trace": self.trace,
         }
         path = stats_path(self.options.work_dir, self.rank)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")

@@ -1,43 +1,98 @@
-"""The live timing model: when a call with virtual members completes.
+"""The timing model: when virtual peers enter calls, and when a call with virtual members completes.
 
-A virtual peer enters a call at its completion of its previous call in the replay plus
-its recorded gap (the time between those two calls in its recording); a call completes
-at the latest entry of any member plus the recorded transfer time. Real members' entries
-are measured. Recorded times are mapped onto this process's clock once, at the real
-rank's first call, using the per-rank clock offsets of the recording.
+Every time here is on the model clock: this process's monotonic clock with `--timing live`,
+a virtual clock with `--timing virtual` (see `_session`). A call completes at the latest
+entry of any member plus the recorded transfer time (times `comm_scale`).
+
+A virtual peer's thread is followed from one point of its recording to the next: after
+a blocking call it resumes where the call completed in the replay, after an asynchronous
+one where that call returned. Its next entry is that point plus the recorded time in
+between (its compute, times `compute_scale` and its `slow_rank` factor). An asynchronous
+call that had completed in the recording before the peer's next call may have been waited
+for: the entry is also no earlier than its replayed completion plus the recorded time
+from its completion to that call. Recorded times are mapped onto the model clock once, at
+the real rank's first recorded call, using the per-rank clock offsets of the recording.
 """
 
 from __future__ import annotations
 
-__all__ = ["LiveClock"]
+__all__ = ["PeerClock"]
 
 
-class LiveClock:
+class PeerClock:
     """Virtual peers' clocks as seen by one real rank."""
 
-    def __init__(self, me: int, clock_offset: dict[int, int]):
+    def __init__(self, me: int, clock_offset: dict[int, int], *, compute_scale: float = 1.0,
+                 slow_rank: dict[int, float] | None = None, comm_scale: float = 1.0):
         self.me = me
         self._offset = clock_offset  # rank -> its recorded monotonic clock minus rank 0's
-        self._shift: int | None = None  # replay ns = recorded reference ns + shift
-        self._last: dict[int, tuple[int, int]] = {}  # virtual rank -> (replay completion, recorded end)
+        self._shift: int | None = None  # model ns = recorded reference ns + shift
+        self._resume: dict[int, tuple[int, int]] = {}  # virtual rank -> (model ns, its recorded ns)
+        self._pending: dict[int, list[tuple[int, int]]] = {}  # rank -> async (model done, recorded end)
+        self.compute_scale = compute_scale
+        self.slow_rank = dict(slow_rank or {})
+        self.comm_scale = comm_scale
 
-    def anchor(self, live_ns: int, own) -> None:
-        """Tie the recording's time line to this process's clock at the first recorded call."""
+    def anchor(self, model_ns: int, own) -> None:
+        """Tie the recording's time line to the model clock at the first recorded call."""
         if self._shift is None and own is not None:
-            self._shift = live_ns - (own.start_ns - self._offset.get(self.me, 0))
+            self._shift = model_ns - (own.start_ns - self._offset.get(self.me, 0))
+
+    def _scale(self, rank: int) -> float:
+        return self.compute_scale * self.slow_rank.get(rank, 1.0)
 
     def entry(self, rank: int, rec) -> int | None:
-        """When virtual `rank` enters the call it recorded as `rec`, on this clock."""
+        """When virtual `rank` enters the call it recorded as `rec`, on the model clock."""
         if rec is None:
             return None
-        last = self._last.get(rank)
-        if last is not None:
-            done, rec_end = last
-            return done + max(0, rec.start_ns - rec_end)
-        if self._shift is None:
-            return None
-        return rec.start_ns - self._offset.get(rank, 0) + self._shift
+        scale = self._scale(rank)
+        at = self._resume.get(rank)
+        if at is None:
+            if self._shift is None:
+                return None
+            return rec.start_ns - self._offset.get(rank, 0) + self._shift
+        t = at[0] + int(max(0, rec.start_ns - at[1]) * scale)
+        pending = self._pending.get(rank)
+        if pending:
+            keep = []
+            for done, end in pending:
+                if end <= rec.start_ns:
+                    t = max(t, done + int((rec.start_ns - end) * scale))
+                else:
+                    keep.append((done, end))
+            self._pending[rank] = keep
+        return t
 
-    def completed(self, rank: int, rec, done_ns: int) -> None:
-        if rec is not None and rec.end_ns is not None:
-            self._last[rank] = (done_ns, rec.end_ns)
+    def completed(self, rank: int, rec, entry_ns: int | None, done_ns: int) -> None:
+        """Virtual `rank`'s call `rec`, entered at `entry_ns`, completed at `done_ns`."""
+        if rec is None or rec.end_ns is None:
+            return
+        if rec.async_op and rec.issued_ns is not None and entry_ns is not None:
+            self._resume[rank] = (entry_ns + max(0, rec.issued_ns - rec.start_ns), rec.issued_ns)
+            self._pending.setdefault(rank, []).append((done_ns, rec.end_ns))
+        else:
+            self._resume[rank] = (done_ns, rec.end_ns)
+
+    def transfer(self, records) -> int:
+        """A call's transfer time: the smallest end - start among the members that recorded
+        it (the last member to arrive waits only for the transfer), 0 when none completed."""
+        spans = [r.end_ns - r.start_ns for r in records if r is not None and r.end_ns is not None]
+        return int(max(0, min(spans)) * self.comm_scale) if spans else 0
+
+    def completion(self, records: dict, entries: dict) -> dict[int, int]:
+        """When each member's call completes: the latest entry plus that member's recorded
+        time from the latest recorded entry to its own completion (members of one call
+        finish a little apart, as a ring does), times comm_scale; a member without a
+        record completes after the shortest recorded span."""
+        latest = max(entries.values())
+        whole = all(r is not None for r in records.values())
+        last = max(r.start_ns - self._offset.get(m, 0) for m, r in records.items()) if whole else None
+        fallback = self.transfer(records.values())
+        out = {}
+        for m in records:
+            r = records.get(m)
+            if whole and r is not None and r.end_ns is not None:
+                out[m] = latest + int(max(0, r.end_ns - self._offset.get(m, 0) - last) * self.comm_scale)
+            else:
+                out[m] = latest + fallback
+        return out

@@ -11,6 +11,7 @@ store; the recorded world's other ranks exist only as recordings.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -23,11 +24,15 @@ from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle
+from prism_rr.recorder._options import spool_dir_for
+from prism_rr.replayer._environment import check_environment
 from prism_rr.replayer._fidelity import card, fidelity_report
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 from prism_rr.replayer._session import stats_path
 
-__all__ = ["HOOK_DIR", "ReplayResult", "rank_command", "replay"]
+__all__ = ["HOOK_DIR", "ReplayResult", "parse_slow_rank", "rank_command", "replay"]
+
+log = logging.getLogger("prism_rr.replayer")
 
 HOOK_DIR = Path(__file__).resolve().parent / "_hook"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +52,8 @@ class ReplayResult:
     timed_out: bool = False
     log_dir: Path | None = None
     commands: dict[int, list[str]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # environment differences the replay went on despite
+    output: Path | None = None  # the replay's own recording (-o)
 
     @property
     def diverged(self) -> bool:
@@ -83,18 +90,27 @@ def replay(
     cmd: list[str] | None = None,
     report=None,
     output=None,
+    output_payload: str | None = None,
     timing: str = "live",
+    comm_scale: float = 1.0,
+    compute_scale: float = 1.0,
+    slow_rank=None,
     continue_on_divergence: bool = False,
     timeout: float | None = None,
     cwd=None,
     log_dir=None,
     env: dict | None = None,
 ) -> ReplayResult:
-    """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence)."""
+    """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence).
+
+    `output`: record the replay itself (the real ranks' calls as they happened) into
+    this bundle, with `output_payload` (default: what the recording kept). What-if knobs
+    of the timing model: `comm_scale` (every transfer X times as long), `compute_scale`
+    (every rank's compute X times as long), `slow_rank` ({virtual rank: factor} on its
+    compute, or "R:F,R:F"). Raises UsageError where the replay cannot run here.
+    """
     from prism_rr.localrun import kill_ranks, free_port, rank_env
 
-    if output is not None:
-        raise UsageError("recording a replay (-o) is not supported yet")
     bundle_path = Path(bundle_path).resolve()
     real = _parse_ranks(ranks)
     with open_bundle(bundle_path) as bundle:
@@ -103,10 +119,31 @@ def replay(
         if missing:
             raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}")
         infos = {r: bundle.rank_info(r) for r in real}
+        outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
+        if outside:
+            raise UsageError(f"slow_rank {outside[0][0]} is not a rank of the recorded world of {world}")
+    warnings = check_environment(infos, timing=timing)
+    for w in warnings:
+        log.warning("prism-rr: %s", w)
+    spool_dir = None
+    if output is not None:
+        output = Path(output).resolve()
+        if output == bundle_path:
+            raise UsageError("the replay's recording (-o) must not overwrite the bundle it replays")
+        spool_dir = spool_dir_for(output)
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        for old in spool_dir.glob("rank-*.spool*"):
+            old.unlink()
+        if output_payload is None:
+            output_payload = str(infos[real[0]].get("payload") or "digest")
     work = Path(tempfile.mkdtemp(prefix="prism-rr-replay-"))
     options = ReplayOptions(bundle=str(bundle_path), ranks=real, work_dir=str(work), timing=timing,
                             continue_on_divergence=continue_on_divergence,
-                            real_port=free_port() if len(real) > 1 else 0)
+                            real_port=free_port() if len(real) > 1 else 0,
+                            comm_scale=float(comm_scale), compute_scale=float(compute_scale),
+                            slow_rank=parse_slow_rank(slow_rank),
+                            output=None if spool_dir is None else str(spool_dir),
+                            payload=output_payload or "none")
     logs = Path(log_dir) if log_dir is not None else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
@@ -159,6 +196,9 @@ def replay(
                 stats[r] = json.loads(p.read_text())
         with open_bundle(bundle_path) as bundle:
             rep = fidelity_report(bundle, real, stats, timing=timing)
+        traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
+        if traces:  # PRISM_RR_REPLAY_TRACE: each call's entries and completion, for debugging the model
+            rep["trace"] = traces
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -176,7 +216,58 @@ def replay(
     else:
         code = next((c if c > 0 else 128 - c for c in codes.values() if c != 0), 0)
     rep["exit_code"] = code
+    rep["environment_warnings"] = warnings
+    rep["what_if"] = {"comm_scale": options.comm_scale, "compute_scale": options.compute_scale,
+                      "slow_rank": {str(r): f for r, f in options.slow_rank}}
+    if spool_dir is not None:
+        _pack_replay(spool_dir, output, bundle_path, options, commands)
+        rep["output"] = str(output)
     if report is not None:
         Path(report).write_text(json.dumps(rep, indent=2) + "\n")
     return ReplayResult(exit_code=code, rank_codes=codes, report=rep, card=card(rep), timed_out=timed_out,
-                        log_dir=logs, commands=commands)
+                        log_dir=logs, commands=commands, warnings=tuple(warnings),
+                        output=output if spool_dir is not None else None)
+
+
+def parse_slow_rank(spec) -> tuple[tuple[int, float], ...]:
+    """{rank: factor}, pairs, or "R:F,R:F" -> sorted (rank, factor) pairs."""
+    if not spec:
+        return ()
+    if isinstance(spec, str):
+        pairs = []
+        for part in spec.split(","):
+            if not part.strip():
+                continue
+            try:
+                r, f = part.split(":")
+                pairs.append((int(r), float(f)))
+            except ValueError:
+                raise UsageError(f"slow_rank must look like R:F[,R:F], not {spec!r}") from None
+    elif isinstance(spec, dict):
+        pairs = [(int(r), float(f)) for r, f in spec.items()]
+    else:
+        pairs = [(int(r), float(f)) for r, f in spec]
+    return tuple(sorted(pairs))
+
+
+def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, commands) -> None:
+    """Pack what the real ranks recorded of themselves into `output`."""
+    from prism_rr import __version__
+    from prism_rr.format import pack
+
+    if not any(spool_dir.glob("rank-*.spool")):
+        log.warning("prism-rr: the replay recorded nothing; %s not written", output)
+        return
+    facts = {
+        "command": [str(a) for a in next(iter(commands.values()), [])],
+        "cwd": os.getcwd(),
+        "prism_rr_version": __version__,
+        "replay_of": {"bundle": str(bundle_path), "ranks": list(options.ranks), "timing": options.timing},
+    }
+    (spool_dir / "run.json").write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    try:
+        pack(spool_dir, output)
+    except Exception as exc:
+        log.warning("prism-rr: packing the replay's recording %s failed: %s", output, exc)
+        return
+    shutil.rmtree(spool_dir, ignore_errors=True)

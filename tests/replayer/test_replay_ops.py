@@ -80,3 +80,35 @@ def test_continue_on_divergence_goes_on(recording, tmp_path):
     assert result.exit_code == 0, stderr_of(result, 0)
     assert result.report["diverged"] and result.report["first_divergence"]["seq"] == 9
     assert (tmp / "cont-0.pt").exists()
+
+
+def _calls(bundle, rank):
+    from prism_rr.format.records import Collective, PointToPoint
+
+    out = []
+    for e in bundle.events(rank):
+        if isinstance(e, Collective):
+            out.append((e.op, e.group, e.seq, e.in_shapes, e.out_shapes, e.step))
+        elif isinstance(e, PointToPoint):
+            out.append((e.op, e.group, e.seq, e.peer, e.shapes, e.step))
+    return sorted(out, key=lambda c: (c[1], c[0], c[2]))
+
+
+@pytest.mark.timeout(180)
+def test_replay_is_recorded_with_the_same_calls(recording, tmp_path):
+    """-o: the real ranks' calls as they happened in the replay, in the recording's format."""
+    from prism_rr.format import open_bundle
+
+    tmp, bundle = recording
+    out = tmp_path / "replay.prism"
+    result = _replay(tmp, bundle, (0, 1), "out01", output=out, output_payload="digest")
+    assert result.exit_code == 0, stderr_of(result, 0)
+    assert result.output == out and result.report["output"] == str(out)
+    with open_bundle(bundle) as rec, open_bundle(out) as rep:
+        assert rep.world_size == WORLD and rep.recorded_ranks == [0, 1]
+        assert [g["ranks"] for g in rep.groups] == [g["ranks"] for g in rec.groups]
+        for r in (0, 1):
+            assert _calls(rep, r) == _calls(rec, r)
+            assert list(rep.rank_info(r)["replay_of"]["ranks"]) == [0, 1]
+        assert rep.steps == rec.steps
+
