@@ -203,6 +203,8 @@ def record(
     ops: bool = typer.Option(False, "--ops", help="Also record every operator (name, shapes, duration)."),
     memory: bool = typer.Option(False, "--memory", help="Track live tensor memory on CPU (CUDA statistics are always read)."),
     nproc: int = typer.Option(0, "--nproc", help="Start this many local ranks with torchrun's environment (0: CMD starts its own ranks, e.g. torchrun)."),
+    slice_: Optional[str] = typer.Option(None, "--slice", help="roles: record one representative rank per role (ranks doing the same work), plus --ranks."),
+    mesh: Optional[str] = typer.Option(None, "--mesh", help="With --slice roles: the job's layout, e.g. dp=4,tp=2 (row-major, last dimension fastest, as init_device_mesh)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the run after this many seconds (a hang still yields a bundle)."),
 ) -> None:
     """Record a training run into a bundle, without editing the training code.
@@ -221,10 +223,14 @@ def record(
         raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
     if nproc < 0:
         raise UsageError("--nproc must be 0 or more")
+    if slice_ is not None and nproc:
+        from prism_rr.graph.roles import parse_mesh
+
+        parse_mesh(mesh or "", nproc)  # a wrong layout fails now, not in every rank
     if nproc:
         cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
     code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
-                          memory=memory, timeout=timeout)
+                          memory=memory, slice=slice_, mesh=mesh, timeout=timeout)
     if code != 0:
         _say(f"warning: the command exited with code {code}; packing what was recorded")
     spool_dir = spool_dir_for(output)
@@ -233,7 +239,13 @@ def record(
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
             f"(is CMD a PyTorch distributed program? exit code {code})"
         )
-    result = pack_spools(spool_dir, output, progress=_progress("packing ranks"))
+    extra = None
+    if slice_ is not None:
+        from prism_rr.graph.roles import spool_roles
+        from prism_rr.recorder._options import parse_ranks
+
+        extra = {"roles": spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())}
+    result = pack_spools(spool_dir, output, manifest_extra=extra, progress=_progress("packing ranks"))
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail of its spool lost ({why})")
     _say(f"wrote {output}: {result.ranks} ranks, {result.events:,} records, {result.bytes:,} bytes")
@@ -441,6 +453,36 @@ def tui(
         if path is not None:
             open_bundle(path).close()
     run(bundle, compare=compare)
+
+
+@app.command(epilog="Example: prism-rr scale run.prism --dp 4096 -o big.prism\n\n" + EXIT_CODES)
+def scale(
+    bundle: Path = typer.Argument(..., help="A recording (or a --slice roles recording) of the job at small scale."),
+    output: Path = typer.Option(..., "-o", "--output", help="The bundle of the larger job to write."),
+    dp: int = typer.Option(..., "--dp", help="Data-parallel degree of the target job."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (default: as recorded)."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel degree (default: as recorded)."),
+    mesh: Optional[str] = typer.Option(None, "--mesh", help="The recorded layout, e.g. dp=2,tp=2, when the bundle holds no DeviceMesh."),
+    latency: str = typer.Option("constant", "--latency", help="Cost model latency term: constant (alpha per call) or steps (alpha per algorithm step)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was done (model, fitted parameters, fit error) as JSON on stdout."),
+) -> None:
+    """Build the execution graph of a larger job from a recorded slice.
+
+    More data-parallel replicas, group memberships rewritten for the new mesh, and
+    transfer times rescaled by a communication cost model (latency plus bytes over
+    bandwidth, scaled by the collective algorithm's steps in the group size) fitted to the
+    recording. One representative per role is written, so a world of 8192 is a small file;
+    replay it with `prism-rr replay big.prism --ranks 0`.
+    """
+    from prism_rr.graph.scale import scale as scale_bundle
+
+    note = scale_bundle(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency,
+                        progress=_progress("writing ranks"))
+    if as_json:
+        print(json.dumps(note, default=str))
+    fit = note["model"]["fit_error"]
+    _say(f"wrote {output}: world {note['to']['world_size']} ({note['roles']} roles written), "
+         f"cost model fitted on {fit['samples']} calls, mean abs error {fit['mape_pct']:.0f}%")
 
 
 def _progress(label: str):

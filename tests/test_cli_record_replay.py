@@ -85,3 +85,22 @@ def test_demo_records_and_replays(tmp_path):
     assert "diverged: no" in out.stderr and "prism-rr info" in out.stderr
     facts = json.loads(run_cli("info", tmp_path / "demo.prism", "--json").stdout)
     assert facts["steps"] == [1, 2, 3] and facts["world_size"] == 2
+
+
+@pytest.mark.timeout(240)
+def test_slice_roles_then_scale_to_8192(tmp_path, script):
+    """Record one rank per role, scale to world 8192, and read the result back."""
+    out = tmp_path / "slice.prism"
+    rec = run_cli("record", "-o", out, "--nproc", "4", "--slice", "roles", "--mesh", "dp=2,tp=2",
+                  "--", sys.executable, script, timeout=200)
+    assert rec.returncode == 0, rec.stderr
+    facts = json.loads(run_cli("info", out, "--json").stdout)
+    assert facts["world_size"] == 4 and facts["recorded_ranks"] == [0, 1]  # rank 0 stands for 2, 1 for 3
+    big = tmp_path / "big.prism"
+    sc = run_cli("scale", out, "--dp", "4096", "--mesh", "dp=2,tp=2", "-o", big, "--json")
+    assert sc.returncode == 0, sc.stderr
+    note = json.loads(sc.stdout)
+    assert note["to"]["world_size"] == 8192 and "fit_error" in note["model"]
+    facts = json.loads(run_cli("info", big, "--json").stdout)
+    assert facts["world_size"] == 8192 and facts["bytes"] < 1_000_000
+    assert run_cli("verify", big).returncode == 0

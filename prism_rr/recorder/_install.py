@@ -96,7 +96,7 @@ def _helper(*args, **kwargs):
         is_world = len(a["global_ranks_in_group"] or []) == 0
         if is_world:
             st.next_gid = 0
-            st.recording = options.records_rank(int(a["group_rank"]))
+            st.recording = options.records_rank(int(a["group_rank"]), int(a["group_size"]))
         gid = st.next_gid
         st.next_gid += 1
         dmap = _real_device_map(a["backend"]) if st.recording else None

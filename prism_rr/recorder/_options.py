@@ -77,11 +77,17 @@ class RecordOptions:
     ops: bool = False  # per-operator Compute records
     memory: bool = False  # CPU storage tracker (CUDA statistics are always read)
     stack_depth: int = 4  # frames of user code kept per call; 0 turns stacks off
+    slice: str | None = None  # "roles": record one representative per role (plus `ranks`)
+    mesh: str | None = None  # "dp=2,tp=2": the layout that `slice` derives roles from
     extra: dict = field(default_factory=dict)  # unknown keys from a newer launcher
 
     def __post_init__(self):
         if self.payload not in PAYLOADS:
             raise UsageError(f"payload must be one of {', '.join(PAYLOADS)}, not {self.payload!r}")
+        if self.slice not in (None, "roles"):
+            raise UsageError(f"slice must be roles, not {self.slice!r}")
+        if self.slice == "roles" and not self.mesh:
+            raise UsageError("--slice roles needs the layout: --mesh dp=..,tp=..[,pp=..] (row-major, last fastest)")
 
     @classmethod
     def make(cls, spool_dir, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, **extra):
@@ -90,7 +96,11 @@ class RecordOptions:
             ranks=parse_ranks(ranks), ops=bool(ops), memory=bool(memory), **extra,
         )
 
-    def records_rank(self, rank: int) -> bool:
+    def records_rank(self, rank: int, world_size: int | None = None) -> bool:
+        if self.slice == "roles" and world_size is not None:
+            from prism_rr.graph.roles import slice_ranks
+
+            return rank in slice_ranks(world_size, self.mesh, self.ranks or ())
         return self.ranks is None or rank in self.ranks
 
     def in_window(self, step: int) -> bool:
@@ -112,7 +122,7 @@ class RecordOptions:
         d = json.loads(text)
         if not isinstance(d, dict) or "spool_dir" not in d:
             raise UsageError(f"{ENV_VAR} must be a JSON object with a spool_dir")
-        known = {"spool_dir", "payload", "steps", "ranks", "ops", "memory", "stack_depth"}
+        known = {"spool_dir", "payload", "steps", "ranks", "ops", "memory", "stack_depth", "slice", "mesh"}
         extra = {k: v for k, v in d.items() if k not in known}
         return cls(
             spool_dir=str(d["spool_dir"]),
@@ -122,6 +132,8 @@ class RecordOptions:
             ops=bool(d.get("ops", False)),
             memory=bool(d.get("memory", False)),
             stack_depth=int(d.get("stack_depth", 4)),
+            slice=d.get("slice"),
+            mesh=d.get("mesh"),
             extra=extra,
         )
 

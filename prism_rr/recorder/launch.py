@@ -58,6 +58,8 @@ def record_command(
     payload: str = "digest",
     ops: bool = False,
     memory: bool = False,
+    slice: str | None = None,
+    mesh: str | None = None,
     timeout: float | None = None,
 ) -> int:
     """Run `cmd` recording into `<out>.d/`; return its exit code (128+N if killed by signal N).
@@ -73,7 +75,7 @@ def record_command(
     spool_dir.mkdir(parents=True, exist_ok=True)
     _clear_old_spools(spool_dir)
     options = RecordOptions.make(spool_dir.resolve(), payload=payload, steps=steps, ranks=ranks,
-                                 ops=ops, memory=memory)
+                                 ops=ops, memory=memory, slice=slice, mesh=mesh)
     env = dict(os.environ)
     env.update(hook_env(options, env))
     facts = {

@@ -43,5 +43,8 @@ try:
     _arm()
 except Exception as exc:
     # Unlike recording, a replay that is not armed would hang waiting for absent ranks.
-    print(f"prism-rr: replay could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
-    sys.exit(1)
+    hint = ""
+    if isinstance(exc, ModuleNotFoundError):
+        hint = f" (is {sys.executable} the Python where prism-rr and torch are installed?)"
+    print(f"prism-rr: replay could not start: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+    os._exit(1)  # sys.exit here would end in a fatal error inside site's import

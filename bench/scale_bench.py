@@ -1,0 +1,104 @@
+"""Replay at target scale: set-up time, per-step overhead and peak RSS of one real rank.
+
+    python bench/scale_bench.py [--worlds 4,64,1024,8192] [--bundle w4.prism] [--timing live]
+
+Records the demo at world 4 (dp2 x tp2) unless --bundle is given, scales it to each
+world (dp = world / 2) with `prism_rr.graph.scale.scale`, and replays rank 0 with
+`prism_rr.replayer.replay` in a fresh interpreter per world, so that the peak RSS of
+the replayed rank (RUSAGE_CHILDREN of that interpreter) is its own. The program gets a
+global batch of 4 x dp (the recorded 4 rows per rank). Prints one table on stderr and,
+with --json, one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ONE = r"""
+import json, resource, sys, time
+from prism_rr.replayer import replay
+bundle, dp, timing, timeout, logs = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+cmd = [sys.executable, "-m", "prism_rr.demo.train", "--tp", "2", "--steps", "4", "--quiet",
+       "--batch-size", str(4 * dp)]
+t = time.perf_counter()
+r = replay(bundle, ranks=(0,), cmd=cmd, timing=timing, timeout=timeout, continue_on_divergence=True, log_dir=logs)
+wall = time.perf_counter() - t
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"exit_code": r.exit_code, "wall_s": wall, "rss_bytes": rss, "report": r.report}))
+"""
+
+
+def _record(out: Path) -> Path:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--nproc", "4", "--",
+                    sys.executable, "-m", "prism_rr.demo.train", "--tp", "2", "--steps", "4", "--quiet"],
+                   check=True, env=env, capture_output=True)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", default="4,64,1024,8192")
+    p.add_argument("--bundle", type=Path, help="a world-4 dp2 x tp2 recording of the demo")
+    p.add_argument("--timing", default="live")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    from prism_rr.graph.scale import scale
+
+    work = Path(tempfile.mkdtemp(prefix="scale-bench-"))
+    base = args.bundle or _record(work / "w4.prism")
+    rows = []
+    for world in (int(w) for w in args.worlds.split(",")):
+        dp = world // 2
+        bundle, scale_s = base, 0.0
+        if world != 4:
+            bundle = work / f"w{world}.prism"
+            t = time.perf_counter()
+            scale(base, bundle, dp=dp)
+            scale_s = time.perf_counter() - t
+        logs = work / f"logs-{world}"
+        proc = subprocess.run([sys.executable, "-c", _ONE, str(bundle), str(dp), args.timing, str(args.timeout),
+                               str(logs)], capture_output=True, text=True)
+        row = {"world": world, "scale_s": round(scale_s, 3), "bundle_bytes": Path(bundle).stat().st_size}
+        try:
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            row.update(error=(proc.stderr or proc.stdout)[-800:])
+            rows.append(row)
+            continue
+        rep = res["report"]
+        steps = rep.get("steps", [])
+        replayed = [s["replayed_s"] for s in steps]
+        recorded = [s["recorded_s"] for s in steps]
+        err = ""
+        stderr = logs / "rank0.stderr"
+        if res["exit_code"] != 0 and stderr.exists():
+            err = stderr.read_text(errors="replace")[-800:]
+        row.update(
+            exit_code=res["exit_code"], wall_s=round(res["wall_s"], 2), rss_mb=round(res["rss_bytes"] / 2**20, 1),
+            steps=len(steps),
+            setup_s=round(res["wall_s"] - sum(replayed), 2) if steps else None,
+            step_s=[round(x, 3) for x in replayed], recorded_step_s=[round(x, 3) for x in recorded],
+            overhead_s=[round(a - b, 3) for a, b in zip(replayed[1:], recorded[1:])],
+            divergences=rep.get("divergences"), first_divergence=rep.get("first_divergence"), error=err or None,
+        )
+        rows.append(row)
+        print(f"world {world:>5}: exit {row['exit_code']} wall {row['wall_s']}s setup {row['setup_s']}s "
+              f"steps {row['step_s']} rss {row['rss_mb']} MB scale {row['scale_s']}s "
+              f"divergences {row['divergences']}", file=sys.stderr)
+        if err:
+            print("   " + err.strip().splitlines()[-1], file=sys.stderr)
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

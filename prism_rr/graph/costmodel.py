@@ -1,0 +1,278 @@
+"""A communication cost model fitted to a recording's transfer times.
+
+Per collective family: t = alpha + bytes * f(n) / beta, where n is the group size and
+f the algorithm's scaling (ring all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+all_to_all, gather and scatter (n-1)/n; tree broadcast and reduce ceil(log2 n); p2p 1;
+barrier 0). A call's transfer time is the smallest end - start among the members that
+recorded it: the last to arrive waits only for the transfer (no clock alignment needed).
+
+The fit is least squares per family. Where a family's samples cannot separate latency
+from bandwidth (one size of message, or a negative slope) it shares the bandwidth fitted
+over all families together (a within-family regression) and keeps its own latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import ceil, log2
+
+from prism_rr.format.records import Collective, PointToPoint
+
+__all__ = ["CostModel", "Fit", "Sample", "algorithm_factor", "family", "fit", "latency_steps", "message_bytes", "samples"]
+
+_FAMILY = {
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "allreduce": "all_reduce",
+    "all_gather": "all_gather", "all_gather_into_tensor": "all_gather", "all_gather_coalesced": "all_gather",
+    "_allgather_base": "all_gather", "allgather": "all_gather",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all": "all_to_all", "all_to_all_single": "all_to_all", "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "broadcast": "broadcast", "reduce": "broadcast",
+    "scatter": "gather_scatter", "gather": "gather_scatter",
+    "barrier": "barrier", "monitored_barrier": "barrier",
+    "send": "p2p", "recv": "p2p", "isend": "p2p", "irecv": "p2p",
+}
+
+
+def family(op: str) -> str:
+    """The cost family of an op name (unknown ops are their own family)."""
+    return _FAMILY.get(op, op)
+
+
+def algorithm_factor(fam: str, n: int) -> float:
+    """f(n): how the bandwidth term grows with the group size for one family."""
+    if n <= 1:
+        return 0.0 if fam != "p2p" else 1.0
+    if fam == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if fam in ("all_gather", "reduce_scatter", "all_to_all", "gather_scatter"):
+        return (n - 1) / n
+    if fam == "broadcast":
+        return float(max(1, ceil(log2(n))))
+    if fam == "barrier":
+        return 0.0
+    return 1.0  # p2p and anything unknown: bytes cross once
+
+
+def latency_steps(fam: str, n: int) -> float:
+    """Sequential message steps of the algorithm (the textbook alpha-beta model): ring
+    all_reduce 2(n-1); ring all_gather, reduce_scatter, all_to_all, gather, scatter n-1;
+    tree broadcast, reduce, barrier ceil(log2 n); p2p 1."""
+    if n <= 1:
+        return 1.0
+    if fam == "all_reduce":
+        return 2.0 * (n - 1)
+    if fam in ("all_gather", "reduce_scatter", "all_to_all", "gather_scatter"):
+        return float(n - 1)
+    if fam in ("broadcast", "barrier"):
+        return float(max(1, ceil(log2(n))))
+    return 1.0
+
+
+def message_bytes(rec, n: int) -> int:
+    """The bytes the cost model counts for one call of a group of `n`: the whole buffer
+    (gathered output, scattered input, reduced tensor)."""
+    if isinstance(rec, PointToPoint):
+        return rec.nbytes
+    fam = family(rec.op)
+    if fam == "all_gather":
+        return max(rec.out_bytes, rec.in_bytes * n)
+    if fam == "reduce_scatter":
+        return max(rec.in_bytes, rec.out_bytes * n)
+    if fam == "gather_scatter":
+        return max(rec.in_bytes, rec.out_bytes, rec.in_bytes * n if rec.op == "gather" else rec.out_bytes * n)
+    if fam == "barrier":
+        return 0
+    return max(rec.in_bytes, rec.out_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One matched call: its family, group size, counted bytes and transfer time."""
+
+    fam: str
+    n: int
+    nbytes: int
+    transfer_ns: int
+    key: tuple  # (group, seq) or (group, src, dst, seq)
+
+    @property
+    def x(self) -> float:
+        return self.nbytes * algorithm_factor(self.fam, self.n)
+
+
+def samples(bundle, ranks=None) -> list[Sample]:
+    """Every call completed by at least one recorded member, with its transfer time."""
+    groups = {g["id"]: len(g["ranks"]) for g in bundle.groups}
+    best: dict[tuple, list] = {}  # key -> [fam, n, bytes, transfer]
+    for rank in bundle.recorded_ranks if ranks is None else ranks:
+        for rec in bundle.events(rank):
+            cls = type(rec)
+            if cls is Collective:
+                key = (rec.group, rec.seq)
+                n = groups.get(rec.group, 1)
+            elif cls is PointToPoint:
+                if rec.peer < 0:
+                    continue
+                way = rec.op.lstrip("i")
+                src, dst = (rank, rec.peer) if way == "send" else (rec.peer, rank)
+                key = (rec.group, src, dst, rec.seq)
+                n = 2
+            else:
+                continue
+            if rec.end_ns is None:
+                continue
+            d = max(0, rec.end_ns - rec.start_ns)
+            cur = best.get(key)
+            if cur is None:
+                best[key] = [family(rec.op), n, message_bytes(rec, n), d]
+            elif d < cur[3]:
+                cur[3] = d
+    return [Sample(f, n, b, t, k) for k, (f, n, b, t) in best.items()]
+
+
+@dataclass(slots=True)
+class Fit:
+    """One family's fitted latency and inverse bandwidth, and how well they fit."""
+
+    fam: str
+    alpha_ns: float
+    ns_per_byte: float  # 1 / beta
+    samples: int
+    rmse_ns: float = 0.0
+    mape_pct: float = 0.0
+    r2: float | None = None
+    pooled: bool = False  # bandwidth shared with the other families
+    latency: str = "constant"  # "constant": alpha once; "steps": alpha per algorithm step
+
+    @property
+    def beta_bytes_per_s(self) -> float | None:
+        return 1e9 / self.ns_per_byte if self.ns_per_byte > 0 else None
+
+    def predict_ns(self, nbytes: int, n: int) -> float:
+        lat = latency_steps(self.fam, n) if self.latency == "steps" else 1.0
+        return self.alpha_ns * lat + self.ns_per_byte * nbytes * algorithm_factor(self.fam, n)
+
+    def to_dict(self) -> dict:
+        return {"alpha_ns": round(self.alpha_ns, 1), "ns_per_byte": self.ns_per_byte,
+                "beta_bytes_per_s": self.beta_bytes_per_s, "samples": self.samples,
+                "rmse_ns": round(self.rmse_ns, 1), "mape_pct": round(self.mape_pct, 2),
+                "r2": None if self.r2 is None else round(self.r2, 4), "pooled_bandwidth": self.pooled}
+
+
+@dataclass(slots=True)
+class CostModel:
+    """Fits per family; predicts a call's transfer time from its bytes and group size."""
+
+    fits: dict[str, Fit] = field(default_factory=dict)
+    pooled_ns_per_byte: float = 0.0
+    rmse_ns: float = 0.0
+    mape_pct: float = 0.0
+    samples: int = 0
+    latency: str = "constant"
+
+    def predict_ns(self, op_or_fam: str, nbytes: int, n: int) -> float | None:
+        f = self.fits.get(family(op_or_fam))
+        return None if f is None else f.predict_ns(nbytes, n)
+
+    def delta_ns(self, op: str, nbytes_old: int, n_old: int, nbytes_new: int, n_new: int) -> int:
+        """How much longer (or shorter) a call of the new size takes than the recorded one."""
+        f = self.fits.get(family(op))
+        if f is None:
+            # A family never recorded: the pooled bandwidth with no latency change.
+            fam = family(op)
+            return round(self.pooled_ns_per_byte * (nbytes_new * algorithm_factor(fam, n_new)
+                                                    - nbytes_old * algorithm_factor(fam, n_old)))
+        return round(f.predict_ns(nbytes_new, n_new) - f.predict_ns(nbytes_old, n_old))
+
+    def to_dict(self) -> dict:
+        return {
+            "form": "t = alpha + bytes * f(n) / beta" if self.latency == "constant"
+            else "t = alpha * steps(n) + bytes * f(n) / beta",
+            "latency": self.latency,
+            "factors": {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
+                        "all_to_all": "(n-1)/n", "gather_scatter": "(n-1)/n",
+                        "broadcast": "ceil(log2 n)", "p2p": "1", "barrier": "0"},
+            "params": {k: v.to_dict() for k, v in sorted(self.fits.items())},
+            "pooled_ns_per_byte": self.pooled_ns_per_byte,
+            "fit_error": {"samples": self.samples, "rmse_ns": round(self.rmse_ns, 1),
+                          "mape_pct": round(self.mape_pct, 2)},
+        }
+
+
+def _line(xs, ys) -> tuple[float, float] | None:
+    """Least-squares (intercept, slope), or None when x does not vary."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 1e-9 * max(1.0, mx * mx) * n:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def fit(data: list[Sample], *, latency: str = "constant") -> CostModel:
+    """Fit a CostModel to samples (see the module's doc for the method).
+
+    `latency="steps"` makes alpha a per-step latency (alpha * steps(n)), the textbook
+    form; fitted on the recording's time divided by its steps, so with one group size
+    per family it predicts the same recorded calls and extrapolates by step count."""
+    if latency not in ("constant", "steps"):
+        raise ValueError(f"latency must be constant or steps, not {latency!r}")
+    if latency == "steps":
+        # t / L = alpha + b * x / L: the same least squares on per-step quantities.
+        scaled = [Sample(s.fam, s.n, s.nbytes, s.transfer_ns, s.key) for s in data]
+        steps = {s.key: latency_steps(s.fam, s.n) for s in data}
+        model = _fit([(s, s.x / steps[s.key], s.transfer_ns / steps[s.key]) for s in scaled], latency)
+        return model
+    return _fit([(s, s.x, float(s.transfer_ns)) for s in data], latency)
+
+
+def _fit(rows, latency: str) -> CostModel:
+    by: dict[str, list] = {}
+    for row in rows:
+        by.setdefault(row[0].fam, []).append(row)
+    # Pooled slope: a regression within each family, one slope for all.
+    num = den = 0.0
+    for rs in by.values():
+        xs = [r[1] for r in rs]
+        ys = [r[2] for r in rs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        num += sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+        den += sum((x - mx) ** 2 for x in xs)
+    pooled = max(0.0, num / den) if den > 0 else 0.0
+    model = CostModel(pooled_ns_per_byte=pooled, latency=latency)
+    sq = ape = 0.0
+    count = 0
+    for fam, rs in sorted(by.items()):
+        ss = [r[0] for r in rs]
+        xs = [r[1] for r in rs]
+        ys = [r[2] for r in rs]
+        line = _line(xs, ys) if len(ss) >= 3 and fam != "barrier" else None
+        if line is not None and line[1] > 0 and line[0] >= 0:
+            a, b, shared = line[0], line[1], False
+        else:
+            b = pooled if fam != "barrier" else 0.0
+            a = max(0.0, sum(ys) / len(ys) - b * sum(xs) / len(xs))
+            shared = True
+            if line is not None and line[1] > 0 and line[0] < 0:  # through the origin
+                b = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+                a, shared = 0.0, False
+        f = Fit(fam, a, b, len(ss), pooled=shared, latency=latency)
+        errs = [f.predict_ns(s.nbytes, s.n) - s.transfer_ns for s in ss]
+        ys = [float(s.transfer_ns) for s in ss]
+        f.rmse_ns = (sum(e * e for e in errs) / len(errs)) ** 0.5
+        f.mape_pct = 100.0 * sum(abs(e) / max(1, s.transfer_ns) for e, s in zip(errs, ss)) / len(ss)
+        my = sum(ys) / len(ys)
+        tot = sum((y - my) ** 2 for y in ys)
+        f.r2 = 1.0 - sum(e * e for e in errs) / tot if tot > 0 else None
+        model.fits[fam] = f
+        sq += sum(e * e for e in errs)
+        ape += f.mape_pct * len(ss) / 100.0
+        count += len(ss)
+    model.samples = count
+    if count:
+        model.rmse_ns = (sq / count) ** 0.5
+        model.mape_pct = 100.0 * ape / count
+    return model

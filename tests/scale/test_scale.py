@@ -1,0 +1,88 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from prism_rr.errors import UsageError
+from prism_rr.format import Collective, GroupInfo, open_bundle, pack
+from prism_rr.format.synthetic import write_synthetic
+from prism_rr.graph.roles import Roles
+from prism_rr.graph.scale import compare_transfers, scale
+
+
+@pytest.fixture
+def synthetic4(tmp_path):
+    out = tmp_path / "w4.prism"
+    pack(write_synthetic(tmp_path / "w4.d", 4, 400, tp=2), out)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_scale_to_8192_writes_representatives_only(synthetic4, tmp_path):
+    big = tmp_path / "big.prism"
+    note = scale(synthetic4, big, dp=4096)
+    assert note["to"]["world_size"] == 8192 and note["roles"] == 2
+    assert set(note["model"]) >= {"params", "fit_error"} and "mape_pct" in note["model"]["fit_error"]
+    assert big.stat().st_size < 2 << 20
+    with open_bundle(big) as b:
+        assert b.world_size == 8192 and b.recorded_ranks == [0, 1]
+        roles = Roles.from_manifest(b.manifest["roles"])
+        assert roles.rep(8191) == 1 and roles.rep(4096) == 0
+        groups = {g["id"]: g["ranks"] for g in b.groups}
+        # synthetic order: world, then the tp groups, then the dp groups
+        assert len(groups) == 1 + 4096 + 2
+        assert groups[1] == (0, 1) and groups[4096] == (8190, 8191)
+        assert groups[4097] == tuple(range(0, 8192, 2)) and groups[4098] == tuple(range(1, 8192, 2))
+        recs = list(b.events(1))
+        gids = {r.group for r in recs if isinstance(r, Collective)}
+        assert gids == {1, 4098}
+        info = [r for r in recs if isinstance(r, GroupInfo)]
+        assert {g.group for g in info} == {0, 1, 4098}
+        ag = next(r for r in recs if isinstance(r, Collective) and r.op == "all_gather_into_tensor")
+        assert ag.out_shapes[0][0] == ag.in_shapes[0][0] * 4096
+        assert all(r.digest_in is None and r.blob_out is None for r in recs if isinstance(r, Collective))
+        assert b.rank_info(1)["world_size"] == 8192
+        assert b.manifest["scale"]["from"]["world_size"] == 4
+
+
+@pytest.mark.timeout(30)
+def test_scale_keeps_steps_in_order_and_refuses_bad_input(synthetic4, tmp_path):
+    out = tmp_path / "w8.prism"
+    scale(synthetic4, out, dp=4)
+    with open_bundle(out) as b:
+        for rank in b.recorded_ranks:
+            steps = [r for r in b.events(rank) if type(r).__name__ == "Step"]
+            assert steps and all(s.end_ns >= s.start_ns for s in steps)
+            assert all(a.end_ns <= b2.start_ns + 1 for a, b2 in zip(steps, steps[1:]))
+    with pytest.raises(UsageError):
+        scale(synthetic4, synthetic4, dp=8)
+    with pytest.raises(UsageError):
+        scale(synthetic4, tmp_path / "x.prism", dp=4, pp=2)
+
+
+def _record(tmp_path, name, nproc, *args):
+    out = tmp_path / f"{name}.prism"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--nproc", str(nproc), "--",
+         sys.executable, "-m", "prism_rr.demo.train", "--steps", "2", "--quiet", *args],
+        capture_output=True, text=True, timeout=80, env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_fit_quality_dp2_to_dp4_on_real_recordings(tmp_path):
+    dp2 = _record(tmp_path, "dp2", 2)
+    dp4 = _record(tmp_path, "dp4", 4)
+    pred = tmp_path / "dp4-pred.prism"
+    note = scale(dp2, pred, dp=4)
+    assert note["to"]["world_size"] == 4
+    report = compare_transfers(pred, dp4)
+    assert report["calls"] > 0 and "total_error_pct" in report and "call_mape_pct" in report
+    for fam, row in report["ops"].items():
+        assert set(row) >= {"calls", "recorded_mean_us", "predicted_mean_us", "mean_error_pct"}
+    with open_bundle(pred) as p, open_bundle(dp4) as r:
+        assert {g["id"]: g["ranks"] for g in p.groups} == {g["id"]: g["ranks"] for g in r.groups}
