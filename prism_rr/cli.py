@@ -214,6 +214,12 @@ def record(
     calls, compute gaps, steps and memory into OUTPUT.d/; when CMD ends (or crashes, or is
     interrupted) the spools are packed into OUTPUT.
     """
+    _record_run(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
+                nproc=nproc, slice_=slice_, mesh=mesh, timeout=timeout)
+
+
+def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", ops=False,
+                memory=False, nproc=0, slice_=None, mesh=None, timeout=None) -> None:
     from prism_rr.errors import UsageError
     from prism_rr.format import pack as pack_spools
     from prism_rr.recorder.launch import record_command
@@ -281,6 +287,15 @@ def replay(
     exit code 3 and a report naming rank, group, sequence number and the call's stack.
     The fidelity card (recorded vs replayed iteration time and peak memory) goes to stderr.
     """
+    _replay_run(bundle, cmd=cmd, ranks=ranks, report=report, output=output,
+                output_payload=output_payload, timing=timing, comm_scale=comm_scale,
+                compute_scale=compute_scale, slow_rank=slow_rank,
+                continue_on_divergence=continue_on_divergence, timeout=timeout)
+
+
+def _replay_run(bundle: Path, *, cmd=None, ranks="0", report=None, output=None, output_payload=None,
+                timing="live", comm_scale=1.0, compute_scale=1.0, slow_rank=None,
+                continue_on_divergence=False, timeout=None) -> None:
     from prism_rr.errors import UsageError
     from prism_rr.replayer import replay as run_replay
 
@@ -327,8 +342,7 @@ def demo(
         layout = f"dp{world // tp} x tp{tp} (FSDP2 x DTensor TP)"
     _say(f"recording the demo GPT at world {world}, {layout}, steps 1-3 after 1 warm-up ...")
     cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(world), "--timeout", "300", "--", *train]
-    record(cmd=cmd, output=output, steps="1:4", ranks=None, payload="digest", ops=False,
-           memory=True, nproc=0, timeout=600)
+    _record_run(cmd, output, steps="1:4", payload="digest", memory=True, timeout=600)
     from prism_rr.format import open_bundle
 
     with open_bundle(output) as b:
@@ -337,9 +351,7 @@ def demo(
          f"{facts['groups']} groups, steps {_ranges(facts['steps'])}, {facts['bytes']:,} bytes")
     if replay_too:
         _say("replaying rank 0 against virtual peers ...")
-        replay(bundle=output, cmd=None, ranks="0", report=None, output=None, output_payload=None,
-               timing="live", comm_scale=1.0, compute_scale=1.0, slow_rank=None,
-               continue_on_divergence=False, timeout=300)
+        _replay_run(output, ranks="0", timeout=300)
     _say("\nlook further:")
     _say(f"  prism-rr info {output}")
     _say(f"  prism-rr replay {output} --ranks 0 --report fidelity.json")

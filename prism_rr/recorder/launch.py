@@ -20,7 +20,7 @@ from prism_rr.recorder._options import ENV_VAR, RecordOptions, spool_dir_for
 
 __all__ = ["HOOK_DIR", "hook_env", "record_command"]
 
-HOOK_DIR = Path(__file__).resolve().parent / "_hook"
+HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the replayer
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _GRACE_S = 5.0
 

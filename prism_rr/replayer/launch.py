@@ -34,7 +34,7 @@ __all__ = ["HOOK_DIR", "ReplayResult", "parse_slow_rank", "rank_command", "repla
 
 log = logging.getLogger("prism_rr.replayer")
 
-HOOK_DIR = Path(__file__).resolve().parent / "_hook"
+HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the recorder
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _POLL_S = 0.02
 DIVERGED = 3
