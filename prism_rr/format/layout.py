@@ -38,6 +38,7 @@ SEC_SUMMARIES = 5
 SEC_RANK_INDEX = 6
 SEC_CHUNK_INDEX = 7
 SEC_RANK_INFO = 8
+SEC_GROUPS = 9
 SECTION_NAMES = {
     SEC_MANIFEST: "manifest",
     SEC_CHUNKS: "chunks",
@@ -47,8 +48,9 @@ SECTION_NAMES = {
     SEC_RANK_INDEX: "rank index",
     SEC_CHUNK_INDEX: "chunk index",
     SEC_RANK_INFO: "rank info",
+    SEC_GROUPS: "groups",
 }
-REQUIRED_SECTIONS = (SEC_MANIFEST, SEC_CHUNKS, SEC_SUMMARIES, SEC_RANK_INDEX, SEC_CHUNK_INDEX)
+REQUIRED_SECTIONS = (SEC_MANIFEST, SEC_CHUNKS, SEC_SUMMARIES, SEC_RANK_INDEX, SEC_CHUNK_INDEX, SEC_GROUPS)
 
 RANK_ENTRY = struct.Struct("<II")  # first chunk, number of chunks; dense by rank
 # offset in chunk section, length, count, t_first, t_last, step_first, step_last

@@ -137,6 +137,9 @@ def pack(
         }
         if manifest_extra:
             manifest.update(manifest_extra)
+        # Groups get a section of their own, read on first use: a job of 8192 ranks has
+        # thousands, and opening a bundle should not decode them.
+        group_list = manifest.pop("groups")
         summaries = {
             "ranks": rank_sums,
             "steps": {s: steps[s] for s in sorted(steps)},
@@ -161,6 +164,7 @@ def pack(
             (layout.SEC_CHUNK_INDEX, bytes(chunk_index)),
             (layout.SEC_BLOB_INDEX, blob_index),
             (layout.SEC_RANK_INFO, codec.compress(msgpack.packb({r: rank_info.get(r, {}) for r in ranks}, use_bin_type=True))),
+            (layout.SEC_GROUPS, codec.compress(msgpack.packb(group_list, use_bin_type=True))),
         ):
             sections.append((sid, f.tell(), len(payload), layout.crc32(payload)))
             f.write(payload)

@@ -155,9 +155,9 @@ class Bundle:
             raise FormatError(f"{where}: world_size is missing or not an integer")
         layout.bounded(world, layout.MAX_WORLD, "world size", where)
         ranks = m.get("recorded_ranks")
-        if type(ranks) is not tuple or not all(type(r) is int and 0 <= r < world for r in ranks):
+        if type(ranks) is not tuple or (ranks and (set(map(type, ranks)) != {int} or min(ranks) < 0 or max(ranks) >= world)):
             raise FormatError(f"{where}: recorded_ranks is not a list of ranks below world_size")
-        for key, kind in (("groups", tuple), ("run", dict)):
+        for key, kind in (("run", dict),):
             if type(m.get(key, kind())) is not kind:
                 raise FormatError(f"{where}: manifest field {key!r} has the wrong type")
         return m
@@ -187,9 +187,13 @@ class Bundle:
     @cached_property
     def groups(self) -> list[dict]:
         """Every process group: {id, ranks, name, desc, backend}, ranks as global ranks."""
-        where = self._where(layout.SEC_MANIFEST)
+        where = self._where(layout.SEC_GROUPS)
+        raw = codec.decompress(self._checked(layout.SEC_GROUPS), layout.MAX_MANIFEST_RAW, where)
+        entries = codec.unpack(raw, where)
+        if type(entries) is not tuple:
+            raise FormatError(f"{where}: groups are not a list")
         out = []
-        for g in self.manifest.get("groups", ()):
+        for g in entries:
             if not (type(g) is dict and type(g.get("id")) is int):
                 raise FormatError(f"{where}: a group entry is malformed")
             out.append({**g, "ranks": codec.unpack_ranks(g.get("ranks"), where)})

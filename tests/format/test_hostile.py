@@ -95,7 +95,7 @@ def _resealed(data: bytes, sid: int, mutate) -> bytes:
     return bytes(buf)
 
 
-@pytest.mark.parametrize("sid", [layout.SEC_RANK_INDEX, layout.SEC_CHUNK_INDEX, layout.SEC_BLOB_INDEX, layout.SEC_RANK_INFO])
+@pytest.mark.parametrize("sid", [layout.SEC_RANK_INDEX, layout.SEC_CHUNK_INDEX, layout.SEC_BLOB_INDEX, layout.SEC_RANK_INFO, layout.SEC_GROUPS])
 def test_damaged_indexes_behind_valid_checksums(tmp_path, sid):
     data = GOLDEN.read_bytes()
     rng = random.Random(sid)
@@ -123,15 +123,25 @@ def test_hostile_manifests_behind_valid_checksums(tmp_path):
         codec.compress(msgpack.packb({**good, "world_size": 2**40})),
         codec.compress(msgpack.packb({**good, "world_size": "4"})),
         codec.compress(msgpack.packb({**good, "recorded_ranks": [9]})),
-        codec.compress(msgpack.packb({**good, "groups": [{"id": "x"}]})),
-        codec.compress(msgpack.packb({**good, "groups": [{"id": 1, "ranks": {0: 5, 1: 2**40, 2: 1}}]})),
-        codec.compress(msgpack.packb({**good, "groups": [{"id": 1, "ranks": ["a"]}]})),
         codec.compress(msgpack.packb({**good, "format": "1.0"})),
         codec.compress(msgpack.packb({**good, "world_size": 3})),  # disagrees with the rank index
         codec.compress(msgpack.packb({1: 2, (1,): 3}, strict_types=False) if False else msgpack.packb({**good, "features_required": [7]})),
     ]
     for case in cases:
         path.write_bytes(_resealed(data, layout.SEC_MANIFEST, lambda _b: case))
+        with pytest.raises(FormatError):
+            read_everything(path)
+
+
+def test_hostile_groups_behind_valid_checksums(tmp_path):
+    path = tmp_path / "g.prism"
+    for case in (
+        [{"id": 1, "ranks": {0: 5, 1: 2**40, 2: 1}}],  # a range of 2^40 ranks
+        [{"id": 1, "ranks": ["a"]}],
+        [{"id": "x", "ranks": [0]}],
+        {"not": "a list"},
+    ):
+        path.write_bytes(_resealed(GOLDEN.read_bytes(), layout.SEC_GROUPS, lambda _b: codec.compress(msgpack.packb(case))))
         with pytest.raises(FormatError):
             read_everything(path)
 
