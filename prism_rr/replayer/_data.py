@@ -4,6 +4,10 @@
 nothing is known of it; such a member is taken to be an identical replica of this rank
 (its inputs are this rank's inputs), which is what data-parallel peers are. A SUM
 all_reduce over n replicas is then n times this rank's value.
+
+`build_grouped` takes the members in parts, (group ranks, inputs), for the thousands of
+virtual ranks of one role that send the same data: a SUM counts a part's value once per
+member, a gather repeats it; the work is per part, plus the size of the output.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import math
 
 import torch
 
-__all__ = ["build_outputs", "from_bytes", "host_bytes", "reduce", "write"]
+__all__ = ["build_grouped", "build_outputs", "from_bytes", "host_bytes", "reduce", "reduce_counted", "write"]
 
 
 def host_bytes(t: torch.Tensor):
@@ -129,3 +133,80 @@ def build_outputs(op: str, me: int, n: int, ins, outs, contrib, *, reduce_op=Non
         pass
     else:
         raise ValueError(f"no virtual-member rule for {op}")
+
+
+def reduce_counted(pairs: list, op: str | None, n: int) -> torch.Tensor:
+    """Reduce (tensor, how many members sent it) pairs, as `reduce` would the full list."""
+    name = (op or "SUM").upper()
+    if name in ("SUM", "AVG", "PREMUL_SUM"):
+        acc = None
+        for t, c in pairs:
+            x = t * c if c != 1 else t
+            acc = x.clone() if acc is None else acc.add_(x)
+        if name == "AVG":
+            acc = acc / n if acc.is_floating_point() else acc // n
+        return acc
+    if name == "PRODUCT":
+        acc = None
+        for t, c in pairs:
+            x = t.pow(c) if c != 1 else t
+            acc = x.clone() if acc is None else acc.mul_(x)
+        return acc
+    if name == "BXOR":  # an even number of equal values cancels
+        odd = [t for t, c in pairs if c % 2]
+        return reduce(odd, op) if odd else torch.zeros_like(pairs[0][0])
+    return reduce([t for t, _ in pairs], op)  # MAX, MIN, BAND, BOR: repeats change nothing
+
+
+def _rows_of(t: torch.Tensor, n: int):
+    """t as n rows, a view when it can be; (rows, whether they must be written back)."""
+    if t.is_contiguous():
+        return t.view(n, -1), False
+    return torch.empty((n, t.numel() // n), dtype=t.dtype), True
+
+
+def build_grouped(op: str, me: int, n: int, ins, outs, parts, *, reduce_op=None, root=None,
+                  in_splits=None, out_splits=None) -> None:
+    """Fill `outs` like `build_outputs`, from parts [(group ranks, inputs or None)] that
+    cover every member once (None: each of those members is a replica of this rank)."""
+    ps = [(pos, list(ins) if t is None else t) for pos, t in parts]
+    with torch.no_grad():
+        if op in ("all_reduce", "all_reduce_coalesced"):
+            for i, t in enumerate(outs):
+                write(t, reduce_counted([(m[i], len(pos)) for pos, m in ps], reduce_op, n))
+        elif op in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
+            for i, t in enumerate(outs):
+                rows, copy = _rows_of(t, n)
+                for pos, m in ps:
+                    src = m[i].reshape(1, -1)
+                    if len(pos) == 1:
+                        rows[pos[0]].copy_(src[0])
+                    else:
+                        rows[torch.tensor(pos, dtype=torch.long)] = src.expand(len(pos), -1)
+                if copy:
+                    write(t, rows)
+        elif op in ("all_gather", "all_gather_coalesced"):
+            k = len(ins)
+            for pos, m in ps:
+                for j in pos:
+                    for i in range(k):
+                        write(outs[i * n + j if op == "all_gather" else j * k + i], m[i])
+        elif op == "reduce_scatter":
+            for i, t in enumerate(outs):
+                write(t, reduce_counted([(m[i * n + me], len(pos)) for pos, m in ps], reduce_op, n))
+        elif op in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
+            for i, t in enumerate(outs):
+                write(t, reduce_counted([(m[i].reshape(n, -1)[me], len(pos)) for pos, m in ps], reduce_op, n))
+        elif op == "broadcast":
+            src = next(m for pos, m in ps if root in pos)
+            for i, t in enumerate(outs):
+                write(t, src[i])
+        elif op in ("barrier", "monitored_barrier"):
+            pass
+        else:  # the rest (all_to_all, gather, scatter, reduce): member by member
+            contrib = [None] * n
+            for pos, t in parts:
+                for j in pos:
+                    contrib[j] = t
+            build_outputs(op, me, n, ins, outs, contrib, reduce_op=reduce_op, root=root,
+                          in_splits=in_splits, out_splits=out_splits)

@@ -84,6 +84,11 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
         "first_divergence": divs[0] if divs else None,
         "divergences": len(divs),
         "synthetic_numerics": any(st.get("synthetic_numerics") for st in stats.values()),
+        # A bundle made by `scale` predicts the shapes of FSDP's gathers and scatters on the
+        # groups it resized; those calls are checked on op, group, seq and dtypes only.
+        "predicted_shape_calls": sum(int(st.get("predicted_shape_calls", 0)) for st in stats.values()),
+        "predicted_shape_mismatches": sum(int(st.get("predicted_shape_mismatches", 0)) for st in stats.values()),
+        "predicted_shape_examples": [e for r in sorted(stats) for e in stats[r].get("predicted_shape_examples", ())][:5],
         # timing "virtual": replayed compute -> recorded compute, learned on step 0, per real rank
         "calibration": {str(r): st.get("calibration") for r, st in sorted(stats.items())
                         if st.get("calibration") is not None} or None,
@@ -108,7 +113,10 @@ def card(report: dict) -> str:
         f"(mean abs, steps {report['scored_steps']}) · compute ratio {_fmt(report['compute_ratio'])}",
         f"  peak memory recorded {_mb(report['peak_memory_recorded_bytes'])}, replayed "
         f"{_mb(report['peak_memory_replayed_bytes'])} (error {_fmt(report['peak_memory_error_pct'], '%')})",
-        f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}",
+        f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
+        + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "
+           f"({report.get('predicted_shape_mismatches', 0)} differ from the live ones)"
+           if report.get("predicted_shape_calls") else ""),
     ]
     d = report["first_divergence"]
     if d is None:

@@ -23,7 +23,7 @@ from prism_rr.format.records import PointToPoint
 from prism_rr.recorder._group import RecordingGroup
 from prism_rr.recorder._payload import describe, digests
 from prism_rr.recorder._stack import p2p_api
-from prism_rr.replayer._data import build_outputs, from_bytes, host_bytes, write
+from prism_rr.replayer._data import build_grouped, build_outputs, from_bytes, host_bytes, write
 
 __all__ = ["ReplayGroup"]
 
@@ -61,6 +61,9 @@ class ReplayGroup(RecordingGroup):
         self._sub = {g: i for i, g in enumerate(self._real_members)}  # global rank -> rank in real_pg
         self._coalesced: list | None = None
         self._held = None  # the inputs of this group's latest call
+        self._peers = _peer_classes(session, gid, self._ranks, real_ranks)
+        self._single = all(len(c.positions) == 1 for c in self._peers)
+        self._srcs = {c.key: c.src for c in self._peers if c.key != c.src}  # timing key -> clock of
 
     def getBackendName(self) -> str:
         # Torch's C++ side (DDP's logger) looks a backend up by this name: only an all-real
@@ -91,14 +94,27 @@ class ReplayGroup(RecordingGroup):
         if own.op != op:
             s.diverge(self._gid, seq, op, "op", own.op, op)
             return False
+        # `scale` predicted this call's shapes (FSDP2 pads each parameter's dim 0 to a
+        # multiple of the group size, which the recording cannot tell): the live shapes
+        # stand, the call is counted and its differences reported.
+        predicted = s.schedule.shape_predicted(self._gid, own.op)
+        diffs = []
         for name, got in live.items():
             want = getattr(own, name)
             if name.endswith("shapes"):
                 want, got = _shapes(want), _shapes(got)
+                if predicted:
+                    if want != got:
+                        diffs.append({"field": name, "predicted": str(want), "live": str(got)})
+                    continue
             elif isinstance(want, list):
                 want = tuple(want)
             if want != got:
                 s.diverge(self._gid, seq, op, name, want, got)
+                return False
+        if predicted:
+            s.shapes_predicted(self._gid, op, seq, diffs)
+            if diffs:
                 return False
         if isinstance(own, PointToPoint):
             if own.op.endswith("recv"):
@@ -172,66 +188,81 @@ class ReplayGroup(RecordingGroup):
         return s.work(done, list(outs), blocking=not async_op)
 
     def _virtual(self, op, seq, entry, own, matched, ins, outs, args, reduce_op, root, async_op):
+        """A group with virtual members. They come in classes (`_Peers`): each virtual rank
+        of a recorded bundle on its own; in a sliced or scaled bundle, all virtual ranks of
+        one role, which replay the representative's records, enter together and send the
+        same data: the work per call grows with the roles in the group, not its size."""
         s = self._session
         n = self._size
-        virtual = [g for g in self._ranks if g not in self._sub]
-        vrecs = {v: s.schedule.collective(v, self._gid, seq) for v in virtual}
-        ventry = {v: s.clock.entry(v, r) for v, r in vrecs.items()}
+        sched, clock = s.schedule, s.clock
+        vrecs, ventry = {}, {}
+        for c in self._peers:
+            rec = sched.collective(c.src, c.gid, seq)
+            vrecs[c.key] = rec
+            ventry[c.key] = clock.entry(c.key, rec, c.src)
         vmax = max((e for e in ventry.values() if e is not None), default=0)
         in_splits = out_splits = None
         if op == "all_to_all_single":
             out_splits, mine = list(args[2]), list(args[3])
             in_splits = [None] * n
             in_splits[self._rank] = mine
-        contrib: list = [None] * n
+        parts: list = [([self._rank], list(ins))]  # (group ranks, their inputs; None: a replica of ours)
         entries = [entry]
         if self._real_pg is not None:
-            got = self._exchange(entry, vmax, ins, in_splits[self._rank] if in_splits else [])
+            got = self._exchange(entry, vmax, ins, in_splits[self._rank] if in_splits else [],
+                                 n if in_splits is not None else 0)
             entries = [m[0] for m, _ in got]
             vmax = max(m[1] for m, _ in got)
             for g, (meta, data) in zip(self._real_members, got):
                 j = self._peer_map[g]
-                contrib[j] = _decode(data, ins)
+                if j != self._rank:
+                    parts.append(([j], _decode(data, ins)))
                 if in_splits is not None:
                     in_splits[j] = meta[4 : 4 + meta[3]]
-        contrib[self._rank] = list(ins)
         known = True
-        for v, rec in vrecs.items():
-            j = self._peer_map[v]
-            tensors = _recorded_inputs(s.bundle, rec, ins)
+        for c in self._peers:
+            tensors = _recorded_inputs(s.bundle, vrecs[c.key], ins)
             if tensors is None:
                 known = False
-            contrib[j] = tensors
+            parts.append((c.positions, tensors))
         exact = matched and own is not None and own.blob_out is not None and len(own.blob_out) == len(outs)
         if exact:
             for t, b, dt, shape in zip(outs, own.blob_out, own.out_dtypes, own.out_shapes):
                 write(t, from_bytes(s.bundle.blob(b), dt, shape))
         else:
             root_j = self._peer_map[root] if root is not None else None
-            build_outputs(op, self._rank, n, ins, outs, contrib, reduce_op=reduce_op, root=root_j,
-                          in_splits=in_splits, out_splits=out_splits)
+            if self._single:
+                contrib: list = [None] * n
+                for pos, tensors in parts:
+                    contrib[pos[0]] = tensors
+                build_outputs(op, self._rank, n, ins, outs, contrib, reduce_op=reduce_op, root=root_j,
+                              in_splits=in_splits, out_splits=out_splits)
+            else:
+                build_grouped(op, self._rank, n, ins, outs, parts, reduce_op=reduce_op, root=root_j,
+                              in_splits=in_splits, out_splits=out_splits)
             if not known and outs:
                 s.synthetic = True
-        records = {g: s.schedule.collective(g, self._gid, seq) for g in self._real_members}
+        records = {g: sched.collective(g, self._gid, seq) for g in self._real_members}
         records.update(vrecs)
         arrivals = dict(zip(self._real_members, entries)) if len(entries) > 1 else {s.rank: entry}
-        arrivals.update({v: e for v, e in ventry.items() if e is not None})
+        arrivals.update({k: e for k, e in ventry.items() if e is not None})
         if self._real_pg is not None and vmax > max(arrivals.values()):
             arrivals[-1] = vmax  # a virtual member another real rank modelled later than we did
-        finish = s.clock.completion(records, arrivals)
+        finish = clock.completion(records, arrivals, self._srcs)
         done = finish[s.rank]
-        for v, rec in vrecs.items():
-            s.clock.completed(v, rec, ventry[v], finish.get(v, done))
+        for c in self._peers:
+            clock.completed(c.key, vrecs[c.key], ventry[c.key], finish.get(c.key, done))
         if s.trace is not None:
             s.trace.append([self._gid, seq, entries, ventry, done])
         return s.work(done, list(outs), blocking=not async_op, inputs=list(ins))
 
-    def _exchange(self, entry: int, vmax: int, ins, splits) -> list:
-        """Every real member's (meta, input bytes): meta = [entry, vmax, nbytes, nsplits, *splits]."""
+    def _exchange(self, entry: int, vmax: int, ins, splits, width: int) -> list:
+        """Every real member's (meta, input bytes): meta = [entry, vmax, nbytes, nsplits, *splits],
+        the splits padded to `width` (the group size for all_to_all_single, else 0)."""
         pg = self._real_pg
         k = len(self._real_members)
         data = b"".join(host_bytes(t) for t in ins)
-        meta = torch.tensor([entry, vmax, len(data), len(splits), *splits, *[0] * (self._size - len(splits))],
+        meta = torch.tensor([entry, vmax, len(data), len(splits), *splits, *[0] * (width - len(splits))],
                             dtype=torch.int64)
         metas = [torch.empty_like(meta) for _ in range(k)]
         pg.allgather([metas], [meta], AllgatherOptions()).wait()
@@ -330,6 +361,47 @@ class ReplayGroup(RecordingGroup):
         for w in works:
             w.wait()
         return self._session.complete_at(0, [])
+
+
+class _Peers:
+    """Virtual members of a group that move as one: a key for the timing model, the rank
+    whose records they replay (`src`, in its group `gid` of the same family), and their
+    group ranks."""
+
+    __slots__ = ("key", "src", "gid", "positions")
+
+    def __init__(self, key, src: int, gid: int):
+        self.key, self.src, self.gid = key, src, gid
+        self.positions: list[int] = []
+
+
+def _peer_classes(session, gid: int, ranks, real) -> list[_Peers]:
+    """The virtual members of group `gid` by class, once per group: a recorded rank (or a
+    --slow-rank one) is its own class; the other ranks of one role share their
+    representative's ("r<rep>")."""
+    slow = session.clock.slow_rank
+    members = set(ranks)
+    out: dict = {}
+    for j, g in enumerate(ranks):
+        if g in real:
+            continue
+        src = session.source(g)
+        key = g if src == g or g in slow else f"r{src}"
+        c = out.get(key)
+        if c is None:
+            c = out[key] = _Peers(key, src, gid if src in members else _family_group(session, gid, src))
+        c.positions.append(j)
+    return list(out.values())
+
+
+def _family_group(session, gid: int, rank: int) -> int:
+    """The group of the same family (description and size) as `gid` that holds `rank`."""
+    sched = session.schedule
+    desc, size = sched.descs.get(gid), len(sched.groups.get(gid, ()))
+    for other, ranks in sched.groups.items():
+        if len(ranks) == size and sched.descs.get(other) == desc and rank in ranks:
+            return other
+    return gid
 
 
 def _hex(values) -> str:

@@ -24,9 +24,18 @@ class Schedule:
         self.world_size = bundle.world_size
         self.recorded = set(bundle.recorded_ranks)
         self.groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
+        self.descs = {g["id"]: str(g.get("desc") or "") for g in bundle.groups}
         self._calls: dict[tuple, object] = {}
         self.windowed: dict[int, bool] = {}
         self.clock_offset: dict[int, int] = {}
+        # A bundle made by `prism-rr scale` predicts the shapes of some calls on the groups
+        # it resized (FSDP pads each shard its own way); there the live shapes are taken.
+        scale = bundle.manifest.get("scale") if isinstance(bundle.manifest.get("scale"), dict) else {}
+        self.predicted_ops = frozenset(scale.get("predicted_shape_ops", ()))
+        self.predicted_groups = frozenset(
+            gid for g in scale.get("resized_groups", ()) if isinstance(g, dict)
+            for gid in range(int(g.get("first_id", 0)), int(g.get("first_id", 0)) + int(g.get("count", 0)))
+        )
         reference_host = bundle.rank_info(0).get("hostname")
         for rank in sorted(set(ranks) & self.recorded):
             info = bundle.rank_info(rank)
@@ -45,13 +54,26 @@ class Schedule:
                     self._calls[(rank, rec.group, direction(rec.op), rec.peer, rec.seq)] = rec
 
     @classmethod
-    def for_real_ranks(cls, bundle, real) -> Schedule:
-        """Load the real ranks and every rank that shares a group with one of them."""
+    def for_real_ranks(cls, bundle, real, roles=None) -> Schedule:
+        """Load the real ranks and every rank that shares a group with one of them; with
+        `roles` (a sliced or scaled bundle), the representatives of those ranks' roles
+        only: a virtual rank replays its representative's records."""
+        real = set(real)
+        if roles is None:
+            need = set(real)
+            for g in bundle.groups:
+                if need & set(g["ranks"]):
+                    need |= set(g["ranks"])
+            return cls(bundle, need)
+        recorded = set(bundle.recorded_ranks)
         need = set(real)
         for g in bundle.groups:
-            if need & set(g["ranks"]):
-                need |= set(g["ranks"])
-        return cls(bundle, need)
+            ranks = g["ranks"]
+            if any(r in ranks for r in real):
+                if len(need & recorded) >= len(recorded):
+                    break
+                need |= {roles.rep(x) for x in ranks}  # once, at set-up
+        return cls(bundle, need & (recorded | real))
 
     def collective(self, rank: int, group: int, seq: int) -> Collective | None:
         return self._calls.get((rank, group, seq))
@@ -59,5 +81,10 @@ class Schedule:
     def p2p(self, rank: int, group: int, way: str, peer: int, seq: int) -> PointToPoint | None:
         return self._calls.get((rank, group, way, peer, seq))
 
+    def shape_predicted(self, group: int, op: str) -> bool:
+        """Were this call's shapes predicted by `scale` rather than recorded?"""
+        return group in self.predicted_groups and op in self.predicted_ops
+
     def has(self, rank: int) -> bool:
         return rank in self.windowed
+

@@ -112,9 +112,19 @@ class ReplaySession:
         if rank not in self.bundle.recorded_ranks:
             raise ReplayError(f"rank {rank} was not recorded; recorded ranks: {self.bundle.recorded_ranks}")
         self.real = tuple(options.ranks)
-        self.schedule = Schedule.for_real_ranks(self.bundle, self.real)
+        # A sliced or scaled bundle: a rank that was not recorded replays its role's
+        # representative's records (roles.py), and a role's virtual ranks move as one.
+        roles = self.bundle.manifest.get("roles")
+        self.roles = None
+        if isinstance(roles, dict):
+            from prism_rr.graph.roles import Roles
+
+            self.roles = Roles.from_manifest(roles)
+        self.scaled = isinstance(self.bundle.manifest.get("scale"), dict)
+        self.schedule = Schedule.for_real_ranks(self.bundle, self.real, self.roles)
         self.clock = PeerClock(rank, self.schedule.clock_offset, compute_scale=options.compute_scale,
-                               slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale)
+                               slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale,
+                               pure_transfer=self.scaled)
         self.live = options.timing == "live"
         self.virtual = options.timing == "virtual"
         self.timed = self.live or self.virtual
@@ -129,6 +139,9 @@ class ReplaySession:
         self.divergences: list[Divergence] = []
         self.stopped: Divergence | None = None
         self.synthetic = False
+        self.predicted_shape_calls = 0  # calls whose recorded shapes were predicted by `scale`
+        self.predicted_shape_mismatches = 0  # ... and whose live shapes differ from the prediction
+        self.predicted_shape_examples: list[dict] = []  # the first few of those
         self.calls = 0
         self.step = 0
         t0 = monotonic_ns()
@@ -155,6 +168,21 @@ class ReplaySession:
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
         atexit.register(self._at_exit)
+
+    def source(self, rank: int) -> int:
+        """The rank whose records `rank` replays: itself when recorded, else its role's
+        representative."""
+        if rank in self.schedule.recorded or self.roles is None:
+            return rank
+        return self.roles.rep(rank)
+
+    def shapes_predicted(self, group: int, op: str, seq: int, diffs: list) -> None:
+        """A call whose shapes `scale` predicted: count it, and keep the first differences."""
+        self.predicted_shape_calls += 1
+        if diffs:
+            self.predicted_shape_mismatches += 1
+            if len(self.predicted_shape_examples) < 5:
+                self.predicted_shape_examples.append({"group": group, "seq": seq, "op": op, "diffs": diffs})
 
     # --- the real rank's clock ---------------------------------------------------------
 
@@ -307,6 +335,9 @@ class ReplaySession:
             "steps": self.steps,
             "calls": self.calls,
             "synthetic_numerics": self.synthetic,
+            "predicted_shape_calls": self.predicted_shape_calls,
+            "predicted_shape_mismatches": self.predicted_shape_mismatches,
+            "predicted_shape_examples": self.predicted_shape_examples,
             "divergences": [d.to_dict() for d in self.divergences[:100]],
             "stopped": self.stopped is not None,
             "timing": self.options.timing,

@@ -12,6 +12,12 @@ call that had completed in the recording before the peer's next call may have be
 for: the entry is also no earlier than its replayed completion plus the recorded time
 from its completion to that call. Recorded times are mapped onto the model clock once, at
 the real rank's first recorded call, using the per-rank clock offsets of the recording.
+
+A peer is named by a key: its rank, or (many ranks of one role that enter together, see
+`_group`) a string "r<rep>" whose records are the representative's. `src` maps a key to
+the rank whose recorded clock its records are on. In a bundle written by `scale`, a
+synchronous record starts at its last arrival, so its own end - start is its transfer:
+`pure_transfer` completes each member at the latest entry plus its own span.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ class PeerClock:
     """Virtual peers' clocks as seen by one real rank."""
 
     def __init__(self, me: int, clock_offset: dict[int, int], *, compute_scale: float = 1.0,
-                 slow_rank: dict[int, float] | None = None, comm_scale: float = 1.0):
+                 slow_rank: dict[int, float] | None = None, comm_scale: float = 1.0,
+                 pure_transfer: bool = False):
         self.me = me
         self._offset = clock_offset  # rank -> its recorded monotonic clock minus rank 0's
         self._shift: int | None = None  # model ns = recorded reference ns + shift
@@ -32,6 +39,7 @@ class PeerClock:
         self.compute_scale = compute_scale
         self.slow_rank = dict(slow_rank or {})
         self.comm_scale = comm_scale
+        self.pure_transfer = pure_transfer
 
     def anchor(self, model_ns: int, own) -> None:
         """Tie the recording's time line to the model clock at the first recorded call."""
@@ -41,8 +49,9 @@ class PeerClock:
     def _scale(self, rank: int) -> float:
         return self.compute_scale * self.slow_rank.get(rank, 1.0)
 
-    def entry(self, rank: int, rec) -> int | None:
-        """When virtual `rank` enters the call it recorded as `rec`, on the model clock."""
+    def entry(self, rank, rec, src: int | None = None) -> int | None:
+        """When virtual `rank` (a rank or a role key) enters the call it recorded as `rec`
+        (`src`'s record), on the model clock."""
         if rec is None:
             return None
         scale = self._scale(rank)
@@ -50,7 +59,7 @@ class PeerClock:
         if at is None:
             if self._shift is None:
                 return None
-            return rec.start_ns - self._offset.get(rank, 0) + self._shift
+            return rec.start_ns - self._offset.get(rank if src is None else src, 0) + self._shift
         t = at[0] + int(max(0, rec.start_ns - at[1]) * scale)
         pending = self._pending.get(rank)
         if pending:
@@ -79,20 +88,28 @@ class PeerClock:
         spans = [r.end_ns - r.start_ns for r in records if r is not None and r.end_ns is not None]
         return int(max(0, min(spans)) * self.comm_scale) if spans else 0
 
-    def completion(self, records: dict, entries: dict) -> dict[int, int]:
+    def completion(self, records: dict, entries: dict, src: dict | None = None) -> dict:
         """When each member's call completes: the latest entry plus that member's recorded
         time from the latest recorded entry to its own completion (members of one call
         finish a little apart, as a ring does), times comm_scale; a member without a
-        record completes after the shortest recorded span."""
+        record completes after the shortest recorded span. `src`: key -> the rank whose
+        clock offset applies (role keys)."""
         latest = max(entries.values())
-        whole = all(r is not None for r in records.values())
-        last = max(r.start_ns - self._offset.get(m, 0) for m, r in records.items()) if whole else None
         fallback = self.transfer(records.values())
         out = {}
+        if self.pure_transfer:
+            for m, r in records.items():
+                span = r.end_ns - r.start_ns if r is not None and r.end_ns is not None else None
+                out[m] = latest + (fallback if span is None else int(max(0, span) * self.comm_scale))
+            return out
+        src = src or {}
+        off = self._offset
+        whole = all(r is not None for r in records.values())
+        last = max(r.start_ns - off.get(src.get(m, m), 0) for m, r in records.items()) if whole else None
         for m in records:
             r = records.get(m)
             if whole and r is not None and r.end_ns is not None:
-                out[m] = latest + int(max(0, r.end_ns - self._offset.get(m, 0) - last) * self.comm_scale)
+                out[m] = latest + int(max(0, r.end_ns - off.get(src.get(m, m), 0) - last) * self.comm_scale)
             else:
                 out[m] = latest + fallback
         return out

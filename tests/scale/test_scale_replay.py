@@ -1,0 +1,58 @@
+"""The claim in the name: rank 0 of an 8192-rank job replayed by one process on this machine.
+
+The demo (FSDP2 dp2 x tp2) is recorded at world 4, scaled to dp=2 (world 4, the same
+path) and to dp=4096 (world 8192), and rank 0 of each is replayed with one real
+process. At 8192 it completes without divergence; FSDP2's padded shard shapes on the
+resized dp group are taken live where `scale` predicted them, and the report says so.
+The replayer's peak memory stays within 1.5x of world 4. Times are not asserted.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+_MAXRSS = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode)")
+
+
+def _replay(bundle, report, dp: int) -> int:
+    """Peak RSS (KiB) of the replay's processes (the launcher and the replayed rank)."""
+    cmd = [sys.executable, "-m", "prism_rr.cli", "replay", str(bundle), "--ranks", "0",
+           "--report", str(report), "--timeout", "60", "--",
+           sys.executable, "-m", "prism_rr.demo.train", "--steps", "4", "--tp", "2", "--quiet",
+           "--batch-size", str(4 * dp)]
+    out = subprocess.run([sys.executable, "-c", _MAXRSS, *cmd], capture_output=True, text=True, timeout=70)
+    rss, code = out.stdout.split()[-2:]
+    assert int(code) == 0, out.stderr[-3000:]
+    return int(rss)
+
+
+@pytest.mark.timeout(180)
+def test_replay_rank0_of_world_8192(tmp_path):
+    rec = tmp_path / "w4.prism"
+    out = subprocess.run(
+        [sys.executable, "-m", "prism_rr.cli", "record", "-o", str(rec), "--nproc", "4", "--",
+         sys.executable, "-m", "prism_rr.demo.train", "--steps", "4", "--tp", "2", "--quiet"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rss, facts = {}, {}
+    for dp in (2, 4096):
+        big = tmp_path / f"dp{dp}.prism"
+        out = subprocess.run([sys.executable, "-m", "prism_rr.cli", "scale", str(rec), "--dp", str(dp), "-o", str(big)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        report = tmp_path / f"dp{dp}.json"
+        rss[dp] = _replay(big, report, dp)
+        facts[dp] = f = json.loads(report.read_text())
+        assert f["world_size"] == 2 * dp and f["exit_code"] == 0
+        assert f["diverged"] is False and f["first_divergence"] is None and f["divergences"] == 0
+        assert len(f["steps"]) == 4
+    assert facts[2]["predicted_shape_calls"] == 0  # nothing resized: every shape checked
+    big = facts[4096]
+    # 4 steps x (5 all_gathers + 3 reduce_scatters) on the resized dp group, shapes live
+    assert big["predicted_shape_calls"] == 32 and big["predicted_shape_mismatches"] > 0
+    example = big["predicted_shape_examples"][0]
+    assert example["op"] in ("all_gather_into_tensor", "reduce_scatter_tensor") and example["diffs"]
+    assert rss[4096] <= 1.5 * rss[2], rss  # memory grows with roles, not with the world
