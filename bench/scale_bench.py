@@ -3,7 +3,8 @@
     python bench/scale_bench.py [--worlds 4,64,1024,8192] [--bundle w4.prism] [--timing live]
 
 Records the demo at world 4 (dp2 x tp2) unless --bundle is given, scales it to each
-world (dp = world / 2) with `prism_rr.graph.scale.scale`, and replays rank 0 with
+world (dp = world / 2; world 4 too, so that every row takes the same path; the row
+`rec` replays the recording itself) with `prism_rr.graph.scale.scale`, and replays rank 0 with
 `prism_rr.replayer.replay` in a fresh interpreter per world, so that the peak RSS of
 the replayed rank (RUSAGE_CHILDREN of that interpreter) is its own. The program gets a
 global batch of 4 x dp (the recorded 4 rows per rank). Prints one table on stderr and,
@@ -45,7 +46,7 @@ def _record(out: Path) -> Path:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worlds", default="4,64,1024,8192")
+    p.add_argument("--worlds", default="rec,4,64,1024,8192", help="worlds; rec: the world-4 recording unscaled")
     p.add_argument("--bundle", type=Path, help="a world-4 dp2 x tp2 recording of the demo")
     p.add_argument("--timing", default="live")
     p.add_argument("--timeout", type=float, default=600)
@@ -56,18 +57,19 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     base = args.bundle or _record(work / "w4.prism")
     rows = []
-    for world in (int(w) for w in args.worlds.split(",")):
+    for spec in args.worlds.split(","):
+        world = 4 if spec == "rec" else int(spec)
         dp = world // 2
         bundle, scale_s = base, 0.0
-        if world != 4:
+        if spec != "rec":
             bundle = work / f"w{world}.prism"
             t = time.perf_counter()
             scale(base, bundle, dp=dp)
             scale_s = time.perf_counter() - t
-        logs = work / f"logs-{world}"
+        logs = work / f"logs-{spec}"
         proc = subprocess.run([sys.executable, "-c", _ONE, str(bundle), str(dp), args.timing, str(args.timeout),
                                str(logs)], capture_output=True, text=True)
-        row = {"world": world, "scale_s": round(scale_s, 3), "bundle_bytes": Path(bundle).stat().st_size}
+        row = {"world": spec if spec == "rec" else world, "scale_s": round(scale_s, 3), "bundle_bytes": Path(bundle).stat().st_size}
         try:
             res = json.loads(proc.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -88,12 +90,15 @@ def main(argv=None) -> None:
             setup_s=round(res["wall_s"] - sum(replayed), 2) if steps else None,
             step_s=[round(x, 3) for x in replayed], recorded_step_s=[round(x, 3) for x in recorded],
             overhead_s=[round(a - b, 3) for a, b in zip(replayed[1:], recorded[1:])],
+            overhead_mean_s=round(sum(a - b for a, b in zip(replayed[1:], recorded[1:])) / max(1, len(steps) - 1), 3),
+            predicted_shape_calls=rep.get("predicted_shape_calls"),
             divergences=rep.get("divergences"), first_divergence=rep.get("first_divergence"), error=err or None,
         )
         rows.append(row)
-        print(f"world {world:>5}: exit {row['exit_code']} wall {row['wall_s']}s setup {row['setup_s']}s "
-              f"steps {row['step_s']} rss {row['rss_mb']} MB scale {row['scale_s']}s "
-              f"divergences {row['divergences']}", file=sys.stderr)
+        print(f"world {spec:>5}: exit {row['exit_code']} wall {row['wall_s']}s setup {row['setup_s']}s "
+              f"steps {row['step_s']} (recorded {row['recorded_step_s']}) overhead/step {row['overhead_mean_s']}s "
+              f"rss {row['rss_mb']} MB scale {row['scale_s']}s divergences {row['divergences']} "
+              f"predicted-shape calls {row['predicted_shape_calls']}", file=sys.stderr)
         if err:
             print("   " + err.strip().splitlines()[-1], file=sys.stderr)
     if args.json:

@@ -157,9 +157,13 @@ class Roles:
     mesh: Mesh | None = None
     role_of: tuple[int, ...] | None = None  # without a mesh: role of each rank
     _rep_role: dict = field(default=None, compare=False, repr=False)
+    _keep: tuple = field(default=None, compare=False, repr=False)  # mesh dims that make the role
 
     def __post_init__(self):
         object.__setattr__(self, "_rep_role", {r: i for i, r in enumerate(self.representatives)})
+        if self.mesh is not None:
+            replica = self.mesh.replica_dims
+            object.__setattr__(self, "_keep", tuple(i for i in range(len(self.mesh.shape)) if i not in replica))
 
     @property
     def count(self) -> int:
@@ -170,9 +174,8 @@ class Roles:
             raise IndexError(f"rank {rank} is outside a world of {self.world_size}")
         if self.mesh is not None:
             c = self.mesh.coords(rank)
-            keep = [i for i in range(len(c)) if i not in self.mesh.replica_dims]
             role = 0
-            for i in keep:
+            for i in self._keep:
                 role = role * self.mesh.shape[i] + c[i]
             return role
         if self.role_of is not None:

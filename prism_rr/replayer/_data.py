@@ -167,9 +167,11 @@ def _rows_of(t: torch.Tensor, n: int):
 
 def build_grouped(op: str, me: int, n: int, ins, outs, parts, *, reduce_op=None, root=None,
                   in_splits=None, out_splits=None) -> None:
-    """Fill `outs` like `build_outputs`, from parts [(group ranks, inputs or None)] that
-    cover every member once (None: each of those members is a replica of this rank)."""
-    ps = [(pos, list(ins) if t is None else t) for pos, t in parts]
+    """Fill `outs` like `build_outputs`, from parts [(group ranks, inputs or None, index)]
+    that cover every member once (None: each of those members is a replica of this rank;
+    index: the group ranks as a long tensor, or None)."""
+    parts = [p if len(p) == 3 else (*p, None) for p in parts]
+    ps = [(pos, list(ins) if t is None else t) for pos, t, _ in parts]
     with torch.no_grad():
         if op in ("all_reduce", "all_reduce_coalesced"):
             for i, t in enumerate(outs):
@@ -177,12 +179,14 @@ def build_grouped(op: str, me: int, n: int, ins, outs, parts, *, reduce_op=None,
         elif op in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
             for i, t in enumerate(outs):
                 rows, copy = _rows_of(t, n)
-                for pos, m in ps:
+                for (pos, m), (_, _, index) in zip(ps, parts):
                     src = m[i].reshape(1, -1)
                     if len(pos) == 1:
                         rows[pos[0]].copy_(src[0])
                     else:
-                        rows[torch.tensor(pos, dtype=torch.long)] = src.expand(len(pos), -1)
+                        if index is None:
+                            index = torch.tensor(pos, dtype=torch.long)
+                        rows[index] = src.expand(len(pos), -1)
                 if copy:
                     write(t, rows)
         elif op in ("all_gather", "all_gather_coalesced"):
@@ -205,7 +209,7 @@ def build_grouped(op: str, me: int, n: int, ins, outs, parts, *, reduce_op=None,
             pass
         else:  # the rest (all_to_all, gather, scatter, reduce): member by member
             contrib = [None] * n
-            for pos, t in parts:
+            for pos, t, _ in parts:
                 for j in pos:
                     contrib[j] = t
             build_outputs(op, me, n, ins, outs, contrib, reduce_op=reduce_op, root=root,

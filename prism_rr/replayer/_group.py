@@ -206,7 +206,8 @@ class ReplayGroup(RecordingGroup):
             out_splits, mine = list(args[2]), list(args[3])
             in_splits = [None] * n
             in_splits[self._rank] = mine
-        parts: list = [([self._rank], list(ins))]  # (group ranks, their inputs; None: a replica of ours)
+        # (group ranks, their inputs or None: replicas of ours, the ranks as an index tensor)
+        parts: list = [([self._rank], list(ins), None)]
         entries = [entry]
         if self._real_pg is not None:
             got = self._exchange(entry, vmax, ins, in_splits[self._rank] if in_splits else [],
@@ -216,7 +217,7 @@ class ReplayGroup(RecordingGroup):
             for g, (meta, data) in zip(self._real_members, got):
                 j = self._peer_map[g]
                 if j != self._rank:
-                    parts.append(([j], _decode(data, ins)))
+                    parts.append(([j], _decode(data, ins), None))
                 if in_splits is not None:
                     in_splits[j] = meta[4 : 4 + meta[3]]
         known = True
@@ -224,7 +225,7 @@ class ReplayGroup(RecordingGroup):
             tensors = _recorded_inputs(s.bundle, vrecs[c.key], ins)
             if tensors is None:
                 known = False
-            parts.append((c.positions, tensors))
+            parts.append((c.positions, tensors, c.index))
         exact = matched and own is not None and own.blob_out is not None and len(own.blob_out) == len(outs)
         if exact:
             for t, b, dt, shape in zip(outs, own.blob_out, own.out_dtypes, own.out_shapes):
@@ -233,7 +234,7 @@ class ReplayGroup(RecordingGroup):
             root_j = self._peer_map[root] if root is not None else None
             if self._single:
                 contrib: list = [None] * n
-                for pos, tensors in parts:
+                for pos, tensors, _ in parts:
                     contrib[pos[0]] = tensors
                 build_outputs(op, self._rank, n, ins, outs, contrib, reduce_op=reduce_op, root=root_j,
                               in_splits=in_splits, out_splits=out_splits)
@@ -368,11 +369,19 @@ class _Peers:
     whose records they replay (`src`, in its group `gid` of the same family), and their
     group ranks."""
 
-    __slots__ = ("key", "src", "gid", "positions")
+    __slots__ = ("key", "src", "gid", "positions", "_index")
 
     def __init__(self, key, src: int, gid: int):
         self.key, self.src, self.gid = key, src, gid
         self.positions: list[int] = []
+        self._index = None
+
+    @property
+    def index(self):
+        """The group ranks as a tensor, for writing one row per member at once."""
+        if self._index is None and len(self.positions) > 1:
+            self._index = torch.tensor(self.positions, dtype=torch.long)
+        return self._index
 
 
 def _peer_classes(session, gid: int, ranks, real) -> list[_Peers]:
