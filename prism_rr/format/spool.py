@@ -63,13 +63,11 @@ class Frame:
     step_first: int
     step_last: int
     summary: dict
+    summary_len: int
 
     def payload(self, buf) -> memoryview:
-        start = self.offset + layout.FRAME_HEADER.size + self.summary_len(buf)
+        start = self.offset + layout.FRAME_HEADER.size + self.summary_len
         return memoryview(buf)[start : self.offset + self.length]
-
-    def summary_len(self, buf) -> int:
-        return layout.FRAME_HEADER.unpack_from(buf, self.offset)[8]
 
 
 def parse_frame(buf, offset: int, end: int, where: str) -> Frame:
@@ -105,6 +103,7 @@ def parse_frame(buf, offset: int, end: int, where: str) -> Frame:
     return Frame(
         offset=offset, length=length, kind=kind, rank=rank, index=index, count=count,
         raw_len=raw_len, t_first=t0, t_last=t1, step_first=s0, step_last=s1, summary=summary,
+        summary_len=summ_len,
     )
 
 

@@ -45,16 +45,22 @@ def installed_options() -> RecordOptions | None:
 
 def install(options: RecordOptions) -> None:
     """Register the backend and patch group creation (idempotent)."""
+    _state.options = options
+    patch_group_creation(_state, BACKEND, _create, _helper)
+
+
+def patch_group_creation(state, backend: str, create, helper) -> None:
+    """Register `backend` (made by `create`) and route torch's group creation through
+    `helper`, keeping the original in `state` (idempotent). The replayer patches the same way."""
     import torch.distributed.distributed_c10d as c10d  # may run mid-import of torch.distributed
 
-    _state.options = options
-    if not _state.registered:
-        c10d.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
-        _state.registered = True
-    if _state.original is None:
-        _state.original = c10d._new_process_group_helper
-        _state.signature = inspect.signature(_state.original)
-        c10d._new_process_group_helper = _helper
+    if not state.registered:
+        c10d.Backend.register_backend(backend, create, extended_api=True, devices=["cpu", "cuda"])
+        state.registered = True
+    if state.original is None:
+        state.original = c10d._new_process_group_helper
+        state.signature = inspect.signature(state.original)
+        c10d._new_process_group_helper = helper
 
 
 def uninstall() -> None:

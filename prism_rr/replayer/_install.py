@@ -13,7 +13,6 @@ make no store calls of their own.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
@@ -42,17 +41,12 @@ _state = _State()
 
 
 def install(options: ReplayOptions) -> None:
-    import torch.distributed.distributed_c10d as c10d
     import torch.distributed.rendezvous as rdzv
 
+    from prism_rr.recorder._install import patch_group_creation
+
     _state.options = options
-    if not _state.registered:
-        c10d.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
-        _state.registered = True
-    if _state.original is None:
-        _state.original = c10d._new_process_group_helper
-        _state.signature = inspect.signature(_state.original)
-        c10d._new_process_group_helper = _helper
+    patch_group_creation(_state, BACKEND, _create, _helper)
     rdzv._rendezvous_handlers["env"] = _env_rendezvous
 
 
