@@ -3,6 +3,9 @@
 (1) A controlled workload at world 4 whose compute is timed waits of known, fixed lengths
     (different on each rank) between collectives, one of them asynchronous and overlapped;
     recorded once, replayed with rank 0 real. Target: mean iteration-time error <= 0.5%.
+    Rank 0 runs on a core of its own, the other ranks share the rest (PRISM_BENCH_NO_PIN=1
+    turns this off): time-shared, its recorded compute carries milliseconds of scheduling
+    noise that belongs to this machine, not to the program or the replayer.
 (2) The demo GPT at world 2 (FSDP2 over dp=2): two plain recordings in the same run give
     the run-to-run spread of iteration time; the first is replayed with rank 0 real.
     Target: the replay's error is no larger than that spread.
@@ -52,12 +55,31 @@ def compute(seconds: float) -> None:
         pass
 
 
+def _pin(rank: int) -> None:
+    """Rank 0 (the one replayed for real) gets a core of its own, the others share the rest:
+    4 ranks time-sharing 2 cores otherwise put milliseconds of scheduling noise into rank 0's
+    recorded compute, which no replay can (or should) reproduce. A GPU rank in production
+    has its device to itself. Every thread of the process is moved (the recorder's writer
+    started before this); threads started later inherit the mask."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2:
+        return
+    mask = {cores[0]} if rank == 0 else set(cores[1:])
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), mask)
+        except OSError:
+            pass
+
+
 def worker(steps: int) -> None:
     """One rank of the controlled workload (run under the recorder or the replayer)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if os.environ.get("PRISM_BENCH_NO_PIN") != "1":
+        _pin(int(os.environ.get("RANK", "0")))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     param = torch.nn.Parameter(torch.zeros(256))

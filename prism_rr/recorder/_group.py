@@ -53,6 +53,20 @@ def _op_name(op) -> str:
         return str(op)
 
 
+def _forward(rec, fn, args):
+    """Call the real backend. What it allocates on this thread (gloo's staging buffers)
+    is the backend's, not the program's: the memory tracker and per-operator records skip
+    it, as the replayer skips its own work."""
+    mode = getattr(rec, "ops_mode", None)
+    if mode is None or not mode.enabled:
+        return fn(*args)
+    mode.enabled = False
+    try:
+        return fn(*args)
+    finally:
+        mode.enabled = True
+
+
 def _flat(lists) -> list:
     return [t for ts in lists for t in ts]
 
@@ -87,6 +101,7 @@ class _TimedWork(Work):
                 except Exception:
                     peer = None
             self._rec.complete(call, None, peer)
+        self._rec.settle(call)
         return ok
 
     def get_future(self):
@@ -235,12 +250,12 @@ class RecordingGroup(ProcessGroup):
         self._seq = seq + 1
         rec = self._rec
         if not rec.active:
-            return fn(*args)
+            return _forward(rec, fn, args)
         call = rec.enter(op, self._gid, seq, ins, outs, reduce_op=reduce_op, root=root, async_op=async_op)
         if call is None:
-            return fn(*args)
+            return _forward(rec, fn, args)
         try:
-            work = fn(*args)
+            work = _forward(rec, fn, args)
         except BaseException as exc:
             rec.complete(call, exc)
             raise
@@ -266,15 +281,15 @@ class RecordingGroup(ProcessGroup):
         self._p2p_seq[key] = seq + 1
         rec = self._rec
         if not rec.active:
-            return fn(*args)
+            return _forward(rec, fn, args)
         async_op = p2p_api(3) not in ("send", "recv")
         name = ("i" + op) if async_op else op
         call = rec.enter(name, self._gid, seq, tensors, tensors, peer=peer, tag=tag,
                          async_op=async_op, p2p=True)
         if call is None:
-            return fn(*args)
+            return _forward(rec, fn, args)
         try:
-            work = fn(*args)
+            work = _forward(rec, fn, args)
         except BaseException as exc:
             rec.complete(call, exc)
             raise

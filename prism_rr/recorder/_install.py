@@ -249,7 +249,9 @@ def _sync_clock(pg, rec) -> None:
         if real is None or pg.name() != "gloo":
             return
         t0 = monotonic_ns()
-        clock = _manifest.clock_offset(real, pg.rank(), pg.size())
+        from prism_rr.recorder._group import _forward
+
+        clock = _forward(rec, _manifest.clock_offset, (real, pg.rank(), pg.size()))
         if rec is not None and clock is not None:
             clock["cost_ns"] = monotonic_ns() - t0
             rec.writer.add_info({"clock_offset": clock})

@@ -3,6 +3,17 @@
 A storage is counted from the first operator that produces or reads it until it is
 freed (a weakref finalizer on the storage, whose Python object torch keeps alive as
 long as the storage lives). Storages no operator touched inside the window are not seen.
+
+Frees made by another thread are placed where the program let go. A backend's worker
+thread (gloo's) holds a collective's tensors until just after the call completes; when the
+program has already dropped them, the last reference goes on that thread, and the
+finalizer runs whenever the main thread next lets go of the GIL: milliseconds later, at a
+moment that differs from run to run. Counting the storage until then would put a racy
+buffer in the peak. So the tracker keeps the step's running totals, and a free from
+another thread is applied from the program's last use of the storage (the last operator
+that touched it, or the wait() that completed its collective: `track` again) onwards.
+The step's peak is taken over the corrected totals. The same rule holds while
+recording and while replaying, so the two count the same program the same way.
 """
 
 from __future__ import annotations
@@ -18,10 +29,15 @@ __all__ = ["CpuMemoryTracker"]
 class CpuMemoryTracker:
     def __init__(self):
         self.allocated = 0
-        self.peak = 0  # since the recording started
-        self._step_peak = 0
+        self.peak = 0  # since the recording started (running, before late frees)
         self._live: dict[int, int] = {}  # id(storage) -> bytes
+        self._touch: dict[int, int] = {}  # id(storage) -> event of the program's last use
         self._lock = threading.Lock()
+        self._owner: int | None = None  # the program's thread: the first to track
+        self._event = 0  # events so far (allocations and the owner's frees)
+        self._first = 0  # the event the current step's trace starts at
+        self._trace: list[int] = [0]  # allocated after each event of this step; [0]: at its start
+        self._late: list[tuple[int, int, int]] = []  # (last use, event when freed, bytes)
 
     def track(self, obj) -> None:
         if isinstance(obj, torch.Tensor):
@@ -30,6 +46,25 @@ class CpuMemoryTracker:
             for o in obj:
                 if isinstance(o, (torch.Tensor, list, tuple)):
                     self.track(o)
+
+    def touch(self, *objs) -> None:
+        """The program used these tensors until now (a wait() that completed their call).
+        Only storages already counted are noted; ignored on any other thread."""
+        if self._owner is not None and threading.get_ident() != self._owner:
+            return
+        live, touch, now = self._live, self._touch, self._event
+        stack = list(objs)
+        while stack:
+            o = stack.pop()
+            if isinstance(o, (list, tuple)):
+                stack.extend(o)
+            elif isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.is_sparse:
+                try:
+                    key = id(o.untyped_storage())
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if key in live:
+                    touch[key] = now
 
     def _track_tensor(self, t: torch.Tensor) -> None:
         if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
@@ -47,24 +82,58 @@ class CpuMemoryTracker:
             return
         key = id(st)
         if key in self._live:
+            self._touch[key] = self._event
             return
+        if self._owner is None:
+            self._owner = threading.get_ident()
         size = st.nbytes()
         with self._lock:
             self._live[key] = size
             self.allocated += size
+            self._event += 1
+            self._touch[key] = self._event
+            self._trace.append(self.allocated)
             if self.allocated > self.peak:
                 self.peak = self.allocated
-            if self.allocated > self._step_peak:
-                self._step_peak = self.allocated
         weakref.finalize(st, self._free, key)
 
     def _free(self, key: int) -> None:
         with self._lock:
             size = self._live.pop(key, 0)
+            used = self._touch.pop(key, self._event)
             self.allocated -= size
+            if self._owner is None or threading.get_ident() == self._owner:
+                self._event += 1
+                self._trace.append(self.allocated)
+            elif size:
+                self._late.append((used, self._event, size))
 
     def take_peak(self) -> int:
-        """The peak since the last call; the next period starts at what is live now."""
+        """The peak since the last call (frees by other threads placed at the program's
+        last use); the next period starts at what is live now."""
         with self._lock:
-            peak, self._step_peak = self._step_peak, self.allocated
+            first, trace, late = self._first, self._trace, self._late
+            n = len(trace)
+            if late:
+                # Event first + i holds trace[i]; a late free counts from event used + 1
+                # through the event at which it came (later events already lack it).
+                diff = [0] * (n + 1)
+                for used, until, size in late:
+                    lo = max(used + 1 - first, 0)
+                    hi = min(until - first, n - 1)
+                    if lo <= hi:
+                        diff[lo] += size
+                        diff[hi + 1] -= size
+                peak, cut = 0, 0
+                for i in range(n):
+                    cut += diff[i]
+                    v = trace[i] - cut
+                    if v > peak:
+                        peak = v
+            else:
+                peak = max(trace)
+            self._event += 1  # the next period's start: after every use so far
+            self._first = self._event
+            self._trace = [self.allocated]
+            self._late = []
         return peak

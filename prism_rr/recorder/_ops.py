@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from time import monotonic_ns
 
 import torch
@@ -23,9 +24,13 @@ class _OpsMode(TorchDispatchMode):
         self.per_op = rec.options.ops
         self.tracker = rec.cpu_memory
         self.enabled = True
+        # The program's thread. A backend's worker thread (gloo's) runs its work under the
+        # thread-local state of the call that queued it, this mode included: what it does
+        # there is the backend's, not the program's.
+        self.owner = threading.get_ident()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.enabled:
+        if not self.enabled or threading.get_ident() != self.owner:
             return func(*args, **(kwargs or {}))
         t0 = monotonic_ns()
         out = func(*args, **(kwargs or {}))
@@ -34,6 +39,7 @@ class _OpsMode(TorchDispatchMode):
         try:
             tracker = self.tracker
             if tracker is not None:
+                tracker.cur = str(func)
                 tracker.track(args)
                 tracker.track(out)
             if self.per_op and rec.active:

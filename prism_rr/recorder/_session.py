@@ -36,12 +36,21 @@ class Call:
     __slots__ = (
         "p2p", "op", "group", "seq", "start", "issued", "step", "ins", "outs", "in_desc",
         "digest_in", "blob_in", "reduce_op", "root", "peer", "tag", "async_op", "stack",
-        "mem", "done", "work",
+        "mem", "done", "work", "written",
     )
 
     def __init__(self):
         self.done = False
+        self.written = False
         self.work = None  # the real Work's future, polled for completion
+
+    def release(self) -> None:
+        """Let go of the call's tensors (and the future that holds its outputs) once its
+        record is written. Done on the program's thread, so a buffer the program has
+        dropped is freed there and then: a backend thread's callback holds the GIL only
+        when the main thread lets go of it, which would free it at a racy moment."""
+        if self.written:
+            self.ins = self.outs = self.work = None
 
 
 class Recording:
@@ -67,6 +76,7 @@ class Recording:
         self.cpu_memory = None  # a CpuMemoryTracker when options.memory on CPU
         self.ops_mode = None
         self._lock = threading.Lock()
+        self._thread = threading.get_ident()  # the program's thread
         self._manual_steps = False
         self._pacer = None  # weakref to the optimizer whose steps mark boundaries
         self._closed = False
@@ -294,9 +304,9 @@ class Recording:
             self.open.pop(id(call), None)
         if not call.async_op and self.last_return == call.issued:
             self.last_return = end  # the caller was waiting until now: not compute
-        if not self.on:
-            return
         try:
+            if not self.on:
+                return
             if peer is not None:
                 call.peer = peer
             self.writer.append(self._record(call, end))
@@ -305,6 +315,23 @@ class Recording:
                                           value=call.seq, text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
         except BaseException as exc:
             self.fail(exc)
+        finally:
+            call.written = True
+            if threading.get_ident() == self._thread:
+                self.settle(call)
+
+    def settle(self, call: Call) -> None:
+        """On the program's thread, once the call completed for it: its tensors were in
+        use until now (for the memory tracker), and the recorder lets go of them."""
+        if not call.written:
+            return
+        tracker = self.cpu_memory
+        if tracker is not None and call.ins is not None:
+            try:
+                tracker.touch(call.ins, call.outs)
+            except Exception:
+                pass
+        call.release()
 
     def _record(self, call: Call, end: int | None):
         done = end is not None

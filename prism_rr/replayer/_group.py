@@ -60,7 +60,6 @@ class ReplayGroup(RecordingGroup):
         self._real_members = [g for g in self._ranks if g in real_ranks]  # global ranks, group order
         self._sub = {g: i for i, g in enumerate(self._real_members)}  # global rank -> rank in real_pg
         self._coalesced: list | None = None
-        self._held = None  # the inputs of this group's latest call
         self._peers = _peer_classes(session, gid, self._ranks, real_ranks)
         self._single = all(len(c.positions) == 1 for c in self._peers)
         self._srcs = {c.key: c.src for c in self._peers if c.key != c.src}  # timing key -> clock of
@@ -164,11 +163,6 @@ class ReplayGroup(RecordingGroup):
                     work = self._virtual(op, seq, entry, own, matched, ins, outs, args, reduce_op, root, async_op)
         finally:
             s.returned()
-        if not self._all_real:
-            # A real backend's worker thread lets go of a call's inputs only after the call
-            # (gloo: once its next work starts); keep them as long, so the program's
-            # memory peaks where it peaked when recorded.
-            self._held = ins
         return self._track(rec, call, work) if call is not None else work
 
     def _real_call(self, fn, args, entry, own, outs, async_op):

@@ -240,6 +240,15 @@ class ReplaySession:
         if blocking:
             self.last_return = t  # waiting in a blocking call is not compute (as recorded)
 
+    def touched(self, *objs) -> None:
+        """The program used these tensors until now (for the memory tracker: a wait()
+        completed their call, as the recorder notes it)."""
+        if self._memory is not None:
+            try:
+                self._memory.touch(*objs)
+            except Exception:
+                pass
+
     def work(self, model_ns: int, value, *, blocking: bool, inputs=None):
         """A Work that completes with `value` at `model_ns` (at once with timing none)."""
         from prism_rr.replayer._work import ReplayWork

@@ -44,6 +44,7 @@ class ReplayWork(Work):
         if not self._waited:
             self._waited = True
             self._session.wait_until(self._done, blocking=self._blocking)
+            self._session.touched(self._inputs, self._value)
         self._fire()
         return True
 

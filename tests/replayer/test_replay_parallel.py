@@ -27,7 +27,7 @@ def recordings(tmp_path_factory):
             world, extra = LAYOUTS[name]
             tmp = tmp_path_factory.mktemp(name)
             argv = ["-m", "prism_rr.demo.train", *STEPS, *extra]
-            bundle = record(tmp, [*argv, "--save-params", tmp / "rec"], world, payload="full")
+            bundle = record(tmp, [*argv, "--save-params", tmp / "rec"], world, payload="full", memory=True)
             made[name] = (tmp, bundle, argv)
         return made[name]
 
@@ -52,6 +52,11 @@ def _replayed_bitwise(recordings, name, ranks):
     rep = result.report
     assert rep["diverged"] is False and rep["synthetic_numerics"] is False
     assert [s["step"] for s in rep["steps"]] == [0, 1, 2]
+    # The program's CPU memory, counted alike while recording and replaying (a backend
+    # thread's late frees placed at the program's last use): the same peak, to the byte.
+    peaks = [(s["peak_recorded_bytes"], s["peak_replayed_bytes"]) for s in rep["steps"]]
+    print(name, ranks, peaks)
+    assert all(a and a == b for a, b in peaks[1:]), peaks
     return result
 
 
