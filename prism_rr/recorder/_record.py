@@ -17,7 +17,12 @@ _PACK_WAIT_S = 60.0
 
 
 def step() -> None:
-    """Mark a training step boundary by hand (optimizer steps then no longer do)."""
+    """Mark a training step boundary by hand (optimizer steps then no longer do). Under
+    `prism-rr replay` the replayer follows the same boundaries (and so does the replay's
+    own recording, with `-o`)."""
+    replay = sys.modules.get("prism_rr.replayer._install")
+    if replay is not None:
+        replay.step()
     session = sys.modules.get("prism_rr.recorder._session")
     if session is not None:
         session.step()

@@ -50,6 +50,13 @@ def install(options: ReplayOptions) -> None:
     rdzv._rendezvous_handlers["env"] = _env_rendezvous
 
 
+def step() -> None:
+    """`prism_rr.step()` in the replayed program: a step boundary by hand."""
+    session = _state.session
+    if session is not None:
+        session.mark_step(manual=True)
+
+
 def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
     """Like torch's env:// handler, but the store joins only the real ranks."""
     from torch.distributed import HashStore, TCPStore

@@ -151,6 +151,7 @@ class ReplaySession:
         self.compute_ns = 0
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
         self._pacer = None
+        self._manual_steps = False
         self._memory_mode = None
         self._written = False
         info = self.bundle.rank_info(rank)
@@ -303,6 +304,8 @@ class ReplaySession:
     # --- steps --------------------------------------------------------------------
 
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        if self._manual_steps:
+            return
         pacer = self._pacer() if self._pacer is not None else None
         if pacer is None:
             self._pacer = weakref.ref(optimizer)
@@ -310,7 +313,11 @@ class ReplaySession:
             return
         self.mark_step()
 
-    def mark_step(self) -> None:
+    def mark_step(self, manual: bool = False) -> None:
+        """A step boundary: an optimizer step, or `prism_rr.step()` (after which optimizer
+        steps no longer are, as when recording)."""
+        if manual:
+            self._manual_steps = True
         t = monotonic_ns()
         if self.last_return is not None and t > self.last_return:
             self.compute_ns += t - self.last_return
