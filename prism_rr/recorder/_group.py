@@ -449,15 +449,15 @@ class RecordingGroup(ProcessGroup):
         real = self._backend_for(tensors)
         rec = self._rec
         if not rec.active:
-            return real.recv_anysource(tensors, tag)
+            return _forward(rec, real.recv_anysource, (tensors, tag))
         async_op = p2p_api(2) != "recv"
         # The peer, and so the per-peer sequence number, is known only at completion.
         call = rec.enter("irecv" if async_op else "recv", self._gid, -1, tensors, tensors,
                          peer=None, tag=tag, async_op=async_op, p2p=True)
         if call is None:
-            return real.recv_anysource(tensors, tag)
+            return _forward(rec, real.recv_anysource, (tensors, tag))
         try:
-            work = real.recv_anysource(tensors, tag)
+            work = _forward(rec, real.recv_anysource, (tensors, tag))
         except BaseException as exc:
             rec.complete(call, exc)
             raise

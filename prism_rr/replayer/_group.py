@@ -15,10 +15,13 @@ builds the result and completes it when the live timing model says so:
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
-from torch._C._distributed_c10d import AllgatherOptions
+from torch._C._distributed_c10d import AllgatherOptions, Work
 
 from prism_rr.format.blobs import blob_id
+from prism_rr.errors import DivergenceError
 from prism_rr.format.records import PointToPoint
 from prism_rr.recorder._group import RecordingGroup
 from prism_rr.recorder._payload import describe, digests
@@ -39,6 +42,42 @@ class _Absent:
             raise RuntimeError(f"prism-rr replay: {attr} has no real backend in a group with virtual members")
 
         return absent
+
+
+class _FromPeer(Work):
+    """A receive's work that names its sender (a receive from any source)."""
+
+    def __init__(self, inner, group_src: int):
+        super().__init__()
+        self._inner = inner
+        self._src = group_src
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        return self._inner.wait(timeout)
+
+    def get_future(self):
+        return self._inner.get_future()
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return self._src
+
+    def _source_rank(self) -> int:
+        return self._src
+
+    def result(self):
+        return self._inner.result()
+
+    def synchronize(self):
+        return self._inner.synchronize()
 
 
 def _shapes(x) -> tuple:
@@ -284,12 +323,13 @@ class ReplayGroup(RecordingGroup):
 
     # --- point to point -----------------------------------------------------------
 
-    def _p2p(self, op, tensors, group_peer, tag, fn, args):
+    def _p2p(self, op, tensors, group_peer, tag, fn, args, async_op=None):
         peer = self._ranks[group_peer]
         key = (op, peer)
         seq = self._p2p_seq.get(key, 0)
         self._p2p_seq[key] = seq + 1
-        async_op = p2p_api(3) not in ("send", "recv")
+        if async_op is None:
+            async_op = p2p_api(3) not in ("send", "recv")
         name = ("i" + op) if async_op else op
         s = self._session
         rec = s.rec
@@ -340,7 +380,32 @@ class ReplayGroup(RecordingGroup):
         return s.work(done, list(tensors), blocking=not async_op)
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("prism-rr replay: recv from any source is not supported yet")
+        """A receive from any source takes the message the recording says came next: from
+        the peer whose next recorded receive on this group started first. The recorded
+        arrival order is kept (real and virtual peers alike), and the work names the
+        sender as production's did."""
+        group_src = self._anysource_peer()
+        if group_src is None:
+            s = self._session
+            s.diverge(self._gid, -1, "recv", "call", "a receive the recording has (it has none left "
+                      "on this group)", "a receive from any source")
+            raise DivergenceError(s.stopped.paragraph() if s.stopped is not None else
+                                  "prism-rr replay: no recorded receive is left for a receive from any source")
+        async_op = p2p_api(2) != "recv"
+        real = self._backend_for(tensors)
+        work = self._p2p("recv", tensors, group_src, tag, real.recv, (tensors, group_src, tag), async_op=async_op)
+        return _FromPeer(work, group_src)
+
+    def _anysource_peer(self) -> int | None:
+        s = self._session
+        best = None
+        for g, peer in enumerate(self._ranks):
+            if peer == s.rank:
+                continue
+            rec = s.schedule.p2p(s.rank, self._gid, "recv", peer, self._p2p_seq.get(("recv", peer), 0))
+            if rec is not None and (best is None or rec.start_ns < best[0]):
+                best = (rec.start_ns, g)
+        return None if best is None else best[1]
 
     # --- coalescing ---------------------------------------------------------------
 

@@ -55,6 +55,19 @@ for step in range(3):
     o = torch.empty(world * 2)
     dist.all_to_all_single(o, x(step, world * 2))
     got[f"all_to_all_single{step}"] = o
+    # Receives from any source: rank 0 takes one message from every other rank, in the
+    # order they come (the replay keeps the recorded order and names the sender).
+    if rank == 0:
+        msgs, srcs = [], []
+        for _ in range(world - 1):
+            t = torch.empty(4)
+            srcs.append(dist.recv(t, tag=7))
+            msgs.append(t)
+        got[f"anysource{step}"] = torch.stack(msgs)
+        got[f"anysource_from{step}"] = torch.tensor(srcs)
+    else:
+        time.sleep(0.005 * rank)
+        dist.send(x(step, 4), 0, tag=7)
     if rank in (0, 1):
         t = x(step, 6)
         if rank == 0:
