@@ -203,8 +203,8 @@ def record(
     ops: bool = typer.Option(False, "--ops", help="Also record every operator (name, shapes, duration)."),
     memory: bool = typer.Option(False, "--memory", help="Track live tensor memory on CPU (CUDA statistics are always read)."),
     nproc: int = typer.Option(0, "--nproc", help="Start this many local ranks with torchrun's environment (0: CMD starts its own ranks, e.g. torchrun)."),
-    slice_: Optional[str] = typer.Option(None, "--slice", help="roles: record one representative rank per role (ranks doing the same work), plus --ranks."),
-    mesh: Optional[str] = typer.Option(None, "--mesh", help="With --slice roles: the job's layout, e.g. dp=4,tp=2 (row-major, last dimension fastest, as init_device_mesh)."),
+    slice_: Optional[str] = typer.Option(None, "--slice", help="roles: record one representative rank per role (ranks doing the same work), plus --ranks. The layout comes from --mesh, else from the DeviceMesh the program builds, else from its groups at the first step."),
+    mesh: Optional[str] = typer.Option(None, "--mesh", help="With --slice roles: the job's layout, e.g. dp=4,tp=2 (row-major, last dimension fastest, as init_device_mesh); ranks then decide before the program starts."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the run after this many seconds (a hang still yields a bundle)."),
 ) -> None:
     """Record a training run into a bundle, without editing the training code.
@@ -250,7 +250,11 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
         from prism_rr.graph.roles import spool_roles
         from prism_rr.recorder._options import parse_ranks
 
-        extra = {"roles": spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())}
+        roles = spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())
+        extra = {"roles": roles} if roles is not None else None
+        if roles is None:
+            _say("warning: --slice roles: no layout was found (no DeviceMesh, and the groups form no mesh); "
+                 "every rank was recorded")
     result = pack_spools(spool_dir, output, manifest_extra=extra, progress=_progress("packing ranks"))
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail of its spool lost ({why})")

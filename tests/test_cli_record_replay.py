@@ -26,6 +26,34 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+# dp x tp = 2 x 2, from a DeviceMesh ("mesh") or from groups made by hand ("groups"): the
+# data depends on the tp position only, so ranks 0 and 2 do the same work, as do 1 and 3.
+LAYOUT = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if sys.argv[1] == "mesh":
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    else:
+        tps = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        dps = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        tp, dp = tps[rank // 2], dps[rank % 2]
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    for step in range(3):
+        x = torch.ones(4) * (rank % 2 + 1 + step)
+        dist.all_reduce(x, group=tp)
+        dist.all_reduce(x, group=dp)
+        p.grad = x[:2].clone()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
 @pytest.fixture
 def script(tmp_path):
     path = tmp_path / "train.py"
@@ -104,3 +132,29 @@ def test_slice_roles_then_scale_to_8192(tmp_path, script):
     facts = json.loads(run_cli("info", big, "--json").stdout)
     assert facts["world_size"] == 8192 and facts["bytes"] < 1_000_000
     assert run_cli("verify", big).returncode == 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layout,by,replayed", [("mesh", "mesh", 1), ("groups", "groups", 0)])
+def test_slice_roles_finds_the_layout(tmp_path, layout, by, replayed):
+    """--slice roles without --mesh: the layout comes from the program's DeviceMesh, else
+    from its groups; the ranks that stand for no role stop recording. Asked to replay one
+    of those, the replayer names the rank that does its work."""
+    path = tmp_path / "layout.py"
+    path.write_text(LAYOUT)
+    out = tmp_path / "slice.prism"
+    rec = run_cli("record", "-o", out, "--nproc", "4", "--slice", "roles", "--payload", "full",
+                  "--", sys.executable, path, layout, timeout=200)
+    assert rec.returncode == 0, rec.stderr
+    facts = json.loads(run_cli("info", out, "--json").stdout)
+    assert facts["world_size"] == 4 and facts["recorded_ranks"] == [0, 1]
+    from prism_rr import open as open_bundle
+
+    with open_bundle(out) as b:
+        roles = b.manifest["roles"]
+    assert roles["by"] == by and roles["sliced"] is True and list(roles["representatives"]) == [0, 1]
+    rep = run_cli("replay", out, "--ranks", str(replayed), "--", sys.executable, path, layout, timeout=200)
+    assert rep.returncode == 0, rep.stderr
+    assert "diverged: no" in rep.stderr
+    other = run_cli("replay", out, "--ranks", "3", "--", sys.executable, path, layout, timeout=60)
+    assert other.returncode == 2 and "rank 3 does the work of rank 1; replay --ranks 1" in other.stderr

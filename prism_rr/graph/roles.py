@@ -353,9 +353,11 @@ def mesh_from_groups(world: int, groups: list[dict]) -> Mesh | None:
     return Mesh(tuple(names), tuple(z for _, z, _ in dims))
 
 
-def spool_roles(spool_dir, mesh: str | Mesh | dict, extra: Iterable[int] = ()) -> dict:
-    """The manifest `roles` entry for spools recorded with `--slice roles --mesh MESH`
-    (what `record` passes to `pack(..., manifest_extra={"roles": ...})`)."""
+def spool_roles(spool_dir, mesh: str | Mesh | dict | None, extra: Iterable[int] = ()) -> dict | None:
+    """The manifest `roles` entry for spools recorded with `--slice roles [--mesh MESH]`
+    (what `record` passes to `pack(..., manifest_extra={"roles": ...})`). Without `mesh`,
+    the layout the ranks found while recording (their `slice_mesh`); None when they found
+    none (then every rank was recorded)."""
     from pathlib import Path
 
     from prism_rr.format.spool import frame_info, read_spool
@@ -363,16 +365,28 @@ def spool_roles(spool_dir, mesh: str | Mesh | dict, extra: Iterable[int] = ()) -
 
     world = 0
     recorded = []
+    found, by = None, "mesh"
     for path in sorted(Path(spool_dir).glob("rank-*.spool")):
         data = path.read_bytes()
         scan = read_spool(path, data)
         recorded.append(scan.rank)
         for frame in scan.frames:
             if frame.kind == layout.FRAME_RANK_INFO:
-                world = max(world, int(frame_info(data, frame, path.name).get("world_size", 0) or 0))
+                info = frame_info(data, frame, path.name)
+                world = max(world, int(info.get("world_size", 0) or 0))
+                if found is None and isinstance(info.get("slice_mesh"), dict):
+                    found, by = info["slice_mesh"], str(info.get("slice_by") or "mesh")
     if not world:
         raise UsageError(f"{spool_dir}: no spool says its world size")
-    entry = roles_for_mesh(world, mesh, prefer=recorded).to_manifest()
+    if mesh is None:
+        if found is None:
+            return None
+        mesh = found
+    else:
+        by = "mesh"
+    roles = roles_for_mesh(world, mesh, prefer=recorded)
+    entry = roles.to_manifest()
+    entry["by"] = by
     entry["sliced"] = True
     entry["extra_ranks"] = sorted(set(extra))
     return entry

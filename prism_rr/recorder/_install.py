@@ -126,6 +126,8 @@ def _helper(*args, **kwargs):
 
     real_name = str(a["backend"])
     ranks = list(a["global_ranks_in_group"] or [])
+    if rec.slice_pending:  # every group, this rank a member or not: the layout to find
+        rec.group_seen(ranks or range(int(a["group_size"])), a.get("group_desc") or "")
     st.pending.value = (dmap, gid, ranks, real_name)
     a["backend"] = BACKEND
     try:
@@ -278,6 +280,8 @@ def _patch_device_mesh(dm) -> None:
                 if len(info["ranks"]) == rec.world_size and info != rec.mesh:
                     rec.mesh = info  # the root mesh; its slices are not news
                     rec.writer.add_info({"device_mesh": info})
+                    if rec.slice_pending:
+                        rec.settle_slice(info)
             except Exception:
                 pass
 

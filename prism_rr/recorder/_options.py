@@ -86,8 +86,6 @@ class RecordOptions:
             raise UsageError(f"payload must be one of {', '.join(PAYLOADS)}, not {self.payload!r}")
         if self.slice not in (None, "roles"):
             raise UsageError(f"slice must be roles, not {self.slice!r}")
-        if self.slice == "roles" and not self.mesh:
-            raise UsageError("--slice roles needs the layout: --mesh dp=..,tp=..[,pp=..] (row-major, last fastest)")
 
     @classmethod
     def make(cls, spool_dir, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, **extra):
@@ -96,8 +94,14 @@ class RecordOptions:
             ranks=parse_ranks(ranks), ops=bool(ops), memory=bool(memory), **extra,
         )
 
+    @property
+    def slice_later(self) -> bool:
+        """--slice roles without --mesh: every rank starts recording, and the ranks that
+        stand for no role stop once the program's layout is known (see Recording.settle_slice)."""
+        return self.slice == "roles" and not self.mesh
+
     def records_rank(self, rank: int, world_size: int | None = None) -> bool:
-        if self.slice == "roles" and world_size is not None:
+        if self.slice == "roles" and self.mesh and world_size is not None:
             from prism_rr.graph.roles import slice_ranks
 
             return rank in slice_ranks(world_size, self.mesh, self.ranks or ())

@@ -81,6 +81,8 @@ class Recording:
         self._pacer = None  # weakref to the optimizer whose steps mark boundaries
         self._closed = False
         self._hook_handle = None
+        self.slice_pending = options.slice_later
+        self._groups: list[dict] = []  # every group created: what a layout is found from
 
     # --- life cycle ---------------------------------------------------------------
 
@@ -180,6 +182,8 @@ class Recording:
                 self.writer.flush()
         except BaseException as exc:
             self.fail(exc)
+        if self.slice_pending:
+            self.settle_slice(None)
 
     def _begin_window(self) -> None:
         t = monotonic_ns()
@@ -222,7 +226,48 @@ class Recording:
             return self.cpu_memory.allocated, self.cpu_memory.peak
         return None, None
 
+    # --- slicing ------------------------------------------------------------------
+
+    def settle_slice(self, mesh=None) -> None:
+        """`--slice roles` without `--mesh`: the layout is now known (the DeviceMesh the
+        program built, else, at the first step boundary, the groups it made). A rank that
+        stands for no role stops recording and removes its spool; the others note the
+        layout for the manifest. Every rank sees the same groups, so all decide alike."""
+        if not self.slice_pending:
+            return
+        self.slice_pending = False
+        groups, self._groups = self._groups, []
+        try:
+            from prism_rr.graph.roles import Mesh, mesh_from_groups, slice_ranks
+
+            by = "mesh"
+            if isinstance(mesh, dict):
+                mesh = Mesh.from_dict(mesh)
+            if mesh is None or mesh.world_size != self.world_size:
+                mesh, by = mesh_from_groups(self.world_size, groups), "groups"
+            if mesh is None:
+                if self.rank == 0:
+                    log.warning("prism-rr: --slice roles: the groups form no mesh; recording every rank "
+                                "(give the layout with --mesh dp=..,tp=..)")
+                return
+            keep = slice_ranks(self.world_size, mesh, self.options.ranks or ())
+        except Exception as exc:
+            log.warning("prism-rr: --slice roles: no layout (%s: %s); recording every rank", type(exc).__name__, exc)
+            return
+        if self.rank in keep:
+            self.writer.add_info({"slice_mesh": mesh.to_dict(), "slice_by": by})
+            return
+        self.close("stands for no role")
+        try:
+            self.writer.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("prism-rr: could not remove the spool of rank %d: %s", self.rank, exc)
+
     # --- groups -------------------------------------------------------------------
+
+    def group_seen(self, ranks, desc: str) -> None:
+        """A group the program made (this rank in it or not), while the layout is sought."""
+        self._groups.append({"ranks": tuple(int(r) for r in ranks), "desc": str(desc)})
 
     def group_created(self, gid: int, ranks, name: str, desc: str, backend: str) -> None:
         if not self.on:

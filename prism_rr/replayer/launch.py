@@ -117,7 +117,19 @@ def replay(
         world = bundle.world_size
         missing = [r for r in real if r not in bundle.recorded_ranks]
         if missing:
-            raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}")
+            hint = ""
+            if isinstance(bundle.manifest.get("roles"), dict):
+                from prism_rr.graph.roles import Roles
+
+                try:
+                    roles = Roles.from_manifest(bundle.manifest["roles"])
+                    stand = {r: roles.representatives[roles.role(r)] for r in missing}
+                    hint = " (a sliced recording: " + ", ".join(
+                        f"rank {r} does the work of rank {s}" for r, s in stand.items()
+                    ) + f"; replay --ranks {','.join(str(s) for s in sorted(set(stand.values())))})"
+                except Exception:
+                    hint = ""
+            raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}{hint}")
         infos = {r: bundle.rank_info(r) for r in real}
         outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
         if outside:

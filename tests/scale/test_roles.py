@@ -61,5 +61,8 @@ def test_record_options_slice_roles():
     again = RecordOptions.from_json(opts.to_json())
     assert again.slice == "roles" and again.mesh == "dp=2,tp=2"
     assert RecordOptions.make("/tmp/x").records_rank(3, 4)
+    later = RecordOptions.make("/tmp/x", slice="roles")  # the layout is found while recording
+    assert later.slice_later and all(later.records_rank(r, 4) for r in range(4))
+    assert not opts.slice_later
     with pytest.raises(UsageError):
-        RecordOptions.make("/tmp/x", slice="roles")
+        RecordOptions.make("/tmp/x", slice="ranks")
