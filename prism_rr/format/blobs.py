@@ -8,8 +8,13 @@ from pathlib import Path
 
 from prism_rr.format import codec, layout
 
-__all__ = ["blob_id", "blob_path", "write_blob"]
+__all__ = ["KEEP_SMALL", "blob_id", "blob_path", "write_blob"]
 
+
+# A `digest` recording keeps the payload of calls this small (in bytes, all tensors of
+# the call together): control data such as sizes, flags and losses, which a replay must
+# not make up.
+KEEP_SMALL = 1024
 
 def blob_id(data) -> bytes:
     """The 16-byte content id of a payload (BLAKE2b-128 of its raw bytes)."""

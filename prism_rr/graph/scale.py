@@ -15,7 +15,8 @@ new world to its representative, and `recorded_ranks` lists the representatives.
   with groups, roots and peers mapped into the new world. Collectives on a group that
   grows get shapes for the new size: tensor all_gather / reduce_scatter keep the whole
   buffer (FSDP: shards shrink, dim 0 rounded up); list forms get one entry per member.
-  Digests and payload blobs go (the numerics at scale are synthetic).
+  Digests and payload blobs go (the numerics at scale are synthetic), but for small
+  point-to-point messages (at most 1 KiB: control data such as pipelining's handshakes).
 - Timing: a synchronous collective is entered at its recorded last arrival (its end
   minus its transfer time, the smallest end - start among recorded members) and lasts
   its transfer time, rescaled by the cost model for the new group size and bytes; an
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prism_rr.errors import UsageError
+from prism_rr.format.blobs import KEEP_SMALL, write_blob
 from prism_rr.format import layout
 from prism_rr.format.codec import pack_ranks
 from prism_rr.format.pack import pack
@@ -299,10 +301,12 @@ def scale(
                 "predicted_shape_ops": sorted(_TENSOR_GATHER | _TENSOR_SCATTER),
                 "predicted_shapes": counts["predicted_shapes"],
                 "timing": "sync collectives start at their recorded last arrival and last the modelled transfer",
-                "numerics": "synthetic: digests and payloads removed",
+                "numerics": "synthetic: digests and payloads removed but for small point-to-point messages",
                 "batch": "per-rank batch as recorded: give the program a global batch that grows with dp",
             }
             features = set(bundle.manifest.get("features_optional", ())) - {"blobs", "digests"}
+            if (tmp / "blobs").exists():
+                features.add("blobs")
             features |= {"summaries", "roles", "scaled"}
             pack(tmp, out_path, manifest_extra={
                 "groups": groups, "roles": new_roles.to_manifest(), "scale": note,
@@ -352,6 +356,20 @@ class _RankMap:
             else:
                 c[d] = _map_coord(oc[d], self.old.shape[d], self.new.shape[d])
         return self.new.rank_at(c)
+
+
+def _copy_blobs(bundle, ids, tmp: Path) -> bool:
+    """Carry a small message's payload into the new bundle: point-to-point messages
+    between the same stages say the same thing at any data-parallel size, and small ones
+    steer control flow (pipelining's handshakes)."""
+    if not ids:
+        return False
+    try:
+        for ident in ids:
+            write_blob(tmp, bundle.blob(ident))
+    except Exception:
+        return False
+    return True
 
 
 def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: dict, tmp: Path, counts) -> None:
@@ -413,7 +431,8 @@ def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: 
             ch["peer"] = ctx.rank(rec.peer, rec.group)
             if rec.issued_ns is not None:
                 ch["issued_ns"] = shift(rec.issued_ns)
-            ch.update(digest=None, blob=None)
+            if rec.nbytes is None or rec.nbytes > KEEP_SMALL or not _copy_blobs(bundle, rec.blob, tmp):
+                ch.update(digest=None, blob=None)
         elif cls is GroupInfo:
             if rec.group not in ctx.where:
                 continue

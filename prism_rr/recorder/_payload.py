@@ -14,9 +14,9 @@ import struct
 
 import torch
 
-from prism_rr.format.blobs import write_blob
+from prism_rr.format.blobs import KEEP_SMALL, write_blob
 
-__all__ = ["describe", "digests", "blobs"]
+__all__ = ["KEEP_SMALL", "describe", "digests", "blobs", "small"]
 
 _SMALL = 4096  # bytes; below this BLAKE2b on the host bytes is as cheap as a torch call
 _PACK = struct.Struct("<qqQ")
@@ -58,6 +58,16 @@ def _digest(t: torch.Tensor) -> int:
 
 def digests(tensors) -> tuple[int, ...]:
     return tuple(_digest(t) for t in tensors)
+
+
+def small(tensors) -> bool:
+    """At most KEEP_SMALL bytes in all (and at least one tensor)."""
+    total = 0
+    for t in tensors:
+        total += t.numel() * t.element_size()
+        if total > KEEP_SMALL:
+            return False
+    return bool(tensors)
 
 
 def blobs(spool_dir, tensors) -> tuple[bytes, ...]:

@@ -301,7 +301,7 @@ class Recording:
             call.outs = outs
             call.in_desc = _payload.describe(ins)
             call.digest_in = _payload.digests(ins) if self.digest and not (p2p and op.endswith("recv")) else None
-            call.blob_in = _payload.blobs(self.spool_dir, ins) if self.full and not (p2p and op.endswith("recv")) else None
+            call.blob_in = self._blobs(ins) if not (p2p and op.endswith("recv")) else None
             call.reduce_op = reduce_op
             call.root = root
             call.peer = peer
@@ -378,6 +378,14 @@ class Recording:
                 pass
         call.release()
 
+    def _blobs(self, tensors):
+        """The tensors' bytes as blobs: always with `full`; with `digest`, when the call's
+        tensors are small (control data such as sizes, flags, a loss: a replay that made
+        them up could take another branch)."""
+        if self.full or (self.digest and _payload.small(tensors)):
+            return _payload.blobs(self.spool_dir, tensors)
+        return None
+
     def _record(self, call: Call, end: int | None):
         done = end is not None
         mem_alloc, mem_peak = call.mem
@@ -388,8 +396,7 @@ class Recording:
             if receiving and done:
                 if self.digest:
                     digest = _payload.digests(call.outs)
-                if self.full:
-                    blob = _payload.blobs(self.spool_dir, call.outs)
+                blob = self._blobs(call.outs)
             shapes, dtypes, nbytes = call.in_desc
             return PointToPoint(
                 start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
@@ -405,7 +412,7 @@ class Recording:
         else:
             out_shapes, out_dtypes, out_bytes = _payload.describe(outs)
         digest_out = _payload.digests(outs) if self.digest and done else None
-        blob_out = _payload.blobs(self.spool_dir, outs) if self.full and done else None
+        blob_out = self._blobs(outs) if done else None
         return Collective(
             start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
             seq=call.seq, in_shapes=in_shapes, in_dtypes=in_dtypes, in_bytes=in_bytes,

@@ -73,6 +73,20 @@ def _rows(t: torch.Tensor, splits, j: int, n: int) -> torch.Tensor:
     return t[start : start + splits[j]]
 
 
+def plausible(t: torch.Tensor, seed: int) -> None:
+    """Fill a received tensor whose data was not recorded: unit normals for floating
+    dtypes (what layer activations look like, and never the uninitialised memory of an
+    empty() buffer, whose NaNs and denormals would change branches and slow every
+    operator), zeros otherwise. Seeded, so a replay makes the same values each time."""
+    if t.is_floating_point():
+        g = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+        write(t, torch.randn(tuple(t.shape), generator=g).to(t.dtype))
+    elif t.is_complex():
+        write(t, torch.zeros(tuple(t.shape), dtype=t.dtype))
+    else:
+        write(t, torch.zeros(tuple(t.shape), dtype=t.dtype))
+
+
 def build_outputs(op: str, me: int, n: int, ins, outs, contrib, *, reduce_op=None, root=None,
                   in_splits=None, out_splits=None) -> None:
     """Fill `outs` in place for `op` at group rank `me` of `n` members."""

@@ -26,7 +26,7 @@ from prism_rr.format.records import PointToPoint
 from prism_rr.recorder._group import RecordingGroup
 from prism_rr.recorder._payload import describe, digests
 from prism_rr.recorder._stack import p2p_api
-from prism_rr.replayer._data import build_grouped, build_outputs, from_bytes, host_bytes, write
+from prism_rr.replayer._data import build_grouped, build_outputs, from_bytes, host_bytes, plausible, write
 
 __all__ = ["ReplayGroup"]
 
@@ -371,7 +371,9 @@ class ReplayGroup(RecordingGroup):
                 for t, b in zip(tensors, blobs):
                     write(t, from_bytes(s.bundle.blob(b), t.dtype, t.shape))
             else:
-                s.synthetic = True  # the tensor keeps what the program put in it
+                s.synthetic = True
+                for i, t in enumerate(tensors):
+                    plausible(t, hash((self._gid, peer, seq, i)))
         start = s.clock.entry(peer, other)
         arrivals = {s.rank: entry} if start is None else {s.rank: entry, peer: start}
         finish = s.clock.completion({s.rank: own, peer: other}, arrivals)

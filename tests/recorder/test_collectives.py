@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from prism_rr.format.blobs import KEEP_SMALL, blob_path
 from prism_rr.format.records import Collective, GroupInfo, PointToPoint
 
 from recorder_helpers import SCRIPTS, Spools, assert_unbroken_seqs, run_recorded
@@ -115,6 +116,28 @@ def test_digests_agree_across_ranks(recording):
     got = {(c.peer, r, c.seq): c.digest for r in range(world) for c in spools.of_kind(r, PointToPoint)
            if c.op.endswith("recv")}
     assert sent and sent == got
+
+
+@pytest.mark.timeout(240)
+def test_digest_keeps_small_calls_whole(recording):
+    """`digest` keeps the payload of calls of at most KEEP_SMALL bytes (control data a
+    replay must not make up) and only digests of larger ones."""
+    world, spools, _, _ = recording
+    kept = 0
+    for r in range(world):
+        for c in spools.calls(r):
+            if isinstance(c, PointToPoint):
+                sides = [(c.shapes, c.nbytes, c.blob)]
+            else:
+                sides = [(c.in_shapes, c.in_bytes, c.blob_in), (c.out_shapes, c.out_bytes, c.blob_out)]
+            for shapes, nbytes, blobs in sides:
+                small = len(shapes) > 0 and nbytes <= KEEP_SMALL
+                assert (blobs is not None) == small, (r, c.op, c.seq, nbytes, blobs)
+                if small:
+                    kept += 1
+                    assert len(blobs) == len(shapes)
+                    assert all(blob_path(spools.dir, b).exists() for b in blobs)
+    assert kept > 0
 
 
 @pytest.mark.timeout(240)
