@@ -480,6 +480,7 @@ def scale(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel degree (default: as recorded)."),
     mesh: Optional[str] = typer.Option(None, "--mesh", help="The recorded layout, e.g. dp=2,tp=2, when the bundle holds no DeviceMesh."),
     latency: str = typer.Option("constant", "--latency", help="Cost model latency term: constant (alpha per call) or steps (alpha per algorithm step)."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A real recording at the target size: print how far the scaled bundle's transfer times are from its (the model's error out of sample)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was done (model, fitted parameters, fit error) as JSON on stdout."),
 ) -> None:
     """Build the execution graph of a larger job from a recorded slice.
@@ -492,13 +493,31 @@ def scale(
     """
     from prism_rr.graph.scale import scale as scale_bundle
 
+    if compare is not None:
+        from prism_rr.format import open_bundle
+
+        open_bundle(compare).close()  # a bad path fails before the work
     note = scale_bundle(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency,
                         progress=_progress("writing ranks"))
+    if compare is not None:
+        from prism_rr.graph.scale import compare_transfers
+
+        note["compare"] = dict(compare_transfers(output, compare), against=str(compare))
     if as_json:
         print(json.dumps(note, default=str))
     fit = note["model"]["fit_error"]
-    _say(f"wrote {output}: world {note['to']['world_size']} ({note['roles']} roles written), "
+    _say(f"wrote {output}: world {note['to']['world_size']} ({note['roles']} role{'s' if note['roles'] != 1 else ''} written), "
          f"cost model fitted on {fit['samples']} calls, mean abs error {fit['mape_pct']:.0f}%")
+    if compare is not None:
+        c = note["compare"]
+        if not c["calls"]:
+            _say(f"compared with {compare}: no call of the one matches a call of the other (group, seq)")
+        else:
+            _say(f"compared with {compare}: {c['calls']} calls, total transfer time {c['total_error_pct']:+.1f}%, "
+                 f"mean abs error per call {c['call_mape_pct']:.1f}%")
+            for fam, row in c["ops"].items():
+                _say(f"  {fam:<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
+                     f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
 
 
 def _progress(label: str):

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -86,3 +87,11 @@ def test_fit_quality_dp2_to_dp4_on_real_recordings(tmp_path):
         assert set(row) >= {"calls", "recorded_mean_us", "predicted_mean_us", "mean_error_pct"}
     with open_bundle(pred) as p, open_bundle(dp4) as r:
         assert {g["id"]: g["ranks"] for g in p.groups} == {g["id"]: g["ranks"] for g in r.groups}
+    # The same from the command line, as a user checks the model on their cluster.
+    cli = subprocess.run([sys.executable, "-m", "prism_rr.cli", "scale", str(dp2), "--dp", "4", "-o",
+                          str(tmp_path / "cli.prism"), "--compare", str(dp4), "--latency", "steps", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    got = json.loads(cli.stdout)["compare"]
+    assert got["calls"] == report["calls"] and got["against"] == str(dp4)
+    assert "compared with" in cli.stderr and "total transfer time" in cli.stderr
