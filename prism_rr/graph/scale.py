@@ -13,8 +13,11 @@ new world to its representative, and `recorded_ranks` lists the representatives.
   at the new size. The manifest lists every group of the new world.
 - Records of a representative are its source rank's (the recorded rank of the same role),
   with groups, roots and peers mapped into the new world. Collectives on a group that
-  grows get shapes for the new size: tensor all_gather / reduce_scatter keep the whole
-  buffer (FSDP: shards shrink, dim 0 rounded up); list forms get one entry per member.
+  grows get shapes for the new size: FSDP2's all_gather / reduce_scatter from the
+  per-parameter layout the recorder noted (each parameter's dim 0 padded to a multiple
+  of the group size), exactly; other tensor forms keep the whole buffer (dim 0 rounded
+  up: predicted, and the replay takes the live shapes there); list forms get one entry
+  per member.
   Digests and payload blobs go (the numerics at scale are synthetic), but for small
   point-to-point messages (at most 1 KiB: control data such as pipelining's handshakes).
 - Timing: a synchronous collective is entered at its recorded last arrival (its end
@@ -145,8 +148,23 @@ def _map_coord(c: int, old: int, new: int) -> int:
     return c if c < new and old <= new else c * new // old
 
 
-def _rescale_shapes(rec: Collective, n_old: int, n_new: int) -> tuple[dict, bool]:
-    """New shape and byte fields for a collective whose group changes size; (changes, predicted)."""
+def _layout_size(layouts, kind: str, n_old: int, size_old: int, n_new: int) -> int | None:
+    """The size at group size n_new of an FSDP2 all-gather input ("ag") or reduce-scatter
+    output ("rs") of size_old at n_old, from the recorded per-parameter layout; None
+    when none was recorded for it."""
+    rows = ((layouts or {}).get(kind) or {}).get(f"{n_old}:{size_old}")
+    try:
+        if not rows or sum(ceil(int(d) / n_old) * int(w) for d, w in rows) != size_old:
+            return None
+        return sum(ceil(int(d) / n_new) * int(w) for d, w in rows)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _rescale_shapes(rec: Collective, n_old: int, n_new: int, layouts=None) -> tuple[dict, bool]:
+    """New shape and byte fields for a collective whose group changes size; (changes,
+    predicted). FSDP2's gathers and scatters are exact where the recording noted their
+    per-parameter layout (`fsdp_layouts` in the rank info), predicted otherwise."""
     op = rec.op
     if n_old == n_new:
         return {}, False
@@ -154,6 +172,19 @@ def _rescale_shapes(rec: Collective, n_old: int, n_new: int) -> tuple[dict, bool
     def esize(nbytes, shapes):
         numel = sum(prod(s) for s in shapes)
         return nbytes / numel if numel else 0
+
+    if op in _TENSOR_GATHER and len(rec.in_shapes) == 1 and len(rec.in_shapes[0]) == 1:
+        size = _layout_size(layouts, "ag", n_old, rec.in_shapes[0][0], n_new)
+        if size is not None:
+            e = esize(rec.in_bytes, rec.in_shapes)
+            return {"in_shapes": ((size,),), "out_shapes": ((size * n_new,),), "in_bytes": round(size * e),
+                    "out_bytes": round(size * n_new * e)}, False
+    if op in _TENSOR_SCATTER and len(rec.out_shapes) == 1 and len(rec.out_shapes[0]) == 1:
+        size = _layout_size(layouts, "rs", n_old, rec.out_shapes[0][0], n_new)
+        if size is not None:
+            e = esize(rec.out_bytes, rec.out_shapes)
+            return {"in_shapes": ((size * n_new,),), "out_shapes": ((size,),), "in_bytes": round(size * n_new * e),
+                    "out_bytes": round(size * e)}, False
 
     if op in _TENSOR_GATHER and len(rec.in_shapes) == 1 and rec.in_shapes[0]:
         shape = rec.in_shapes[0]
@@ -298,7 +329,8 @@ def scale(
                      "size_from": prod(old.shape[d] for d in f.dims), "size_to": prod(new.shape[d] for d in f.dims)}
                     for f in fams if prod(old.shape[d] for d in f.dims) != prod(new.shape[d] for d in f.dims)
                 ],
-                "predicted_shape_ops": sorted(_TENSOR_GATHER | _TENSOR_SCATTER),
+                # Only where some shape was predicted (no FSDP layout recorded for it).
+                "predicted_shape_ops": sorted(_TENSOR_GATHER | _TENSOR_SCATTER) if counts["predicted_shapes"] else [],
                 "predicted_shapes": counts["predicted_shapes"],
                 "timing": "sync collectives start at their recorded last arrival and last the modelled transfer",
                 "numerics": "synthetic: digests and payloads removed but for small point-to-point messages",
@@ -383,7 +415,7 @@ def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: 
         if type(rec) is not Collective:
             continue
         n_old, n_new = ctx.sizes(rec.group) if rec.group in ctx.where else (1, 1)
-        fields, predicted = _rescale_shapes(rec, n_old, n_new)
+        fields, predicted = _rescale_shapes(rec, n_old, n_new, info.get("fsdp_layouts"))
         if predicted:
             counts["predicted_shapes"] += 1
         if rec.end_ns is None:

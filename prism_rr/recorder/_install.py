@@ -113,6 +113,7 @@ def _helper(*args, **kwargs):
             from prism_rr.recorder._boot import on_import
 
             on_import("torch.distributed.device_mesh", _patch_device_mesh)
+            on_import("torch.distributed.fsdp._fully_shard._fsdp_param_group", _patch_fsdp)
         rec = st.rec
         wrap = dmap is not None and rec is not None and rec.on
     except Exception as exc:  # our bug: build the group as torch would
@@ -260,6 +261,64 @@ def _sync_clock(pg, rec) -> None:
     except Exception as exc:
         if rec is not None:
             rec.fail(exc)
+
+
+def _patch_fsdp(mod) -> None:
+    """Note FSDP2's per-parameter layout of its all-gathers and reduce-scatters. Each
+    parameter's dim 0 is padded to a multiple of the group size on its own, so the shapes
+    at another data-parallel size follow from the layout, not from the recorded totals;
+    `prism-rr scale` reads it from the rank info (`fsdp_layouts`)."""
+    ag, rs = getattr(mod, "foreach_all_gather", None), getattr(mod, "foreach_reduce", None)
+    if ag is None or rs is None or getattr(ag, "_prism_rr", False):
+        return
+
+    def foreach_all_gather(fsdp_params, group, *args, **kwargs):
+        _note_fsdp_layout("ag", fsdp_params, group)
+        return ag(fsdp_params, group, *args, **kwargs)
+
+    def foreach_reduce(fsdp_params, unsharded_grads, reduce_scatter_group, *args, **kwargs):
+        _note_fsdp_layout("rs", fsdp_params, reduce_scatter_group)
+        return rs(fsdp_params, unsharded_grads, reduce_scatter_group, *args, **kwargs)
+
+    foreach_all_gather._prism_rr = True  # type: ignore[attr-defined]
+    mod.foreach_all_gather = foreach_all_gather
+    mod.foreach_reduce = foreach_reduce
+
+
+def _note_fsdp_layout(kind: str, fsdp_params, group) -> None:
+    """`kind` "ag": per parameter (dim-0 size d, elements per padded shard row w) of the
+    all-gather input, whose size at group size N is sum(ceil(d / N) * w); "rs": the same
+    for the reduce-scatter output (gradients, padded on dim 0). Keyed "N:size" by the
+    recorded size, so `scale` finds a call's layout by its shape."""
+    rec = _state.rec
+    if rec is None or not rec.on or group is None:
+        return
+    try:
+        from math import ceil, prod
+
+        n = int(group.size())
+        rows = []
+        for p in fsdp_params:
+            orig = tuple(p._orig_size)
+            if not orig or orig[0] == 0:
+                return
+            d = int(orig[0])
+            if kind == "ag":
+                if getattr(p.fsdp_placement, "dim", 0) != 0:
+                    return
+                padded = tuple(p.padded_sharded_param_size)
+                w = prod(padded) // max(1, padded[0])
+            else:
+                w = prod(orig) // d
+            rows.append((d, int(w)))
+        size = sum(ceil(d / n) * w for d, w in rows)
+        layouts = rec.fsdp_layouts.setdefault(kind, {})
+        key = f"{n}:{size}"
+        if key not in layouts:
+            layouts[key] = [list(r) for r in rows]
+            rec.writer.add_info({"fsdp_layouts": {k: dict(v) for k, v in rec.fsdp_layouts.items()}})
+    except Exception:  # a newer FSDP: the shapes at scale stay predicted
+        pass
 
 
 def _patch_device_mesh(dm) -> None:

@@ -95,3 +95,23 @@ def test_fit_quality_dp2_to_dp4_on_real_recordings(tmp_path):
     got = json.loads(cli.stdout)["compare"]
     assert got["calls"] == report["calls"] and got["against"] == str(dp4)
     assert "compared with" in cli.stderr and "total transfer time" in cli.stderr
+
+
+def test_fsdp_layout_gives_exact_sizes():
+    """FSDP2 pads each parameter's dim 0 to a multiple of the group size on its own: the
+    size at another size follows from the per-parameter layout, not from the total."""
+    from prism_rr.graph.scale import _layout_size, _rescale_shapes
+
+    layouts = {"ag": {"2:6": [[3, 1], [4, 2]]}, "rs": {"2:6": [[3, 1], [4, 2]]}}
+    assert _layout_size(layouts, "ag", 2, 6, 3) == 1 * 1 + 2 * 2
+    assert _layout_size(layouts, "ag", 2, 6, 8) == 1 + 2
+    assert _layout_size(layouts, "ag", 2, 7, 8) is None  # no layout for that size
+    assert _layout_size({"ag": {"2:6": [[5, 1]]}}, "ag", 2, 6, 8) is None  # inconsistent: ignored
+    ag = Collective(start_ns=0, end_ns=1, step=0, op="all_gather_into_tensor", group=1, seq=0,
+                    in_shapes=((6,),), in_dtypes=("float32",), in_bytes=24,
+                    out_shapes=((12,),), out_dtypes=("float32",), out_bytes=48)
+    fields, predicted = _rescale_shapes(ag, 2, 8, layouts)
+    assert not predicted and fields["in_shapes"] == ((3,),) and fields["out_shapes"] == ((24,),)
+    assert fields["in_bytes"] == 12 and fields["out_bytes"] == 96
+    _, predicted = _rescale_shapes(ag, 2, 8, None)
+    assert predicted
