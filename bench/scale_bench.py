@@ -55,7 +55,7 @@ def main(argv=None) -> None:
     from prism_rr.graph.scale import scale
 
     work = Path(tempfile.mkdtemp(prefix="scale-bench-"))
-    base = args.bundle or _record(work / "w4.prism")
+    base = args.bundle or _record(work / "recorded-w4.prism")
     rows = []
     for spec in args.worlds.split(","):
         world = 4 if spec == "rec" else int(spec)
