@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -54,9 +55,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of each run's median")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--modes", default="none,digest,full")
+    p.add_argument("--no-pin", dest="pin", action="store_false", help="let ranks float over the cores")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = p.parse_args()
     train = [sys.executable, "-m", "prism_rr.demo.train", "--steps", str(args.steps)]
+    if args.pin and len(os.sched_getaffinity(0)) >= args.world:
+        # Each rank on a core of its own (LOCAL_RANK), the recorder's thread beside it:
+        # unpinned, ranks migrate and steps vary by tens of percent from run to run.
+        train = ["sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$@"', "sh", *train]
     modes = args.modes.split(",")
     results = {}
     started = time.monotonic()
