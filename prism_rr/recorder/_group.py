@@ -31,7 +31,7 @@ from torch._C._distributed_c10d import (
 
 from prism_rr.recorder._stack import p2p_api
 
-__all__ = ["RecordingGroup"]
+__all__ = ["ForwardingWork", "RecordingGroup"]
 
 _BACKEND_TYPES = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
@@ -71,38 +71,15 @@ def _flat(lists) -> list:
     return [t for ts in lists for t in ts]
 
 
-class _TimedWork(Work):
-    """The real Work, noting completion at wait() (or at its future's callback, if sooner).
+class ForwardingWork(Work):
+    """A Work that hands every question to another (the real backend's)."""
 
-    A future callback needs the GIL, which a busy main thread holds for up to the
-    switch interval (5 ms), so a blocking call's completion is taken where wait()
-    returns; an async call's at whichever comes first.
-    """
-
-    def __init__(self, inner, rec, call, anysource_group=None):
+    def __init__(self, inner):
         super().__init__()
         self._inner = inner
-        self._rec = rec
-        self._call = call
-        self._anysource = anysource_group
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        try:
-            ok = self._inner.wait(timeout)
-        except BaseException as exc:
-            self._rec.complete(self._call, exc)
-            raise
-        call = self._call
-        if not call.done:
-            peer = None
-            if self._anysource is not None:
-                try:
-                    peer = self._anysource._count_anysource(self._inner._source_rank(), call)
-                except Exception:
-                    peer = None
-            self._rec.complete(call, None, peer)
-        self._rec.settle(call)
-        return ok
+        return self._inner.wait(timeout)
 
     def get_future(self):
         return self._inner.get_future()
@@ -133,6 +110,39 @@ class _TimedWork(Work):
 
     def get_future_result(self):
         return self._inner.get_future_result()
+
+
+class _TimedWork(ForwardingWork):
+    """The real Work, noting completion at wait() (or at its future's callback, if sooner).
+
+    A future callback needs the GIL, which a busy main thread holds for up to the
+    switch interval (5 ms), so a blocking call's completion is taken where wait()
+    returns; an async call's at whichever comes first.
+    """
+
+    def __init__(self, inner, rec, call, anysource_group=None):
+        super().__init__(inner)
+        self._rec = rec
+        self._call = call
+        self._anysource = anysource_group
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        try:
+            ok = self._inner.wait(timeout)
+        except BaseException as exc:
+            self._rec.complete(self._call, exc)
+            raise
+        call = self._call
+        if not call.done:
+            peer = None
+            if self._anysource is not None:
+                try:
+                    peer = self._anysource._count_anysource(self._inner._source_rank(), call)
+                except Exception:
+                    peer = None
+            self._rec.complete(call, None, peer)
+        self._rec.settle(call)
+        return ok
 
 
 class _JoinedWork(Work):

@@ -15,15 +15,13 @@ builds the result and completes it when the live timing model says so:
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
-from torch._C._distributed_c10d import AllgatherOptions, Work
+from torch._C._distributed_c10d import AllgatherOptions
 
 from prism_rr.format.blobs import blob_id
 from prism_rr.errors import DivergenceError
 from prism_rr.format.records import PointToPoint
-from prism_rr.recorder._group import RecordingGroup
+from prism_rr.recorder._group import ForwardingWork, RecordingGroup
 from prism_rr.recorder._payload import describe, digests
 from prism_rr.recorder._stack import p2p_api
 from prism_rr.replayer._data import build_grouped, build_outputs, from_bytes, host_bytes, plausible, write
@@ -44,40 +42,18 @@ class _Absent:
         return absent
 
 
-class _FromPeer(Work):
+class _FromPeer(ForwardingWork):
     """A receive's work that names its sender (a receive from any source)."""
 
     def __init__(self, inner, group_src: int):
-        super().__init__()
-        self._inner = inner
+        super().__init__(inner)
         self._src = group_src
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        return self._inner.wait(timeout)
-
-    def get_future(self):
-        return self._inner.get_future()
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def is_success(self) -> bool:
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
 
     def source_rank(self) -> int:
         return self._src
 
     def _source_rank(self) -> int:
         return self._src
-
-    def result(self):
-        return self._inner.result()
-
-    def synchronize(self):
-        return self._inner.synchronize()
 
 
 def _shapes(x) -> tuple:
