@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from prism_rr._version import __version__
-from prism_rr.errors import PrismError, exit_code_for
+from prism_rr.errors import PrismError, UsageError, exit_code_for
 
 EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
@@ -453,6 +453,7 @@ def redact_cmd(
 @app.command(epilog=EXIT_CODES)
 def tui(
     bundle: Path = typer.Argument(..., help="The .prism bundle to browse."),
+    bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="The target's bandwidth for every collective, e.g. 50GB/s or 400Gb/s (bytes or bits with B or b), instead of the one fitted to the recording (which a recording on other hardware, or with messages of one size, cannot tell)."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A replay's bundle to compare with the recording."),
 ) -> None:
     """Browse a bundle in the terminal: overview, rank timelines, collectives, diagnosis,
@@ -480,6 +481,7 @@ def scale(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel degree (default: as recorded)."),
     mesh: Optional[str] = typer.Option(None, "--mesh", help="The recorded layout, e.g. dp=2,tp=2, when the bundle holds no DeviceMesh."),
     latency: str = typer.Option("constant", "--latency", help="Cost model latency term: constant (alpha per call) or steps (alpha per algorithm step)."),
+    bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="The target's bandwidth for every collective, e.g. 50GB/s or 400Gb/s (bytes or bits with B or b), instead of the one fitted to the recording (which a recording on other hardware, or with messages of one size, cannot tell)."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A real recording at the target size: print how far the scaled bundle's transfer times are from its (the model's error out of sample)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was done (model, fitted parameters, fit error) as JSON on stdout."),
 ) -> None:
@@ -498,6 +500,7 @@ def scale(
 
         open_bundle(compare).close()  # a bad path fails before the work
     note = scale_bundle(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency,
+                        bandwidth=None if bandwidth is None else parse_bandwidth(bandwidth),
                         progress=_progress("writing ranks"))
     if compare is not None:
         from prism_rr.graph.scale import compare_transfers
@@ -508,6 +511,11 @@ def scale(
     fit = note["model"]["fit_error"]
     _say(f"wrote {output}: world {note['to']['world_size']} ({note['roles']} role{'s' if note['roles'] != 1 else ''} written), "
          f"cost model fitted on {fit['samples']} calls, mean abs error {fit['mape_pct']:.0f}%")
+    unknown = note["model"].get("bandwidth_unidentified") or []
+    if unknown and bandwidth is None:
+        _say(f"note: the recording does not tell the bandwidth of {', '.join(unknown)} (message sizes too alike, "
+             f"or times too scattered): bytes there cost {'the pooled rate' if note['model'].get('pooled_bandwidth_identified') else 'nothing'}; "
+             f"give the target's with --bandwidth")
     if compare is not None:
         c = note["compare"]
         if not c["calls"]:
@@ -518,6 +526,21 @@ def scale(
             for fam, row in c["ops"].items():
                 _say(f"  {fam:<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
                      f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
+
+
+def parse_bandwidth(text: str) -> float:
+    """'50GB/s', '400Gb/s', '25e9', '1.5G' -> bytes per second (b: bits; K, M, G, T: 10^3k)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)([bB]?)(?:/s|ps)?\s*", text)
+    if not m:
+        raise UsageError(f"a bandwidth looks like 50GB/s, 400Gb/s or 25e9, not {text!r}")
+    value = float(m.group(1)) * 1000 ** " KMGT".index(m.group(2).upper() or " ")
+    if m.group(3) == "b":
+        value /= 8
+    if value <= 0:
+        raise UsageError(f"bandwidth must be positive, not {text!r}")
+    return value
 
 
 def _progress(label: str):

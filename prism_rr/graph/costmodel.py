@@ -7,8 +7,11 @@ barrier 0). A call's transfer time is the smallest end - start among the members
 recorded it: the last to arrive waits only for the transfer (no clock alignment needed).
 
 The fit is least squares per family. Where a family's samples cannot separate latency
-from bandwidth (one size of message, or a negative slope) it shares the bandwidth fitted
-over all families together (a within-family regression) and keeps its own latency.
+from bandwidth (one size of message, a negative slope, or a slope that the scatter of the
+times does not support: t-statistic under 2) it shares the bandwidth fitted over all
+families together (a within-family regression) and keeps its own latency; where that
+pooled slope is not supported either, bytes cost nothing (`bandwidth_identified` false:
+the recording cannot tell, and `with_bandwidth` sets one, as `scale --bandwidth` does).
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ class Fit:
     r2: float | None = None
     pooled: bool = False  # bandwidth shared with the other families
     latency: str = "constant"  # "constant": alpha once; "steps": alpha per algorithm step
+    identified: bool = True  # the recording supports this bandwidth (else: pooled or given or none)
 
     @property
     def beta_bytes_per_s(self) -> float | None:
@@ -158,7 +162,8 @@ class Fit:
         return {"alpha_ns": round(self.alpha_ns, 1), "ns_per_byte": self.ns_per_byte,
                 "beta_bytes_per_s": self.beta_bytes_per_s, "samples": self.samples,
                 "rmse_ns": round(self.rmse_ns, 1), "mape_pct": round(self.mape_pct, 2),
-                "r2": None if self.r2 is None else round(self.r2, 4), "pooled_bandwidth": self.pooled}
+                "r2": None if self.r2 is None else round(self.r2, 4), "pooled_bandwidth": self.pooled,
+                "bandwidth_identified": self.identified}
 
 
 @dataclass(slots=True)
@@ -171,6 +176,23 @@ class CostModel:
     mape_pct: float = 0.0
     samples: int = 0
     latency: str = "constant"
+    pooled_identified: bool = True
+    given_bytes_per_s: float | None = None  # a bandwidth set by hand (with_bandwidth)
+
+    def with_bandwidth(self, bytes_per_s: float) -> "CostModel":
+        """The same latencies with every family's bandwidth set to `bytes_per_s` (the
+        target cluster's, which a recording on another machine cannot tell)."""
+        if not bytes_per_s > 0:
+            raise ValueError(f"bandwidth must be positive, not {bytes_per_s}")
+        nspb = 1e9 / bytes_per_s
+        fits = {k: Fit(f.fam, f.alpha_ns, nspb if k != "barrier" else 0.0, f.samples, f.rmse_ns, f.mape_pct,
+                       f.r2, False, f.latency, True) for k, f in self.fits.items()}
+        return CostModel(fits, nspb, self.rmse_ns, self.mape_pct, self.samples, self.latency, True, bytes_per_s)
+
+    @property
+    def unidentified(self) -> list[str]:
+        """Families whose bandwidth the recording could not tell."""
+        return sorted(k for k, f in self.fits.items() if not f.identified and k != "barrier")
 
     def predict_ns(self, op_or_fam: str, nbytes: int, n: int) -> float | None:
         f = self.fits.get(family(op_or_fam))
@@ -196,6 +218,9 @@ class CostModel:
                         "broadcast": "ceil(log2 n)", "p2p": "1", "barrier": "0"},
             "params": {k: v.to_dict() for k, v in sorted(self.fits.items())},
             "pooled_ns_per_byte": self.pooled_ns_per_byte,
+            "pooled_bandwidth_identified": self.pooled_identified,
+            "given_bytes_per_s": self.given_bytes_per_s,
+            "bandwidth_unidentified": self.unidentified,
             "fit_error": {"samples": self.samples, "rmse_ns": round(self.rmse_ns, 1),
                           "mape_pct": round(self.mape_pct, 2)},
         }
@@ -210,6 +235,17 @@ def _line(xs, ys) -> tuple[float, float] | None:
         return None
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     return my - b * mx, b
+
+
+_T_MIN = 2.0  # a slope this many standard errors from zero is one the data support
+
+
+def _supported(b: float, sxx: float, sse: float, dof: int) -> bool:
+    """Is slope b (over x with spread sxx, residual sum of squares sse) supported?"""
+    if b <= 0 or dof <= 0 or sxx <= 0:
+        return False
+    se = (sse / dof / sxx) ** 0.5
+    return se == 0 or b / se >= _T_MIN
 
 
 def fit(data: list[Sample], *, latency: str = "constant") -> CostModel:
@@ -242,7 +278,17 @@ def _fit(rows, latency: str) -> CostModel:
         num += sum((x - mx) * (y - my) for x, y in zip(xs, ys))
         den += sum((x - mx) ** 2 for x in xs)
     pooled = max(0.0, num / den) if den > 0 else 0.0
-    model = CostModel(pooled_ns_per_byte=pooled, latency=latency)
+    sse = dof = 0
+    for rs in by.values():
+        xs = [r[1] for r in rs]
+        ys = [r[2] for r in rs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sse += sum((y - my - pooled * (x - mx)) ** 2 for x, y in zip(xs, ys))
+        dof += len(rs) - 1
+    pooled_ok = _supported(pooled, den, sse, dof - 1)
+    if not pooled_ok:
+        pooled = 0.0  # the recording cannot tell what bytes cost
+    model = CostModel(pooled_ns_per_byte=pooled, latency=latency, pooled_identified=pooled_ok)
     sq = ape = 0.0
     count = 0
     for fam, rs in sorted(by.items()):
@@ -250,16 +296,24 @@ def _fit(rows, latency: str) -> CostModel:
         xs = [r[1] for r in rs]
         ys = [r[2] for r in rs]
         line = _line(xs, ys) if len(ss) >= 3 and fam != "barrier" else None
-        if line is not None and line[1] > 0 and line[0] >= 0:
+        supported = False
+        if line is not None:
+            mx = sum(xs) / len(xs)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            sse = sum((y - line[0] - line[1] * x) ** 2 for x, y in zip(xs, ys))
+            supported = _supported(line[1], sxx, sse, len(xs) - 2)
+        identified = supported or fam == "barrier"
+        if line is not None and supported and line[0] >= 0:
             a, b, shared = line[0], line[1], False
         else:
+            identified = identified or (pooled_ok and fam != "barrier")
             b = pooled if fam != "barrier" else 0.0
             a = max(0.0, sum(ys) / len(ys) - b * sum(xs) / len(xs))
             shared = True
-            if line is not None and line[1] > 0 and line[0] < 0:  # through the origin
+            if line is not None and supported and line[0] < 0:  # through the origin
                 b = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
                 a, shared = 0.0, False
-        f = Fit(fam, a, b, len(ss), pooled=shared, latency=latency)
+        f = Fit(fam, a, b, len(ss), pooled=shared, latency=latency, identified=identified)
         errs = [f.predict_ns(s.nbytes, s.n) - s.transfer_ns for s in ss]
         ys = [float(s.transfer_ns) for s in ss]
         f.rmse_ns = (sum(e * e for e in errs) / len(errs)) ** 0.5

@@ -247,10 +247,12 @@ def scale(
     mesh: str | Mesh | None = None,
     model: CostModel | None = None,
     latency: str = "constant",
+    bandwidth: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Write `out_path`, the bundle of the recorded job at the new mesh sizes; returns the
-    `scale` note stored in its manifest (meshes, roles, the cost model and its fit error)."""
+    `scale` note stored in its manifest (meshes, roles, the cost model and its fit error).
+    `bandwidth` (bytes/s): the target's, for every family, instead of the fitted ones."""
     t_start = time.perf_counter()
     in_path, out_path = Path(in_path), Path(out_path)
     if in_path.resolve() == out_path.resolve():
@@ -284,6 +286,11 @@ def scale(
             shift += _group_count(new, fam.dims) - _group_count(old, fam.dims)
         if model is None:
             model = fit(samples(bundle), latency=latency)
+        if bandwidth is not None:
+            try:
+                model = model.with_bandwidth(float(bandwidth))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         transfers = {s.key: s.transfer_ns for s in samples(bundle)}
         group_ranks = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
         infos = {r: bundle.rank_info(r) for r in recorded}

@@ -30,3 +30,23 @@ def test_fit_pools_bandwidth_for_a_family_of_one_size():
     assert model.fits["all_gather"].pooled
     assert model.delta_ns("all_gather_into_tensor", 1 << 20, 2, 1 << 20, 4) > 0
     assert model.predict_ns("barrier", 0, 8) is None
+
+
+@pytest.mark.timeout(10)
+def test_a_slope_the_scatter_does_not_support_is_not_a_bandwidth():
+    """Times that do not grow with bytes (a time-shared CPU): no bandwidth is fitted, the
+    model says so, and one can be given."""
+    rng = random.Random(2)
+    data = [Sample("all_gather", 2, rng.randrange(8000, 14000), rng.randrange(1_000_000, 9_000_000), (0, i))
+            for i in range(40)]
+    model = fit(data)
+    f = model.fits["all_gather"]
+    assert not f.identified and f.ns_per_byte == 0.0 and model.unidentified == ["all_gather"]
+    assert model.delta_ns("all_gather_into_tensor", 10_000, 2, 10_000_000, 4096) == 0
+    assert model.to_dict()["bandwidth_unidentified"] == ["all_gather"]
+    given = model.with_bandwidth(1e9)  # 1 GB/s: 1 ns a byte
+    assert given.fits["all_gather"].ns_per_byte == 1.0 and given.unidentified == []
+    assert given.fits["all_gather"].alpha_ns == f.alpha_ns
+    assert given.to_dict()["given_bytes_per_s"] == 1e9
+    with pytest.raises(ValueError):
+        model.with_bandwidth(0)

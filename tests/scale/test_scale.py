@@ -47,6 +47,21 @@ def test_scale_to_8192_writes_representatives_only(synthetic4, tmp_path):
         assert b.manifest["scale"]["from"]["world_size"] == 4
 
 
+@pytest.mark.timeout(60)
+def test_scale_takes_the_targets_bandwidth(synthetic4, tmp_path):
+    cmd = [sys.executable, "-m", "prism_rr.cli", "scale", str(synthetic4), "--dp", "8"]
+    out = subprocess.run([*cmd, "-o", str(tmp_path / "a.prism"), "--bandwidth", "400Gb/s", "--json"],
+                         capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    model = json.loads(out.stdout)["model"]
+    assert model["given_bytes_per_s"] == 50e9 and model["bandwidth_unidentified"] == []
+    assert {p["ns_per_byte"] for k, p in model["params"].items() if k != "barrier"} == {0.02}
+    bad = subprocess.run([*cmd, "-o", str(tmp_path / "b.prism"), "--bandwidth", "fast"],
+                         capture_output=True, text=True, timeout=50)
+    assert bad.returncode == 2 and "50GB/s" in bad.stderr
+    assert not (tmp_path / "b.prism").exists()
+
+
 @pytest.mark.timeout(30)
 def test_scale_keeps_steps_in_order_and_refuses_bad_input(synthetic4, tmp_path):
     out = tmp_path / "w8.prism"
