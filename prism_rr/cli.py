@@ -482,7 +482,7 @@ def scale(
     mesh: Optional[str] = typer.Option(None, "--mesh", help="The recorded layout, e.g. dp=2,tp=2, when the bundle holds no DeviceMesh."),
     latency: str = typer.Option("constant", "--latency", help="Cost model latency term: constant (alpha per call) or steps (alpha per algorithm step)."),
     bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="The target's bandwidth for every collective, e.g. 50GB/s or 400Gb/s (bytes or bits with B or b), instead of the one fitted to the recording (which a recording on other hardware, or with messages of one size, cannot tell)."),
-    compare: Optional[Path] = typer.Option(None, "--compare", help="A real recording at the target size: print how far the scaled bundle's transfer times are from its (the model's error out of sample)."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A real recording at the target size: print how far the scaled bundle's transfer times are from that recording's (the model's error out of sample)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was done (model, fitted parameters, fit error) as JSON on stdout."),
 ) -> None:
     """Build the execution graph of a larger job from a recorded slice.

@@ -297,6 +297,10 @@ def _note_fsdp_layout(kind: str, fsdp_params, group) -> None:
         from math import ceil, prod
 
         n = int(group.size())
+        seen = (kind, id(fsdp_params), n)  # a param group passes the same list every step
+        if seen in rec.fsdp_seen:
+            return
+        rec.fsdp_seen.add(seen)
         rows = []
         for p in fsdp_params:
             orig = tuple(p._orig_size)

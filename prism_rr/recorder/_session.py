@@ -62,6 +62,7 @@ class Recording:
         self.world_size = int(info.get("world_size", 0))
         self.mesh: dict | None = None
         self.fsdp_layouts: dict[str, dict[str, list]] = {}  # see _install._note_fsdp_layout
+        self.fsdp_seen: set[tuple] = set()
         self.spool_dir = Path(options.spool_dir)
         self.writer = SpoolWriter(spool_path(self.spool_dir, rank), rank, info=info)
         self.on = True
