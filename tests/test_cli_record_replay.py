@@ -138,8 +138,8 @@ def test_slice_roles_then_scale_to_8192(tmp_path, script):
 @pytest.mark.parametrize("layout,by,replayed", [("mesh", "mesh", 1), ("groups", "groups", 0)])
 def test_slice_roles_finds_the_layout(tmp_path, layout, by, replayed):
     """--slice roles without --mesh: the layout comes from the program's DeviceMesh, else
-    from its groups; the ranks that stand for no role stop recording. Asked to replay one
-    of those, the replayer names the rank that does its work."""
+    from its groups; the ranks that stand for no role stop recording. One of those replays
+    its role's records."""
     path = tmp_path / "layout.py"
     path.write_text(LAYOUT)
     out = tmp_path / "slice.prism"
@@ -156,5 +156,10 @@ def test_slice_roles_finds_the_layout(tmp_path, layout, by, replayed):
     rep = run_cli("replay", out, "--ranks", str(replayed), "--", sys.executable, path, layout, timeout=200)
     assert rep.returncode == 0, rep.stderr
     assert "diverged: no" in rep.stderr
-    other = run_cli("replay", out, "--ranks", "3", "--", sys.executable, path, layout, timeout=60)
-    assert other.returncode == 2 and "rank 3 does the work of rank 1; replay --ranks 1" in other.stderr
+    # Rank 3 was not recorded: it replays rank 1's records, mapped onto its own groups.
+    other = run_cli("replay", out, "--ranks", "3", "--", sys.executable, path, layout, timeout=120)
+    assert other.returncode == 0, other.stderr
+    assert "rank 3 was not recorded: it replays the records of rank 1" in other.stderr
+    assert "diverged: no" in other.stderr
+    twins = run_cli("replay", out, "--ranks", "1,3", "--", sys.executable, path, layout, timeout=60)
+    assert twins.returncode == 2 and "do the same work" in twins.stderr

@@ -248,11 +248,15 @@ def scale(
     model: CostModel | None = None,
     latency: str = "constant",
     bandwidth: float | None = None,
+    prefer=(),
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Write `out_path`, the bundle of the recorded job at the new mesh sizes; returns the
     `scale` note stored in its manifest (meshes, roles, the cost model and its fit error).
-    `bandwidth` (bytes/s): the target's, for every family, instead of the fitted ones."""
+    `bandwidth` (bytes/s): the target's, for every family, instead of the fitted ones.
+    `prefer`: ranks to write as their roles' representatives (by default the member with
+    data-parallel coordinate 0); at the recorded sizes this maps a representative's records
+    onto another member of its role, which is how `replay` runs a rank that was not recorded."""
     t_start = time.perf_counter()
     in_path, out_path = Path(in_path), Path(out_path)
     if in_path.resolve() == out_path.resolve():
@@ -276,7 +280,7 @@ def scale(
         layout.bounded(new.world_size, layout.MAX_WORLD, "world size", "scale")
         recorded = bundle.recorded_ranks
         old_roles = roles_for_mesh(old.world_size, old, prefer=recorded)
-        new_roles = roles_for_mesh(new.world_size, new)
+        new_roles = roles_for_mesh(new.world_size, new, prefer=prefer)
         where, fams = _families(old, bundle.groups)
         # New ids: each family takes as many ids as it has groups at the new size; any
         # ids the families do not explain keep their distance.

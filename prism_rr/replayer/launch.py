@@ -83,6 +83,38 @@ def _parse_ranks(ranks) -> tuple[int, ...]:
     return tuple(sorted({int(r) for r in ranks}))
 
 
+def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> Path:
+    """The bundle with `real` as their roles' representatives (records of each role's
+    recorded representative mapped onto them), written by `scale` at the same sizes."""
+    from prism_rr.graph.roles import Roles
+    from prism_rr.graph.scale import scale
+
+    try:
+        roles = Roles.from_manifest(roles_entry)
+    except Exception as exc:
+        raise UsageError(f"{bundle_path.name}: its roles entry cannot be read ({exc})") from None
+    m = roles.mesh
+    if m is None:
+        raise UsageError(f"{bundle_path.name}: ranks {list(real)} were not recorded and its roles have no mesh")
+    by_role: dict[int, list[int]] = {}
+    for r in real:
+        if not 0 <= r < roles.world_size:
+            raise UsageError(f"rank {r} is not a rank of the recorded world of {roles.world_size}")
+        by_role.setdefault(roles.role(r), []).append(r)
+    twins = [rs for rs in by_role.values() if len(rs) > 1]
+    if twins:
+        raise UsageError(f"ranks {twins[0]} do the same work (one role, one recording): replay one of them")
+    dp_dim = next((i for i, n in enumerate(m.dim_names) if n == "dp"), m.replica_dims[0])
+    out = work / f"{bundle_path.stem}-as-{'-'.join(map(str, real))}.prism"
+    for r in real:
+        rep = roles.representatives[roles.role(r)]
+        if rep != r:
+            log.warning("prism-rr: rank %d was not recorded: it replays the records of rank %d, "
+                        "which does the same work", r, rep)
+    scale(bundle_path, out, dp=m.shape[dp_dim], mesh=m, prefer=real)
+    return out
+
+
 def replay(
     bundle_path,
     *,
@@ -116,20 +148,21 @@ def replay(
     with open_bundle(bundle_path) as bundle:
         world = bundle.world_size
         missing = [r for r in real if r not in bundle.recorded_ranks]
+        roles_entry = bundle.manifest.get("roles")
+    if missing and isinstance(roles_entry, dict):
+        # A sliced or scaled bundle: a rank that was not recorded does its role's work.
+        # Write its representative's records mapped onto it (its groups, peers, roots)
+        # and replay that.
+        args = dict(ranks=real, cmd=cmd, report=report, output=output, output_payload=output_payload,
+                    timing=timing, comm_scale=comm_scale, compute_scale=compute_scale, slow_rank=slow_rank,
+                    continue_on_divergence=continue_on_divergence, timeout=timeout, cwd=cwd, log_dir=log_dir,
+                    env=env)
+        with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
+            derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
+            return replay(derived, **args)
+    with open_bundle(bundle_path) as bundle:
         if missing:
-            hint = ""
-            if isinstance(bundle.manifest.get("roles"), dict):
-                from prism_rr.graph.roles import Roles
-
-                try:
-                    roles = Roles.from_manifest(bundle.manifest["roles"])
-                    stand = {r: roles.representatives[roles.role(r)] for r in missing}
-                    hint = " (a sliced recording: " + ", ".join(
-                        f"rank {r} does the work of rank {s}" for r, s in stand.items()
-                    ) + f"; replay --ranks {','.join(str(s) for s in sorted(set(stand.values())))})"
-                except Exception:
-                    hint = ""
-            raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}{hint}")
+            raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}")
         infos = {r: bundle.rank_info(r) for r in real}
         outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
         if outside:
