@@ -90,6 +90,21 @@ class ReplayGroup(RecordingGroup):
     def shutdown(self) -> None:
         if self._real_pg is not None and hasattr(self._real_pg, "shutdown"):
             self._real_pg.shutdown()
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the gloo group among the real members now, on this thread, while the
+        interpreter is whole: left to the interpreter's teardown, its destruction order is
+        chance (an abort, "terminate called without an active exception", was seen there).
+        An all-real group's backend is torch's too, and torch lets go of it."""
+        if self._real_pg is not None and not self._all_real:
+            pg, self._real_pg = self._real_pg, None
+            try:
+                if hasattr(pg, "shutdown"):
+                    pg.shutdown()
+            except Exception:
+                pass
+            del pg
 
     def abort(self) -> None:
         if self._real_pg is not None and hasattr(self._real_pg, "abort"):

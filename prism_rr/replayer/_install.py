@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from datetime import timedelta
 
 from prism_rr.replayer._options import ReplayOptions
@@ -144,6 +145,8 @@ def _create(dist_opts, backend_options):
     if len(real) > 1:
         store = PrefixStore("prism_rr_real/", dist_opts.store)
         real_pg = ProcessGroupGloo(store, real.index(session.rank), len(real), timeout=dist_opts.timeout)
-    return ReplayGroup(session, dist_opts.group_rank, dist_opts.group_size, gid=gid, ranks=ranks,
-                       real_pg=real_pg, all_real=len(real) == len(ranks) and real_pg is not None,
-                       backend_name=real_name)
+    group = ReplayGroup(session, dist_opts.group_rank, dist_opts.group_size, gid=gid, ranks=ranks,
+                        real_pg=real_pg, all_real=len(real) == len(ranks) and real_pg is not None,
+                        backend_name=real_name)
+    session.groups.append(weakref.ref(group))
+    return group

@@ -152,6 +152,8 @@ class ReplaySession:
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
         self._pacer = None
         self._manual_steps = False
+        self.groups: list = []  # weakrefs to this process's ReplayGroups
+        self.exiting = False
         self._memory_mode = None
         self._written = False
         info = self.bundle.rank_info(rank)
@@ -359,6 +361,7 @@ class ReplaySession:
             "timing": self.options.timing,
             "calibration": self.calibration,
             "trace": self.trace,
+            "exiting": self.exiting,
         }
         path = stats_path(self.options.work_dir, self.rank)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
@@ -367,6 +370,14 @@ class ReplaySession:
         self._written = True
 
     def _at_exit(self) -> None:
+        self.exiting = True  # the program is done: its results stand (see launch)
+        for ref in self.groups:
+            group = ref()
+            if group is not None:
+                try:
+                    group.release()
+                except Exception:
+                    pass
         try:
             self.write()
         except Exception as exc:

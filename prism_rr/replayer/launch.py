@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,17 @@ def _parse_ranks(ranks) -> tuple[int, ...]:
 
         return parse_ranks(ranks) or ()
     return tuple(sorted({int(r) for r in ranks}))
+
+
+def _torn_down(work: Path, rank: int, code: int | None) -> bool:
+    """Did `rank` abort (SIGABRT) after its program had finished, in native teardown?"""
+    if code != -signal.SIGABRT:
+        return False
+    try:
+        st = json.loads(stats_path(work, rank).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(st.get("exiting")) and not st.get("stopped")
 
 
 def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> Path:
@@ -225,7 +237,7 @@ def replay(
             codes = {r: p.poll() for r, p in procs.items()}
             if all(c is not None for c in codes.values()):
                 break
-            if any(c not in (None, 0) for c in codes.values()):
+            if any(c not in (None, 0) and not _torn_down(work, r, c) for r, c in codes.items()):
                 kill_ranks(list(procs.values()))  # the others would wait for it forever
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -253,6 +265,15 @@ def replay(
             f.close()
         shutil.rmtree(work, ignore_errors=True)
     rep["rank_exit_codes"] = {str(r): c for r, c in codes.items()}
+    torn = sorted(r for r, c in codes.items() if c != 0 and stats.get(r, {}).get("exiting")
+                  and not stats[r].get("stopped") and c == -signal.SIGABRT)
+    if torn:
+        # The program had finished (its results were written at exit) when the process
+        # aborted in native teardown: the replay stands, and the report says so.
+        log.warning("prism-rr: rank(s) %s aborted in teardown after the program had finished; "
+                    "the replay's results stand", torn)
+        rep["teardown_aborts"] = torn
+        codes = {r: (0 if r in torn else c) for r, c in codes.items()}
     stopped = any(st.get("stopped") for st in stats.values())
     if timed_out:
         code = TIMED_OUT
