@@ -453,7 +453,6 @@ def redact_cmd(
 @app.command(epilog=EXIT_CODES)
 def tui(
     bundle: Path = typer.Argument(..., help="The .prism bundle to browse."),
-    bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="The target's bandwidth for every collective, e.g. 50GB/s or 400Gb/s (bytes or bits with B or b), instead of the one fitted to the recording (which a recording on other hardware, or with messages of one size, cannot tell)."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A replay's bundle to compare with the recording."),
 ) -> None:
     """Browse a bundle in the terminal: overview, rank timelines, collectives, diagnosis,
