@@ -39,7 +39,6 @@ class _OpsMode(TorchDispatchMode):
         try:
             tracker = self.tracker
             if tracker is not None:
-                tracker.cur = str(func)
                 tracker.track(args)
                 tracker.track(out)
             if self.per_op and rec.active:
