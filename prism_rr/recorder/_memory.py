@@ -11,7 +11,7 @@ finalizer runs whenever the main thread next lets go of the GIL: milliseconds la
 moment that differs from run to run. Counting the storage until then would put a racy
 buffer in the peak. So the tracker keeps the step's running totals, and a free from
 another thread is applied from the program's last use of the storage (the last operator
-that touched it, or the wait() that completed its collective: `track` again) onwards.
+that touched it, or the wait() that completed its collective: `touch`) onwards.
 The step's peak is taken over the corrected totals. The same rule holds while
 recording and while replaying, so the two count the same program the same way.
 """
@@ -40,62 +40,35 @@ class CpuMemoryTracker:
         self._late: list[tuple[int, int, int]] = []  # (last use, event when freed, bytes)
 
     def track(self, obj) -> None:
-        if isinstance(obj, torch.Tensor):
-            self._track_tensor(obj)
-        elif isinstance(obj, (list, tuple)):
-            for o in obj:
-                if isinstance(o, (torch.Tensor, list, tuple)):
-                    self.track(o)
+        """Count the CPU storages of `obj` (a tensor, or lists and tuples of them) from
+        now on; those already counted were in use until now."""
+        for st in _storages(obj):
+            key = id(st)
+            if key in self._live:
+                self._touch[key] = self._event
+                continue
+            if self._owner is None:
+                self._owner = threading.get_ident()
+            size = st.nbytes()
+            with self._lock:
+                self._live[key] = size
+                self.allocated += size
+                self._event += 1
+                self._touch[key] = self._event
+                self._trace.append(self.allocated)
+                if self.allocated > self.peak:
+                    self.peak = self.allocated
+            weakref.finalize(st, self._free, key)
 
     def touch(self, *objs) -> None:
         """The program used these tensors until now (a wait() that completed their call).
         Only storages already counted are noted; ignored on any other thread."""
         if self._owner is not None and threading.get_ident() != self._owner:
             return
-        live, touch, now = self._live, self._touch, self._event
-        stack = list(objs)
-        while stack:
-            o = stack.pop()
-            if isinstance(o, (list, tuple)):
-                stack.extend(o)
-            elif isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.is_sparse:
-                try:
-                    key = id(o.untyped_storage())
-                except (RuntimeError, NotImplementedError):
-                    continue
-                if key in live:
-                    touch[key] = now
-
-    def _track_tensor(self, t: torch.Tensor) -> None:
-        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
-            flatten = getattr(t, "__tensor_flatten__", None)
-            if flatten is not None:
-                names, _ = flatten()
-                for n in names:
-                    self.track(getattr(t, n))
-                return
-        if t.device.type != "cpu" or t.is_sparse:
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = id(st)
-        if key in self._live:
-            self._touch[key] = self._event
-            return
-        if self._owner is None:
-            self._owner = threading.get_ident()
-        size = st.nbytes()
-        with self._lock:
-            self._live[key] = size
-            self.allocated += size
-            self._event += 1
-            self._touch[key] = self._event
-            self._trace.append(self.allocated)
-            if self.allocated > self.peak:
-                self.peak = self.allocated
-        weakref.finalize(st, self._free, key)
+        for st in _storages(objs):
+            key = id(st)
+            if key in self._live:
+                self._touch[key] = self._event
 
     def _free(self, key: int) -> None:
         with self._lock:
@@ -137,3 +110,28 @@ class CpuMemoryTracker:
             self._trace = [self.allocated]
             self._late = []
         return peak
+
+
+def _storages(obj):
+    """The untyped storages of the dense CPU tensors in `obj` (a tensor, or lists and
+    tuples of them; tensor subclasses such as DTensor through their inner tensors)."""
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            if isinstance(o, (torch.Tensor, list, tuple)):
+                yield from _storages(o)
+        return
+    if not isinstance(obj, torch.Tensor):
+        return
+    if type(obj) is not torch.Tensor and type(obj) is not torch.nn.Parameter:
+        flatten = getattr(obj, "__tensor_flatten__", None)
+        if flatten is not None:
+            names, _ = flatten()
+            for n in names:
+                yield from _storages(getattr(obj, n))
+            return
+    if obj.device.type != "cpu" or obj.is_sparse:
+        return
+    try:
+        yield obj.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return
