@@ -173,35 +173,20 @@ def _rescale_shapes(rec: Collective, n_old: int, n_new: int, layouts=None) -> tu
         numel = sum(prod(s) for s in shapes)
         return nbytes / numel if numel else 0
 
-    if op in _TENSOR_GATHER and len(rec.in_shapes) == 1 and len(rec.in_shapes[0]) == 1:
-        size = _layout_size(layouts, "ag", n_old, rec.in_shapes[0][0], n_new)
-        if size is not None:
-            e = esize(rec.in_bytes, rec.in_shapes)
-            return {"in_shapes": ((size,),), "out_shapes": ((size * n_new,),), "in_bytes": round(size * e),
-                    "out_bytes": round(size * n_new * e)}, False
-    if op in _TENSOR_SCATTER and len(rec.out_shapes) == 1 and len(rec.out_shapes[0]) == 1:
-        size = _layout_size(layouts, "rs", n_old, rec.out_shapes[0][0], n_new)
-        if size is not None:
-            e = esize(rec.out_bytes, rec.out_shapes)
-            return {"in_shapes": ((size * n_new,),), "out_shapes": ((size,),), "in_bytes": round(size * n_new * e),
-                    "out_bytes": round(size * e)}, False
-
-    if op in _TENSOR_GATHER and len(rec.in_shapes) == 1 and rec.in_shapes[0]:
-        shape = rec.in_shapes[0]
-        rows = ceil(shape[0] * n_old / n_new)
-        e = esize(rec.in_bytes, rec.in_shapes)
-        ins = ((rows, *shape[1:]),)
-        outs = ((rows * n_new, *shape[1:]),)
-        return {"in_shapes": ins, "out_shapes": outs, "in_bytes": round(prod(ins[0]) * e),
-                "out_bytes": round(prod(outs[0]) * e)}, True
-    if op in _TENSOR_SCATTER and len(rec.out_shapes) == 1 and rec.out_shapes[0]:
-        shape = rec.out_shapes[0]
-        rows = ceil(shape[0] * n_old / n_new)
-        e = esize(rec.out_bytes, rec.out_shapes)
-        outs = ((rows, *shape[1:]),)
-        ins = ((rows * n_new, *shape[1:]),)
-        return {"in_shapes": ins, "out_shapes": outs, "in_bytes": round(prod(ins[0]) * e),
-                "out_bytes": round(prod(outs[0]) * e)}, True
+    gather = op in _TENSOR_GATHER
+    if gather or op in _TENSOR_SCATTER:
+        # The shard side (a gather's input, a scatter's output) and the whole n_new times it.
+        shards, nbytes = (rec.in_shapes, rec.in_bytes) if gather else (rec.out_shapes, rec.out_bytes)
+        if len(shards) == 1 and shards[0]:
+            shard = shards[0]
+            e = esize(nbytes, shards)
+            size = _layout_size(layouts, "ag" if gather else "rs", n_old, shard[0], n_new) if len(shard) == 1 else None
+            predicted = size is None
+            new = (ceil(shard[0] * n_old / n_new), *shard[1:]) if predicted else (size,)
+            whole = (new[0] * n_new, *new[1:])
+            ins, outs = ((new,), (whole,)) if gather else ((whole,), (new,))
+            return {"in_shapes": ins, "out_shapes": outs, "in_bytes": round(prod(ins[0]) * e),
+                    "out_bytes": round(prod(outs[0]) * e)}, predicted
     if op in _LIST_OUT and rec.out_shapes and len(rec.out_shapes) == n_old:
         per = rec.out_bytes // max(1, n_old)
         return {"out_shapes": (rec.out_shapes[0],) * n_new, "out_dtypes": (rec.out_dtypes[0],) * n_new if rec.out_dtypes else (),
@@ -266,8 +251,7 @@ def scale(
             raise UsageError(f"--{name} must be 1 or more")
     with open_bundle(in_path) as bundle:
         old = _old_mesh(bundle, mesh)
-        dp_dim = next((i for i, n in enumerate(old.dim_names) if n == "dp"), old.replica_dims[0])
-        sizes = {old.dim_names[dp_dim]: int(dp)}
+        sizes = {old.dim_names[old.dp_dim]: int(dp)}
         for name, v in (("tp", tp), ("pp", pp)):
             if v is None:
                 continue
