@@ -67,6 +67,11 @@ class Mesh:
         dims = tuple(i for i, n in enumerate(self.dim_names) if is_replica_dim(n))
         return dims or (0,)
 
+    @property
+    def dp_dim(self) -> int:
+        """The data-parallel dim: the one named dp, else the first replica dim."""
+        return next((i for i, n in enumerate(self.dim_names) if n == "dp"), self.replica_dims[0])
+
     def size(self, name: str) -> int:
         return self.shape[self.dim_names.index(name)] if name in self.dim_names else 1
 

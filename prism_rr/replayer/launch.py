@@ -116,14 +116,13 @@ def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> 
     twins = [rs for rs in by_role.values() if len(rs) > 1]
     if twins:
         raise UsageError(f"ranks {twins[0]} do the same work (one role, one recording): replay one of them")
-    dp_dim = next((i for i, n in enumerate(m.dim_names) if n == "dp"), m.replica_dims[0])
     out = work / f"{bundle_path.stem}-as-{'-'.join(map(str, real))}.prism"
     for r in real:
         rep = roles.representatives[roles.role(r)]
         if rep != r:
             log.warning("prism-rr: rank %d was not recorded: it replays the records of rank %d, "
                         "which does the same work", r, rep)
-    scale(bundle_path, out, dp=m.shape[dp_dim], mesh=m, prefer=real)
+    scale(bundle_path, out, dp=m.shape[m.dp_dim], mesh=m, prefer=real)
     return out
 
 
