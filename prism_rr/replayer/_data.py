@@ -81,8 +81,6 @@ def plausible(t: torch.Tensor, seed: int) -> None:
     if t.is_floating_point():
         g = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
         write(t, torch.randn(tuple(t.shape), generator=g).to(t.dtype))
-    elif t.is_complex():
-        write(t, torch.zeros(tuple(t.shape), dtype=t.dtype))
     else:
         write(t, torch.zeros(tuple(t.shape), dtype=t.dtype))
 
