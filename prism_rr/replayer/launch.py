@@ -84,15 +84,17 @@ def _parse_ranks(ranks) -> tuple[int, ...]:
     return tuple(sorted({int(r) for r in ranks}))
 
 
-def _torn_down(work: Path, rank: int, code: int | None) -> bool:
-    """Did `rank` abort (SIGABRT) after its program had finished, in native teardown?"""
-    if code != -signal.SIGABRT:
-        return False
+def _read_stats(work: Path, rank: int) -> dict | None:
+    """What a replayed rank wrote (its session's results), or None."""
     try:
-        st = json.loads(stats_path(work, rank).read_text())
+        return json.loads(stats_path(work, rank).read_text())
     except (OSError, ValueError):
-        return False
-    return bool(st.get("exiting")) and not st.get("stopped")
+        return None
+
+
+def _torn_down(stats: dict | None, code: int | None) -> bool:
+    """Did a rank abort (SIGABRT) after its program had finished, in native teardown?"""
+    return code == -signal.SIGABRT and bool(stats and stats.get("exiting") and not stats.get("stopped"))
 
 
 def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> Path:
@@ -236,7 +238,7 @@ def replay(
             codes = {r: p.poll() for r, p in procs.items()}
             if all(c is not None for c in codes.values()):
                 break
-            if any(c not in (None, 0) and not _torn_down(work, r, c) for r, c in codes.items()):
+            if any(c not in (None, 0) and not _torn_down(_read_stats(work, r), c) for r, c in codes.items()):
                 kill_ranks(list(procs.values()))  # the others would wait for it forever
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -245,11 +247,7 @@ def replay(
                 break
             time.sleep(_POLL_S)
         codes = {r: p.wait() for r, p in procs.items()}
-        stats = {}
-        for r in real:
-            p = stats_path(work, r)
-            if p.exists():
-                stats[r] = json.loads(p.read_text())
+        stats = {r: st for r in real if (st := _read_stats(work, r)) is not None}
         with open_bundle(bundle_path) as bundle:
             rep = fidelity_report(bundle, real, stats, timing=timing)
         traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
@@ -264,8 +262,7 @@ def replay(
             f.close()
         shutil.rmtree(work, ignore_errors=True)
     rep["rank_exit_codes"] = {str(r): c for r, c in codes.items()}
-    torn = sorted(r for r, c in codes.items() if c != 0 and stats.get(r, {}).get("exiting")
-                  and not stats[r].get("stopped") and c == -signal.SIGABRT)
+    torn = sorted(r for r, c in codes.items() if _torn_down(stats.get(r), c))
     if torn:
         # The program had finished (its results were written at exit) when the process
         # aborted in native teardown: the replay stands, and the report says so.
