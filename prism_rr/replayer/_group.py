@@ -104,7 +104,6 @@ class ReplayGroup(RecordingGroup):
                     pg.shutdown()
             except Exception:
                 pass
-            del pg
 
     def abort(self) -> None:
         if self._real_pg is not None and hasattr(self._real_pg, "abort"):
