@@ -269,22 +269,18 @@ def _fit(rows, latency: str) -> CostModel:
     by: dict[str, list] = {}
     for row in rows:
         by.setdefault(row[0].fam, []).append(row)
-    # Pooled slope: a regression within each family, one slope for all.
-    num = den = 0.0
+    # Pooled slope: a regression within each family (each centred on its means), one
+    # slope for all.
+    centred = []  # (x - mean x, y - mean y) of every sample, family by family
     for rs in by.values():
-        xs = [r[1] for r in rs]
-        ys = [r[2] for r in rs]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        num += sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-        den += sum((x - mx) ** 2 for x in xs)
+        mx = sum(r[1] for r in rs) / len(rs)
+        my = sum(r[2] for r in rs) / len(rs)
+        centred += [(r[1] - mx, r[2] - my) for r in rs]
+    num = sum(dx * dy for dx, dy in centred)
+    den = sum(dx * dx for dx, _ in centred)
     pooled = max(0.0, num / den) if den > 0 else 0.0
-    sse = dof = 0
-    for rs in by.values():
-        xs = [r[1] for r in rs]
-        ys = [r[2] for r in rs]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        sse += sum((y - my - pooled * (x - mx)) ** 2 for x, y in zip(xs, ys))
-        dof += len(rs) - 1
+    sse = sum((dy - pooled * dx) ** 2 for dx, dy in centred)
+    dof = len(centred) - len(by)  # one mean per family
     pooled_ok = _supported(pooled, den, sse, dof - 1)
     if not pooled_ok:
         pooled = 0.0  # the recording cannot tell what bytes cost
