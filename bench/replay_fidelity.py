@@ -167,6 +167,18 @@ def _line(name: str, rep: dict) -> str:
             f"{_num(rep['step_peak_memory_error_pct'])}% per step (median)")
 
 
+def _summary(name: str, reps: list[dict], **extra) -> dict:
+    """One workload's figures over its replays (printing a line per replay)."""
+    for i, r in enumerate(reps):
+        print(_line(f"{name} replay {i + 1}", r), file=sys.stderr)
+    errs = [r["iteration_time_error_pct"] for r in reps]
+    return {"errors_pct": errs, "error_pct_median": statistics.median(errs), **extra,
+            "peak_memory_error_pct": [r["peak_memory_error_pct"] for r in reps],
+            "step_peak_memory_error_pct": [r["step_peak_memory_error_pct"] for r in reps],
+            "mean_error_pct": [mean_error(r) for r in reps],
+            "reports": reps}
+
+
 def _num(v) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
@@ -191,29 +203,14 @@ def main() -> None:
             fixed = [str(Path(__file__).resolve()), "--worker", str(args.steps)]
             bundle = _record(fixed, WORLD, work / "fixed.prism")
             reps = [_replay(bundle, fixed, work) for _ in range(args.repeats)]
-            errs = [r["iteration_time_error_pct"] for r in reps]
-            results["fixed"] = {"errors_pct": errs, "error_pct_median": statistics.median(errs),
-                                "peak_memory_error_pct": [r["peak_memory_error_pct"] for r in reps],
-                                "step_peak_memory_error_pct": [r["step_peak_memory_error_pct"] for r in reps],
-                                "mean_error_pct": [mean_error(r) for r in reps],
-                                "reports": reps}
-            for i, r in enumerate(reps):
-                print(_line(f"fixed replay {i + 1}", r), file=sys.stderr)
+            results["fixed"] = _summary("fixed", reps)
         if args.only in (None, "demo"):
             demo = ["-m", "prism_rr.demo.train", "--steps", str(args.demo_steps), "--quiet"]
             b1 = _record(demo, 2, work / "demo1.prism")
             b2 = _record(demo, 2, work / "demo2.prism")
             spread = _spread(_recorded_times(b1), _recorded_times(b2))
             reps = [_replay(b1, demo, work) for _ in range(args.repeats)]
-            errs = [r["iteration_time_error_pct"] for r in reps]
-            results["demo"] = {"errors_pct": errs, "error_pct_median": statistics.median(errs),
-                               "run_to_run_spread_pct": spread,
-                               "peak_memory_error_pct": [r["peak_memory_error_pct"] for r in reps],
-                               "step_peak_memory_error_pct": [r["step_peak_memory_error_pct"] for r in reps],
-                               "mean_error_pct": [mean_error(r) for r in reps],
-                               "reports": reps}
-            for i, r in enumerate(reps):
-                print(_line(f"demo replay {i + 1}", r), file=sys.stderr)
+            results["demo"] = _summary("demo", reps, run_to_run_spread_pct=spread)
     if args.json:
         print(json.dumps(results))
     load = os.getloadavg()[0]
