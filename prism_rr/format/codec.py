@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import threading
 from dataclasses import MISSING, fields
 from collections import Counter
 from functools import lru_cache
@@ -39,12 +40,17 @@ _KEY_LISTS: dict[type, tuple[int, ...]] = {
 }
 
 _KIND = operator.attrgetter("KIND")
-_compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+# zstandard's contexts are not thread-safe: the spool's writer thread, the program's thread
+# (payload blobs) and a reader's worker each need their own.
+_local = threading.local()
 
 
 def compress(data: bytes, level: int = 3) -> bytes:
     if level == 3:
-        return _compressor.compress(data)
+        c = getattr(_local, "compressor", None)
+        if c is None:
+            c = _local.compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+        return c.compress(data)
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
