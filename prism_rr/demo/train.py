@@ -251,8 +251,12 @@ def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> 
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = make_batch(step, cfg, args.batch_size, args.seed)
-        x = x[dp_rank * rows : (dp_rank + 1) * rows].to(device)
-        y = y[dp_rank * rows : (dp_rank + 1) * rows].to(device)
+        # contiguous(): the example input above declares the layout (shape and stride) of
+        # what the stage gets; a slice of the (rows, block_size + 1) sequences has another
+        # stride, which the stage's metadata check refuses whenever it runs (torch runs it
+        # when the stages vote for inferring shapes, or under TORCH_DISTRIBUTED_DEBUG=DETAIL).
+        x = x[dp_rank * rows : (dp_rank + 1) * rows].contiguous().to(device)
+        y = y[dp_rank * rows : (dp_rank + 1) * rows].contiguous().to(device)
         losses: list[torch.Tensor] = []
         if stage_idx == 0:
             schedule.step(x)

@@ -78,6 +78,9 @@ class ReplayGroup(RecordingGroup):
         self._peers = _peer_classes(session, gid, self._ranks, real_ranks)
         self._single = all(len(c.positions) == 1 for c in self._peers)
         self._srcs = {c.key: c.src for c in self._peers if c.key != c.src}  # timing key -> clock of
+        # The last small non-floating message this rank sent each virtual peer, by
+        # (peer, dtypes, shapes): a handshake's answer when the bundle lacks it (_echo).
+        self._sent: dict[tuple, list] = {}
 
     def getBackendName(self) -> str:
         # Torch's C++ side (DDP's logger) looks a backend up by this name: only an all-real
@@ -353,7 +356,9 @@ class ReplayGroup(RecordingGroup):
     def _virtual_p2p(self, op, seq, entry, own, matched, tensors, peer, async_op):
         s = self._session
         other = s.schedule.p2p(peer, self._gid, "recv" if op == "send" else "send", s.rank, seq)
-        if op == "recv":
+        if op == "send":
+            self._note_sent(peer, tensors)
+        else:
             blobs = own.blob if own is not None and matched else None
             if blobs is None and other is not None:
                 blobs = other.blob
@@ -362,14 +367,43 @@ class ReplayGroup(RecordingGroup):
                     write(t, from_bytes(s.bundle.blob(b), t.dtype, t.shape))
             else:
                 s.synthetic = True
+                echo = self._echo(peer, tensors)
                 for i, t in enumerate(tensors):
-                    plausible(t, hash((self._gid, peer, seq, i)))
+                    if echo is not None:
+                        write(t, echo[i])
+                    else:
+                        plausible(t, hash((self._gid, peer, seq, i)))
         start = s.clock.entry(peer, other)
         arrivals = {s.rank: entry} if start is None else {s.rank: entry, peer: start}
         finish = s.clock.completion({s.rank: own, peer: other}, arrivals)
         done = finish[s.rank]
         s.clock.completed(peer, other, start, finish.get(peer, done))
         return s.work(done, list(tensors), blocking=not async_op)
+
+    # Control messages the bundle lacks (sent before a --steps window, or recorded with
+    # --payload none) steer the program: pipelining's warm-up vote, which stage 0 sends
+    # stage 1 and gets back (1: the stages' shapes are given, skip metadata inference).
+    # Made-up zeros there sent a replayed stage down a path the recording never took. A
+    # virtual peer answers a non-floating message the way a handshake does: with the
+    # last message of those dtypes and shapes this rank sent it; floating data (activations,
+    # gradients) stays `plausible`.
+    _ECHO_BYTES = 4096
+
+    def _note_sent(self, peer: int, tensors) -> None:
+        if not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors):
+            return
+        if sum(t.numel() * t.element_size() for t in tensors) > self._ECHO_BYTES:
+            return
+        key = (peer, tuple(str(t.dtype) for t in tensors), tuple(tuple(t.shape) for t in tensors))
+        if key not in self._sent and len(self._sent) >= 64:
+            return  # bounded: a few handshakes per peer, not every message
+        self._sent[key] = [t.detach().clone() for t in tensors]
+
+    def _echo(self, peer: int, tensors) -> list | None:
+        if not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors):
+            return None
+        key = (peer, tuple(str(t.dtype) for t in tensors), tuple(tuple(t.shape) for t in tensors))
+        return self._sent.get(key)
 
     def recv_anysource(self, tensors, tag=0):
         """A receive from any source takes the message the recording says came next: from
