@@ -1,13 +1,16 @@
 """Pack a directory of spools into one `.prism` bundle (FORMAT.md, "Bundle").
 
-Chunks are copied byte for byte: packing reads frame headers and summaries, never
-decompresses a payload, so its cost is the copy.
+Chunks are copied byte for byte: packing reads frame headers and summaries and
+decompresses no events payload, so its cost is the copy. The one exception is small: a
+rank whose spool holds open-call snapshots gets one more chunk, of the last snapshot's
+calls that no later record completed (what a killed rank was in when it died).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id
-from prism_rr.format.spool import frame_info, read_spool
+from prism_rr.format.spool import encode_frame, frame_info, parse_frame, read_spool, still_open
 
 __all__ = ["PackResult", "pack"]
 
@@ -109,6 +112,21 @@ def pack(
                     frame.step_first, frame.step_last,
                 ))
                 _fold(rs, frame, steps, groups, rank, path.name)
+            hung = still_open(data, scan.frames, path.name)
+            if hung:
+                piece = encode_frame(layout.FRAME_EVENTS, rank, len(scan.frames), records=hung)
+                frame = parse_frame(piece, 0, len(piece), path.name)
+                offset = f.tell() - chunks_at
+                f.write(piece)
+                chunks_crc = zlib.crc32(piece, chunks_crc)
+                entries.append(layout.CHUNK_ENTRY.pack(
+                    offset, frame.length, frame.count, frame.t_first, frame.t_last,
+                    frame.step_first, frame.step_last,
+                ))
+                _fold(rs, frame, steps, groups, rank, path.name)
+            crash = read_crash_file(spool_dir, rank)
+            if crash is not None:
+                rank_info.setdefault(rank, {})["crash"] = crash
             events += rs["events"]
             if progress:
                 progress(i + 1, len(paths))
@@ -212,6 +230,37 @@ def _fold(rs: dict, frame, steps: dict, groups: dict, rank: int, where: str) -> 
                 groups[int(gid)] = {"id": int(gid), "ranks": ranks, "name": name, "desc": desc, "backend": backend}
     except (TypeError, ValueError, AttributeError) as exc:
         raise FormatError(f"{where}, offset {frame.offset}: malformed frame summary ({exc})") from None
+
+
+MAX_CRASH_TEXT = 64 << 10  # bytes of a crash file carried into the bundle
+_CRASH_HEADER = re.compile(r"prism-rr crash file: rank (\d+), pid (\d+), main thread (0x[0-9a-f]+)\n")
+
+
+def read_crash_file(spool_dir: Path, rank: int) -> dict | None:
+    """The rank's crash file (faulthandler's dump of every thread's Python stack when the
+    process died of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL) as the rank info key
+    `crash`: {"text": the dump (at most 64 KiB), "bytes": its whole size, "main_thread"};
+    None when the process wrote no dump."""
+    path = spool_dir / f"rank-{rank:05d}.crash"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CRASH_TEXT + 4096)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return None
+    text = raw.decode("utf-8", "replace")
+    out: dict[str, Any] = {}
+    m = _CRASH_HEADER.match(text)
+    if m:
+        out["main_thread"] = m.group(3)
+        size -= len(m.group(0).encode())
+        text = text[m.end():]
+    text = text[:MAX_CRASH_TEXT]
+    if not text.strip():
+        return None
+    out["text"] = text
+    out["bytes"] = size
+    return out
 
 
 def _copy_blobs(spool_dir: Path, f, blobs_at: int) -> tuple[list[bytes], int]:

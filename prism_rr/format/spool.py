@@ -3,6 +3,12 @@
 The writer never blocks its caller: records go to a list, full lists go to a bounded
 queue, and a thread compresses and appends them. When the queue is full the records are
 dropped and counted; the next chunk starts with a "records_dropped" marker.
+
+Death: every `flush_interval_s` (50 ms) the thread also writes what is pending, however
+little, and, when it changed, a snapshot of the calls entered and not yet completed (an
+"open calls" frame). A write() reaches the kernel, which keeps it when the process dies
+by any signal, so a rank killed at any moment loses at most the last ~100 ms. `pack`
+keeps the last snapshot's calls that no later record completed (FORMAT.md, "Spool").
 """
 
 from __future__ import annotations
@@ -21,7 +27,13 @@ from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
 from prism_rr.format.records import Marker, Record
 
-__all__ = ["Frame", "SpoolWriter", "read_spool", "repair_spool", "spool_path"]
+__all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "spool_path",
+           "still_open"]
+
+
+# A spool frame kind beside layout.FRAME_EVENTS and FRAME_RANK_INFO: the calls open at a
+# moment, as an events chunk whose records have end_ns nil (FORMAT.md, "Spool").
+FRAME_OPEN = 3
 
 
 def spool_path(directory: str | os.PathLike, rank: int) -> Path:
@@ -30,7 +42,7 @@ def spool_path(directory: str | os.PathLike, rank: int) -> Path:
 
 def encode_frame(kind: int, rank: int, index: int, records=None, info=None) -> bytes:
     """One frame: header, summary, compressed payload."""
-    if kind == layout.FRAME_EVENTS:
+    if kind in (layout.FRAME_EVENTS, FRAME_OPEN):
         payload, cs = codec.encode_chunk(records)
         summary = msgpack.packb(cs.summary, use_bin_type=True)
         count, t0, t1, s0, s1 = cs.count, cs.t_first, cs.t_last, cs.step_first, cs.step_last
@@ -185,6 +197,35 @@ def repair_spool(path: str | os.PathLike) -> SpoolScan:
     return scan
 
 
+_TICK = object()
+
+
+def call_identity(rec: Record) -> tuple:
+    """What names one call in both its open and its completed record."""
+    return (type(rec).__name__, rec.start_ns, getattr(rec, "op", None), getattr(rec, "group", None),
+            getattr(rec, "seq", None))
+
+
+def still_open(buf, frames: list[Frame], where: str) -> list[Record]:
+    """The calls of the spool's last open-calls snapshot that no later record names
+    (completed, or written as open at close): what the rank was in when it stopped
+    writing, and calls it had seen complete without writing their record yet."""
+    last = None
+    for i, frame in enumerate(frames):
+        if frame.kind == FRAME_OPEN:
+            last = i
+    if last is None:
+        return []
+    snap = frame_records(buf, frames[last], where)
+    if not snap:
+        return []
+    seen = set()
+    for frame in frames[last + 1 :]:
+        if frame.kind == layout.FRAME_EVENTS:
+            seen.update(call_identity(r) for r in frame_records(buf, frame, where))
+    return [r for r in snap if call_identity(r) not in seen]
+
+
 class SpoolWriter:
     """Appends records of one rank to its spool without ever blocking the caller."""
 
@@ -195,7 +236,7 @@ class SpoolWriter:
         *,
         chunk_records: int = 2048,
         queue_chunks: int = 64,
-        flush_interval_s: float = 0.5,
+        flush_interval_s: float = 0.05,
         info: dict[str, Any] | None = None,
     ):
         self.path = Path(path)
@@ -210,6 +251,10 @@ class SpoolWriter:
         self._unreported = 0
         self._index = 0
         self._closed = False
+        # () -> records of the calls open now (end_ns None), or None; called by the
+        # writer thread at each tick (the recorder sets it; see FORMAT.md, open calls)
+        self.open_calls = None
+        self._open_written: frozenset = frozenset()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
@@ -275,24 +320,52 @@ class SpoolWriter:
             return False
 
     def _run(self) -> None:
+        interval = self.flush_interval_s
+        next_tick = time.monotonic() + interval
         while True:
             try:
-                item = self._queue.get(timeout=self.flush_interval_s)
+                item = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
             except queue.Empty:
-                self.flush()  # a quiet rank (or a hung one) still reaches the disk
-                continue
-            try:
-                if item is None:
-                    return
-                kind, payload = item
-                if kind == "info":
-                    self._write(layout.FRAME_RANK_INFO, info=payload)
-                else:
-                    self._write_events(payload)
-            except BaseException as exc:  # never let the writer die silently
-                self.error = exc
-            finally:
-                self._queue.task_done()
+                item = _TICK
+            if item is not _TICK:
+                try:
+                    if item is None:
+                        return
+                    kind, payload = item
+                    if kind == "info":
+                        self._write(layout.FRAME_RANK_INFO, info=payload)
+                    elif kind == "open":
+                        self._write(FRAME_OPEN, records=payload)
+                    else:
+                        self._write_events(payload)
+                except BaseException as exc:  # never let the writer die silently
+                    self.error = exc
+                finally:
+                    self._queue.task_done()
+            now = time.monotonic()
+            if now >= next_tick:
+                # however busy or quiet the rank (or hung), what it recorded reaches the
+                # kernel within an interval or two: the queue keeps the order of records
+                next_tick = now + interval
+                self.flush()
+                self._snapshot_open()
+
+    def _snapshot_open(self) -> None:
+        """Queue the calls open now, when they differ from the last snapshot's."""
+        source = self.open_calls
+        if source is None or self._closed:
+            return
+        try:
+            records = source()
+            if records is None:
+                return
+            ids = frozenset((call_identity(r), r.end_ns) for r in records)
+            if ids == self._open_written:
+                return
+            if self._offer(("open", records)):
+                self._open_written = ids
+        except BaseException as exc:
+            self.error = exc
 
     def _write_events(self, records: list[Record]) -> None:
         if self._unreported:

@@ -1,4 +1,6 @@
-"""SIGTERM/SIGINT: get the spool onto the disk, then do what the process would have done.
+"""Death: SIGTERM/SIGINT flush the spool; other deaths leave what the writer ticked out.
+
+SIGTERM/SIGINT: get the spool onto the disk, then do what the process would have done.
 
 A hung rank sits in C++ (a gloo or NCCL wait) and Python runs its signal handlers only
 when the main thread comes back to the interpreter, which a hung rank never does. So a
@@ -10,12 +12,15 @@ the process itself once the main thread has had a moment to do so.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import threading
 import time
 
-__all__ = ["install"]
+from prism_rr.format.records import Collective, PointToPoint
+
+__all__ = ["crash_path", "install", "open_records"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _previous: dict[int, object] = {}
@@ -24,9 +29,16 @@ _GRACE_S = 1.0
 
 
 def install(rec) -> None:
-    """Install handlers once per process; later recordings reuse them."""
+    """Install handlers once per process; later recordings reuse them. Also, per
+    recording: the spool writer's source of open calls (written every tick, so a rank
+    killed with SIGKILL still shows the call it was in) and the crash file."""
     global _rec
     _rec = rec
+    try:
+        rec.writer.open_calls = lambda: open_records(rec)
+        _enable_faulthandler(rec)
+    except Exception:  # never let the recorder's own trouble end a training run
+        pass
     if _previous or threading.current_thread() is not threading.main_thread():
         return
     for sig in _SIGNALS:
@@ -101,3 +113,72 @@ def _terminate(signum: int) -> None:
         time.sleep(_GRACE_S)
     finally:
         os._exit(128 + signum)
+
+
+# --- calls open now, from the spool writer's thread ---------------------------------
+
+
+def open_records(rec) -> list | None:
+    """Records of the calls `rec` has open now (end_ns None), and of those a backend
+    thread saw complete whose record the program's thread has yet to write (end_ns set,
+    no output digests). Runs on the writer thread: reads only what `enter` and
+    `complete` computed (never a tensor), under the recording's lock."""
+    if not rec.on:
+        return None
+    with rec._lock:
+        calls = [(c, None) for c in rec.open.values() if not c.done]
+        finished = getattr(rec, "finished", None)
+        if finished:
+            calls += [(c, getattr(c, "end", None)) for c in finished.values() if not c.written]
+    out = []
+    for call, end in calls:
+        in_shapes, in_dtypes, in_bytes = call.in_desc
+        mem_alloc, mem_peak = call.mem
+        if call.p2p:
+            out.append(PointToPoint(
+                start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
+                seq=call.seq, peer=-1 if call.peer is None else call.peer, tag=call.tag,
+                shapes=in_shapes, dtypes=in_dtypes, nbytes=in_bytes, async_op=call.async_op,
+                issued_ns=call.issued, digest=call.digest_in, blob=call.blob_in,
+                mem_alloc=mem_alloc, mem_peak=mem_peak, stack=call.stack))
+        else:
+            same = call.outs is call.ins  # an identity test: no tensor is read
+            out.append(Collective(
+                start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
+                seq=call.seq, in_shapes=in_shapes, in_dtypes=in_dtypes, in_bytes=in_bytes,
+                out_shapes=in_shapes if same else (), out_dtypes=in_dtypes if same else (),
+                out_bytes=in_bytes if same else 0, reduce_op=call.reduce_op, root=call.root,
+                async_op=call.async_op, issued_ns=call.issued, digest_in=call.digest_in,
+                blob_in=call.blob_in, mem_alloc=mem_alloc, mem_peak=mem_peak, stack=call.stack))
+    return out
+
+
+# --- crash file ----------------------------------------------------------------------
+
+CRASH_HEADER = "prism-rr crash file: rank {rank}, pid {pid}, main thread 0x{thread:016x}\n"
+_crash_file = None  # kept open for the process's life: faulthandler writes to its fd
+
+
+def crash_path(spool_dir, rank: int):
+    from pathlib import Path
+
+    return Path(spool_dir) / f"rank-{rank:05d}.crash"
+
+
+def _enable_faulthandler(rec) -> None:
+    """On SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL, faulthandler writes every thread's
+    Python stack to the rank's crash file, which `pack` carries into the bundle. A
+    program (or PYTHONFAULTHANDLER) that enabled faulthandler itself keeps its own file."""
+    global _crash_file
+    if _crash_file is not None:
+        if _crash_file.name == str(crash_path(rec.spool_dir, rec.rank)):
+            return
+    elif faulthandler.is_enabled():
+        return
+    f = open(crash_path(rec.spool_dir, rec.rank), "w", encoding="utf-8")
+    f.write(CRASH_HEADER.format(rank=rec.rank, pid=os.getpid(), thread=threading.main_thread().ident or 0))
+    f.flush()
+    faulthandler.enable(file=f, all_threads=True)
+    old, _crash_file = _crash_file, f
+    if old is not None:
+        old.close()

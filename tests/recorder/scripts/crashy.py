@@ -1,0 +1,61 @@
+"""Two gloo ranks that die hard, chosen by argv[1] (argv[2]: a directory for marker files).
+
+loop: small all_reduces (a training-like step of 4 every few ms) until killed from outside;
+"ready-<rank>" is touched once the loop runs. abort: in step 2 of 5 the last rank
+all_reduces a tensor of another size, and gloo aborts the process (SIGABRT). segv: in
+step 2 of 5 rank 1 reads address 0 (SIGSEGV). The survivors give up after a short gloo
+timeout, as a watchdog would end a broken job.
+"""
+
+import ctypes
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+torch.set_num_threads(1)
+mode, marker_dir = sys.argv[1], Path(sys.argv[2])
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5 if mode == "loop" else 3))
+rank = dist.get_rank()
+world = dist.get_world_size()
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def step_once():
+    loss = model(torch.ones(2, 8)).sum()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+if mode == "loop":
+    deadline = time.monotonic() + 60
+    step = 0
+    while time.monotonic() < deadline:
+        step_once()
+        dist.all_reduce(torch.ones(3))
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.002)
+        if step == 3:
+            (marker_dir / f"ready-{rank}").touch()
+        step += 1
+    sys.exit(0)
+
+for step in range(5):
+    step_once()
+    if step == 2:
+        time.sleep(0.3)  # what came before is older than the 100 ms the spool may lose
+        if mode == "abort":
+            dist.all_reduce(torch.ones(5) if rank == world - 1 else torch.ones(3))
+        elif mode == "segv" and rank == 1:
+            ctypes.string_at(0)
+    dist.all_reduce(torch.ones(3))
+    opt.step()
+    opt.zero_grad()
+dist.barrier()
+dist.destroy_process_group()

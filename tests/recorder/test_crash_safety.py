@@ -1,0 +1,202 @@
+"""A rank that dies hard (SIGKILL, a gloo abort, a segfault) loses at most 100 ms of records.
+
+Each check holds a killed rank's bundle against its peer's: every call the peer completed
+at least 100 ms before the death must be in the dead rank's records, completed or open.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from prism_rr.format import open_bundle, pack
+from prism_rr.format.records import Collective
+from prism_rr.localrun import free_port, rank_env
+from prism_rr.recorder._options import RecordOptions, spool_dir_for
+from prism_rr.recorder.launch import hook_env
+
+from recorder_helpers import SCRIPTS
+
+WORLD = 2
+MARGIN_NS = 100_000_000  # what a death may lose
+KILLS = int(os.environ.get("PRISM_RR_KILLS", "10"))
+
+
+def _start(workdir, mode):
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "run.prism"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
+    port = free_port()
+    procs = []
+    for rank in range(WORLD):
+        e = dict(env, **rank_env(rank, WORLD, port, "crash"))
+        log = open(workdir / f"rank{rank}.log", "wb")
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "crashy.py"), mode, str(workdir)],
+                                      env=e, stdout=log, stderr=log, start_new_session=True))
+    return out, procs
+
+
+def _finish(procs, timeout):
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGTERM)  # the recorder flushes on SIGTERM
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    return [p.returncode for p in procs]
+
+
+def _calls(out):
+    pack(spool_dir_for(out), out)
+    with open_bundle(out) as b:
+        calls = {r: [e for e in b.events(r) if type(e) is Collective] for r in b.recorded_ranks}
+        info = {r: b.rank_info(r) for r in b.recorded_ranks}
+    return calls, info
+
+
+def _lost(calls, dead, death_ns):
+    """The survivor's calls completed before the death that the dead rank's records lack,
+    as (seq, age at death in ns)."""
+    have = {(c.group, c.seq) for c in calls[dead]}
+    return [(c.seq, death_ns - c.end_ns) for c in calls[1 - dead]
+            if c.end_ns is not None and c.end_ns < death_ns and (c.group, c.seq) not in have]
+
+
+def _kill_once(workdir, delay_s):
+    out, procs = _start(workdir, "loop")
+    ready = [workdir / f"ready-{r}" for r in range(WORLD)]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in ready):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            _finish(procs, 1)
+            pytest.fail("ranks never reached their loop: " + (workdir / "rank1.log").read_text()[-2000:])
+        time.sleep(0.02)
+    time.sleep(delay_s)
+    death = time.monotonic_ns()  # CLOCK_MONOTONIC, as the ranks' records
+    procs[1].send_signal(signal.SIGKILL)
+    codes = _finish(procs, 8)
+    assert codes[1] == -signal.SIGKILL
+    calls, _ = _calls(out)
+    return calls, death
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_at_random_moments_loses_at_most_100ms(tmp_path):
+    rng = random.Random(int(os.environ.get("PRISM_RR_SEED", "0")) or None)
+    report = []
+    for i in range(KILLS):
+        delay = rng.uniform(0.0, 0.6)
+        calls, death = _kill_once(tmp_path / f"kill{i}", delay)
+        lost = _lost(calls, 1, death)
+        old = [(seq, age) for seq, age in lost if age > MARGIN_NS]
+        assert not old, f"kill {i} at +{delay:.3f}s: calls older than 100 ms are missing: {old}"
+        survivor = [c for c in calls[0] if c.end_ns is not None and c.end_ns < death]
+        assert len(survivor) > 10  # the loop ran
+        # whatever rank 1 recorded last is at most 100 ms older than its death
+        last = max(c.start_ns if c.end_ns is None else c.end_ns for c in calls[1])
+        report.append((len(lost), max((a for _, a in lost), default=0) / 1e6, (death - last) / 1e6))
+    print("\nkills: lost calls, oldest lost (ms), last record before death (ms):")
+    for row in report:
+        print("  %d  %.1f  %.1f" % row)
+    counts = sorted(r[0] for r in report)
+    print(f"lost calls per kill: max {counts[-1]}, median {counts[len(counts) // 2]}")
+
+
+def _dead_rank_holds_survivors_older_calls(calls, dead, death_ns):
+    old = [(seq, age) for seq, age in _lost(calls, dead, death_ns) if age > MARGIN_NS]
+    assert not old, f"calls older than 100 ms are missing from rank {dead}: {old}"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode,sig", [("abort", signal.SIGABRT), ("segv", signal.SIGSEGV)])
+def test_abort_and_segfault_keep_records_and_the_stack(tmp_path, mode, sig):
+    out, procs = _start(tmp_path, mode)
+    codes = _finish(procs, 60)
+    # gloo aborts the rank that finds the sizes differ (either); the segfault is rank 1's
+    assert -sig in codes, (codes, (tmp_path / "rank1.log").read_text()[-2000:])
+    dead = codes.index(-sig)
+    calls, info = _calls(out)
+    # the death is after the 300 ms sleep that follows step 2's all_reduces; the dead
+    # rank's records hold every call before it (the survivor's are the reference)
+    before = [c for c in calls[1 - dead] if c.step < 2 or (c.step == 2 and c.seq < 6)]
+    assert before and all(c.end_ns is not None for c in before)
+    have = {(c.group, c.seq) for c in calls[dead]}
+    assert {(c.group, c.seq) for c in before} <= have
+    crash = info[dead].get("crash")
+    assert crash and type(crash["text"]) is str
+    name = {signal.SIGABRT: "Aborted", signal.SIGSEGV: "Segmentation fault"}[sig]
+    assert name in crash["text"] and "crashy.py" in crash["text"]
+    assert "crash" not in info[1 - dead]
+
+
+@pytest.mark.timeout(90)
+def test_sigkilled_rank_shows_the_call_it_was_in(tmp_path):
+    """Rank 0 waits in an all_reduce rank 1 never joins and is killed there: its bundle
+    still holds the call, open."""
+    out = tmp_path / "run.prism"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "hang.py"), "hang", str(tmp_path)],
+                              env=dict(env, **rank_env(r, WORLD, port, "hang")), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True) for r in range(WORLD)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"stuck-{r}").exists() for r in range(WORLD)):
+        if time.monotonic() > deadline:
+            _finish(procs, 0.1)
+            pytest.fail("ranks never reached the planted hang")
+        time.sleep(0.05)
+    time.sleep(0.3)  # rank 0 is in the all_reduce: for longer than 100 ms
+    procs[0].send_signal(signal.SIGKILL)
+    procs[1].send_signal(signal.SIGTERM)
+    codes = _finish(procs, 10)
+    assert codes[0] == -signal.SIGKILL
+    calls, _ = _calls(out)
+    last = max(calls[0], key=lambda c: c.seq)
+    assert (last.op, last.seq, last.end_ns) == ("all_reduce", 6, None)
+    assert last.stack and last.stack[0].startswith("hang.py:")
+    assert [c.seq for c in sorted(calls[0], key=lambda c: c.seq)] == list(range(7))
+
+
+def test_pack_keeps_only_the_last_snapshots_unwritten_calls(tmp_path):
+    """Open-call snapshots in a spool: pack keeps the last one's calls that no later
+    chunk names, and no earlier snapshot's."""
+    from prism_rr.format.spool import SpoolWriter, spool_path
+
+    def call(seq, end=None):
+        return Collective(start_ns=1000 * (seq + 1), end_ns=end, step=0, op="all_reduce", group=0, seq=seq,
+                          in_shapes=((3,),), in_dtypes=("float32",), in_bytes=12)
+
+    state = {"open": [call(0)]}
+    w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.01, info={"world_size": 1})
+    w.open_calls = lambda: list(state["open"])
+    deadline = time.monotonic() + 5
+
+    def snapshots():
+        from prism_rr.format.spool import FRAME_OPEN, read_spool
+
+        return sum(f.kind == FRAME_OPEN for f in read_spool(spool_path(tmp_path, 0)).frames)
+
+    while snapshots() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.append(call(0, 5000))  # seq 0 completes, and seq 1 and 2 are entered
+    state["open"] = [call(1), call(2, 9000)]  # seq 2: seen complete, record not yet written
+    while snapshots() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.close()  # as if the process died here: no record names seq 1 or 2
+    out = tmp_path / "run.prism"
+    pack(tmp_path, out)
+    with open_bundle(out) as b:
+        got = sorted((c.seq, c.end_ns) for c in b.events(0) if type(c) is Collective)
+        assert b.rank_summary(0)["open"] == 1
+    assert got == [(0, 5000), (1, None), (2, 9000)]
