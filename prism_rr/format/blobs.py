@@ -22,6 +22,13 @@ def blob_id(data) -> bytes:
 
 
 def blob_path(spool_dir: str | os.PathLike, ident: bytes) -> Path:
+    """Where a spool directory keeps blob `ident`: always under `spool_dir/blobs`, since
+    only a 16-byte id is taken (an id read from a bundle is anything a stranger wrote)."""
+    if type(ident) is not bytes or len(ident) != layout.BLOB_ID_LEN:
+        from prism_rr.errors import FormatError
+
+        what = f"{len(ident)} bytes" if type(ident) is bytes else type(ident).__name__
+        raise FormatError(f"a blob id is {layout.BLOB_ID_LEN} bytes, not {what}")
     h = ident.hex()
     return Path(spool_dir) / "blobs" / h[:2] / f"{h}.zst"
 
@@ -38,6 +45,10 @@ def write_blob(spool_dir: str | os.PathLike, data) -> bytes:
         return ident
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data)}.tmp")
-    tmp.write_bytes(codec.compress(bytes(data)))
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(codec.compress(bytes(data)))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half blob behind
+        raise
     return ident

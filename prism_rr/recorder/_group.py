@@ -117,7 +117,9 @@ class _TimedWork(ForwardingWork):
 
     A future callback needs the GIL, which a busy main thread holds for up to the
     switch interval (5 ms), so a blocking call's completion is taken where wait()
-    returns; an async call's at whichever comes first.
+    returns; an async call's at whichever comes first. Either way the record, which
+    reads the outputs, is written here, where the program's wait() returns and its
+    outputs are alive and final (a callback only notes the time).
     """
 
     def __init__(self, inner, rec, call, anysource_group=None):
@@ -131,6 +133,7 @@ class _TimedWork(ForwardingWork):
             ok = self._inner.wait(timeout)
         except BaseException as exc:
             self._rec.complete(self._call, exc)
+            self._rec.write_finished(self._call)
             raise
         call = self._call
         if not call.done:
@@ -141,6 +144,8 @@ class _TimedWork(ForwardingWork):
                 except Exception:
                     peer = None
             self._rec.complete(call, None, peer)
+        elif not call.written:
+            self._rec.write_finished(call)
         self._rec.settle(call)
         return ok
 
@@ -490,9 +495,10 @@ class RecordingGroup(ProcessGroup):
 
 
 def _done(rec, call, fut) -> None:
+    """A backend thread's future callback: note when, read no tensor (see complete)."""
     error = None
     try:
         fut.value()
     except BaseException as exc:  # the call failed: still record when
         error = exc
-    rec.complete(call, error)
+    rec.complete(call, error, backend=True)

@@ -9,14 +9,16 @@ two numbers come back.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import struct
 
 import torch
 
 from prism_rr.format.blobs import KEEP_SMALL, write_blob
 
-__all__ = ["KEEP_SMALL", "describe", "digests", "blobs", "small"]
+__all__ = ["KEEP_SMALL", "alive", "describe", "digests", "blobs", "small"]
 
 _SMALL = 4096  # bytes; below this BLAKE2b on the host bytes is as cheap as a torch call
 _PACK = struct.Struct("<qqQ")
@@ -28,6 +30,23 @@ def describe(tensors) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int
     dtypes = tuple(str(t.dtype)[6:] for t in tensors)  # "torch.float32" -> "float32"
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     return shapes, dtypes, nbytes
+
+
+def alive(tensors) -> bool:
+    """Whether every tensor's storage still holds all of its elements: false once the
+    program freed it under the tensor (FSDP2's `untyped_storage().resize_(0)`)."""
+    for t in tensors:
+        n = t.numel()
+        if n == 0:
+            continue
+        try:
+            st = t.untyped_storage()
+            last = t.storage_offset() + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+            if st.nbytes() < last * t.element_size() or st.data_ptr() == 0:
+                return False
+        except (RuntimeError, NotImplementedError):
+            return False
+    return True
 
 
 def _host_bytes(t: torch.Tensor):
@@ -71,4 +90,21 @@ def small(tensors) -> bool:
 
 
 def blobs(spool_dir, tensors) -> tuple[bytes, ...]:
+    _check_room(spool_dir, sum(t.numel() * t.element_size() for t in tensors))
     return tuple(write_blob(spool_dir, _host_bytes(t)) for t in tensors)
+
+
+def _check_room(spool_dir, nbytes: int) -> None:
+    """Payloads are what fills a disk. Stop them (the recorder turns itself off) while
+    the spool's file system still has room for the records that close each spool and
+    for the launcher's notes: a reserve of 5% of its size, at least 128 KiB, at most
+    64 MiB."""
+    try:
+        st = os.statvfs(spool_dir)
+    except OSError:
+        return
+    reserve = min(64 << 20, max(128 << 10, st.f_blocks * st.f_frsize // 20))
+    free = st.f_bavail * st.f_frsize
+    if free - nbytes < reserve:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {free:,} bytes free on the file system of "
+                      f"{spool_dir}, and payloads leave {reserve:,} for the records")

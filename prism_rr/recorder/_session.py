@@ -36,13 +36,15 @@ class Call:
     __slots__ = (
         "p2p", "op", "group", "seq", "start", "issued", "step", "ins", "outs", "in_desc",
         "digest_in", "blob_in", "reduce_op", "root", "peer", "tag", "async_op", "stack",
-        "mem", "done", "work", "written",
+        "mem", "done", "work", "written", "end", "error",
     )
 
     def __init__(self):
         self.done = False
         self.written = False
         self.work = None  # the real Work's future, polled for completion
+        self.end = None  # when it completed
+        self.error = None  # why it failed, if it did
 
     def release(self) -> None:
         """Let go of the call's tensors (and the future that holds its outputs) once its
@@ -74,6 +76,10 @@ class Recording:
         self.stack_depth = options.stack_depth
         self.last_return: int | None = None  # when the previous comm call gave control back
         self.open: dict[int, Call] = {}
+        # Calls a backend thread saw complete, whose record (and so whose output
+        # tensors' digests and payloads) the program's thread has yet to write.
+        self.finished: dict[int, Call] = {}
+        self.failure: tuple[int, str] | None = None  # (step, reason) once the recorder failed
         self.cuda = False  # read CUDA allocator statistics at each event
         self.cpu_memory = None  # a CpuMemoryTracker when options.memory on CPU
         self.ops_mode = None
@@ -105,12 +111,16 @@ class Recording:
             return
         self.on = False
         self.active = False
-        log.warning("prism-rr: recording stopped on rank %d: %s: %s", self.rank, type(exc).__name__, exc)
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        self.failure = (self.step, reason)
+        log.warning("prism-rr: recording stopped on rank %d at step %d: %s", self.rank, self.step, reason)
         try:
             t = monotonic_ns()
             self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name="recorder_failed",
-                                      text=f"{type(exc).__name__}: {exc}"[:500]))
+                                      text=reason))
             self.writer.flush()
+            # Also in the rank's info, which `prism-rr info` reads without reading chunks.
+            self.writer.add_info({"recorder_failed": {"step": self.step, "reason": reason}})
         except BaseException:
             pass
 
@@ -120,6 +130,11 @@ class Recording:
             return
         self._closed = True
         self.active = False
+        if self.on and self.finished:
+            # Calls a backend thread saw complete: their outputs are read only here on
+            # the program's thread (atexit); from a signal watcher, they are written
+            # without them.
+            self._write_finished(read=threading.get_ident() == self._thread)
         self.on = False
         global _current
         if _current is self:
@@ -163,7 +178,7 @@ class Recording:
             self.step += 1
             return
         try:
-            if self.open:
+            if self.open or self.finished:
                 self.reap()
             t = monotonic_ns()
             if self.active:
@@ -288,7 +303,7 @@ class Recording:
               async_op=False, p2p=False) -> Call | None:
         """Note a call's entry; None when recording is off or fails."""
         try:
-            if self.open:
+            if self.open or self.finished:
                 self.reap()
             start = monotonic_ns()
             call = Call()
@@ -324,8 +339,11 @@ class Recording:
             return None
 
     def reap(self) -> None:
-        """Complete open calls whose future is done: sooner than their callback, which
-        waits for the GIL the main thread holds (the future is marked done first)."""
+        """On the program's thread: write the calls a backend thread saw complete, and
+        complete open calls whose future is done (sooner than their callback, which waits
+        for the GIL the main thread holds; the future is marked done first)."""
+        if self.finished:
+            self._write_finished()
         for call in list(self.open.values()):
             fut = call.work
             if fut is not None and not call.done:
@@ -341,28 +359,67 @@ class Recording:
         call.issued = t
         self.last_return = t
 
-    def complete(self, call: Call, error: BaseException | None = None, peer: int | None = None) -> None:
-        """The call finished (from a future callback, a wait(), or inline)."""
+    def complete(self, call: Call, error: BaseException | None = None, peer: int | None = None,
+                 *, backend: bool = False) -> None:
+        """The call finished (from a wait(), a reap, inline, or, with `backend`, from a
+        backend thread's future callback).
+
+        A backend thread only notes when: the program may free, resize or overwrite the
+        outputs at any moment after its wait() returned (FSDP2 frees unsharded parameters
+        with `untyped_storage().resize_(0)`), and torch wakes waiters before it runs done
+        callbacks. The record, with the outputs' digests and payloads, is written on the
+        program's thread: where its wait() returns, else at the next call, step or exit.
+        """
         end = monotonic_ns()
         with self._lock:
             if call.done:
                 return
             call.done = True
+            call.end = end
+            call.error = error
             self.open.pop(id(call), None)
+            if backend:
+                self.finished[id(call)] = call
+        if peer is not None:
+            call.peer = peer
         if not call.async_op and self.last_return == call.issued:
             self.last_return = end  # the caller was waiting until now: not compute
+        if not backend:
+            self._write(call)
+
+    def write_finished(self, call: Call) -> None:
+        """On the program's thread, where its wait() for `call` returned: write the call's
+        record if a backend thread saw it complete first."""
+        if call.written or not self.finished:
+            return
+        with self._lock:
+            mine = self.finished.pop(id(call), None) is not None
+        if mine:
+            self._write(call)
+
+    def _write_finished(self, read: bool = True) -> None:
+        with self._lock:
+            calls = list(self.finished.values())
+            self.finished.clear()
+        for call in calls:
+            self._write(call, read)
+
+    def _write(self, call: Call, read: bool = True) -> None:
+        """Write a completed call's record. On the program's thread only, unless `read`
+        is false: it reads the outputs' memory (digests, payloads)."""
         try:
             if not self.on:
                 return
-            if peer is not None:
-                call.peer = peer
-            self.writer.append(self._record(call, end))
+            end = call.end
+            self.writer.append(self._record(call, end, read))
+            error = call.error
             if error is not None:
                 self.writer.append(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed",
                                           value=call.seq, text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
         except BaseException as exc:
             self.fail(exc)
         finally:
+            call.error = None
             call.written = True
             if threading.get_ident() == self._thread:
                 self.settle(call)
@@ -388,14 +445,14 @@ class Recording:
             return _payload.blobs(self.spool_dir, tensors)
         return None
 
-    def _record(self, call: Call, end: int | None):
-        done = end is not None
+    def _record(self, call: Call, end: int | None, read: bool = True):
+        read = read and end is not None  # the outputs hold results
         mem_alloc, mem_peak = call.mem
         if call.p2p:
             receiving = call.op.endswith("recv")
             digest = call.digest_in
             blob = call.blob_in
-            if receiving and done:
+            if receiving and read and self._readable(call, call.outs):
                 if self.digest:
                     digest = _payload.digests(call.outs)
                 blob = self._blobs(call.outs)
@@ -413,8 +470,9 @@ class Recording:
             out_shapes, out_dtypes, out_bytes = call.in_desc
         else:
             out_shapes, out_dtypes, out_bytes = _payload.describe(outs)
-        digest_out = _payload.digests(outs) if self.digest and done else None
-        blob_out = self._blobs(outs) if done else None
+        readable = read and self._readable(call, outs)
+        digest_out = _payload.digests(outs) if self.digest and readable else None
+        blob_out = self._blobs(outs) if readable else None
         return Collective(
             start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
             seq=call.seq, in_shapes=in_shapes, in_dtypes=in_dtypes, in_bytes=in_bytes,
@@ -424,6 +482,17 @@ class Recording:
             blob_in=call.blob_in, blob_out=blob_out, mem_alloc=mem_alloc, mem_peak=mem_peak,
             stack=call.stack,
         )
+
+    def _readable(self, call: Call, tensors) -> bool:
+        """Whether the outputs still hold their data; if not (the program freed or resized
+        a storage before the record could be written), say so with a `payload_lost` marker
+        and record no digest or payload for the call (a replay builds its outputs)."""
+        if not (self.digest or self.full) or _payload.alive(tensors):
+            return True
+        end = call.end if call.end is not None else monotonic_ns()
+        self.writer.append(Marker(start_ns=end, end_ns=end, step=call.step, name="payload_lost",
+                                  value=call.seq, text=f"{call.op}: output storage freed before it was read"))
+        return False
 
     def marker(self, name: str, value: int | None = None, text: str | None = None) -> None:
         if not self.on:
