@@ -265,11 +265,12 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
 
 @app.command(
     epilog="Example: prism-rr replay run.prism --ranks 0 --report fidelity.json -- python train.py\n\n"
-    + EXIT_CODES,
+    + EXIT_CODES + "\nReplay also: 6 the program ended before making the recorded calls · 124 --timeout.",
 )
 def replay(
     bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),
-    cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="Run this instead of the recorded command (the code under test, perhaps edited)."),
+    cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="The command each real rank runs (the training code, perhaps edited), in this directory."),
+    run_recorded: bool = typer.Option(False, "--run-recorded-command", "--yes", help="Without -- CMD: run the command and working directory the bundle names (shown first). Without this or -- CMD, a terminal asks; anything else stops with exit 2. Bundles come from strangers: read the command first."),
     ranks: str = typer.Option("0", "--ranks", help="Ranks to run for real, e.g. 0 or 0,1; every other rank is a virtual peer."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the fidelity report (JSON) here."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Record the replay itself into this bundle, to compare with the recording."),
@@ -284,32 +285,40 @@ def replay(
     """Replay a recording: the selected ranks run the original training code for real,
     every other rank is a virtual peer driven from the bundle.
 
-    Each real rank gets the environment torchrun gave it (RANK, WORLD_SIZE of the
-    recorded world, ...) and sees the world it saw in production: the groups, the data
+    Each real rank runs CMD (or, when asked, the recorded command) with the environment
+    torchrun gave it (RANK, WORLD_SIZE of the recorded world, ...; of the recorded
+    environment, only the allow-list in FORMAT.md) and sees the world it saw in production: the groups, the data
     its peers sent (bit for bit with --payload full recordings), and when they arrived.
     Each call is checked against the recording; the first mismatch stops the replay with
     exit code 3 and a report naming rank, group, sequence number and the call's stack.
-    The fidelity card (recorded vs replayed iteration time and peak memory) goes to stderr.
+    The fidelity card (recorded vs replayed iteration time and peak memory) goes to stderr;
+    a program that ends before making the recorded calls fails, saying how far it got.
     """
     _replay_run(bundle, cmd=cmd, ranks=ranks, report=report, output=output,
                 output_payload=output_payload, timing=timing, comm_scale=comm_scale,
                 compute_scale=compute_scale, slow_rank=slow_rank,
-                continue_on_divergence=continue_on_divergence, timeout=timeout)
+                continue_on_divergence=continue_on_divergence, timeout=timeout,
+                run_recorded_command=run_recorded)
 
 
 def _replay_run(bundle: Path, *, cmd=None, ranks="0", report=None, output=None, output_payload=None,
                 timing="live", comm_scale=1.0, compute_scale=1.0, slow_rank=None,
-                continue_on_divergence=False, timeout=None) -> None:
+                continue_on_divergence=False, timeout=None, run_recorded_command=False) -> None:
     from prism_rr.errors import UsageError
     from prism_rr.replayer import replay as run_replay
 
     if timing not in ("live", "virtual", "none"):
         raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
+    if cmd and run_recorded_command:
+        raise UsageError("give either -- CMD or --run-recorded-command, not both")
+    if not cmd:
+        _consent_to_recorded_command(bundle, ranks, asked=run_recorded_command)
     result = run_replay(
         bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
         output_payload=output_payload, timing=timing, comm_scale=comm_scale,
         compute_scale=compute_scale, slow_rank=slow_rank,
         continue_on_divergence=continue_on_divergence, timeout=timeout,
+        run_recorded_command=not cmd,
     )
     for warning in result.warnings:
         _say(f"warning: {warning}")
@@ -355,10 +364,10 @@ def demo(
          f"{facts['groups']} groups, steps {_ranges(facts['steps'])}, {facts['bytes']:,} bytes")
     if replay_too:
         _say("replaying rank 0 against virtual peers ...")
-        _replay_run(output, ranks="0", timeout=300)
+        _replay_run(output, ranks="0", timeout=300, cmd=train)
     _say("\nlook further:")
     _say(f"  prism-rr info {output}")
-    _say(f"  prism-rr replay {output} --ranks 0 --report fidelity.json")
+    _say(f"  prism-rr replay {output} --ranks 0 --run-recorded-command --report fidelity.json")
 
 
 DIAGNOSE_CODES = """\
@@ -398,6 +407,38 @@ def diagnose(
                 print(f"   at {' <- '.join(f.stack)}")
     if findings:
         raise typer.Exit(5)
+
+
+def _shown(text: str) -> str:
+    """`text` with control characters escaped: a bundle must not draw on the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
+    """Show the command and directory the bundle names; go on only if the user asked for
+    them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
+    import shlex
+
+    from prism_rr.errors import UsageError
+    from prism_rr.replayer.launch import recorded_commands
+
+    refuse = _shown(f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
+                    f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
+                    f"or pass --run-recorded-command")
+    if not asked and not sys.stdin.isatty():
+        raise UsageError(refuse)
+    shown: dict[tuple[str, str], list[int]] = {}
+    for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
+        shown.setdefault((_shown(shlex.join(argv)), _shown(cwd)), []).append(r)
+    for (argv, cwd), rs in shown.items():
+        _say(f"{bundle.name} names this command for rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}:\n"
+             f"  {argv}\n  in {cwd}")
+    if asked:
+        return
+    print("run it? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise UsageError(refuse)
 
 
 @app.command(epilog=EXIT_CODES)

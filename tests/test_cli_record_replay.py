@@ -72,7 +72,7 @@ def test_record_then_replay(tmp_path, script):
     assert run_cli("verify", out).returncode == 0
 
     report = tmp_path / "fidelity.json"
-    rep = run_cli("replay", out, "--ranks", "1", "--report", report, timeout=150)
+    rep = run_cli("replay", out, "--ranks", "1", "--run-recorded-command", "--report", report, timeout=150)
     assert rep.returncode == 0, rep.stderr
     data = json.loads(report.read_text())
     assert data["diverged"] is False and data["first_divergence"] is None

@@ -3,10 +3,44 @@
 from __future__ import annotations
 
 import platform
+import re
 
 from prism_rr.errors import UsageError
 
-__all__ = ["check_environment", "current_versions"]
+__all__ = ["REPLAY_ENV", "check_environment", "current_versions", "replay_env"]
+
+_COUNT = re.compile(r"[0-9]{1,6}")
+_FLAG = re.compile(r"[01]")
+_CHOICE = re.compile(r"[A-Za-z0-9_,:;^]{1,64}")  # NCCL_ALGO=Ring,Tree or ^NVLS, allreduce:tree
+# The only names a bundle's recorded environment may set in a replayed rank (where this
+# machine's environment does not): thread counts and collective tuning, each value of a
+# fixed shape. Never a path, a library, a plugin, or anything an interpreter or a loader
+# reads (PATH, PYTHONPATH, PYTHON*, LD_*, NCCL_NET_PLUGIN, ...): bundles come from strangers.
+# FORMAT.md, "Environment allow-list", lists the same names.
+REPLAY_ENV = {
+    "OMP_NUM_THREADS": _COUNT,
+    "MKL_NUM_THREADS": _COUNT,
+    "CUDA_DEVICE_MAX_CONNECTIONS": _COUNT,
+    "NCCL_ALGO": _CHOICE,
+    "NCCL_PROTO": _CHOICE,
+    "NCCL_MIN_NCHANNELS": _COUNT,
+    "NCCL_MAX_NCHANNELS": _COUNT,
+    "NCCL_BUFFSIZE": _COUNT,
+    "NCCL_NTHREADS": _COUNT,
+    "NCCL_P2P_DISABLE": _FLAG,
+    "NCCL_IB_DISABLE": _FLAG,
+    "NCCL_SHM_DISABLE": _FLAG,
+}
+
+
+def replay_env(info) -> dict[str, str]:
+    """The part of a rank's recorded environment a replay may pass on: allowed names with
+    values of the allowed shape; everything else a bundle names is dropped."""
+    env = info.get("env") if isinstance(info, dict) else None
+    if not isinstance(env, dict):
+        return {}
+    return {name: value for name, value in env.items()
+            if type(name) is str and type(value) is str and name in REPLAY_ENV and REPLAY_ENV[name].fullmatch(value)}
 
 
 def _torch_version() -> str | None:

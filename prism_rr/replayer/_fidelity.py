@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prism_rr.format.records import Compute
+from prism_rr.format.records import Collective, Compute, PointToPoint
 
-__all__ = ["card", "fidelity_report"]
+__all__ = ["card", "fidelity_report", "how_far"]
 
 
 def _pct(a: float | None, b: float | None) -> float | None:
@@ -25,11 +25,17 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
     """One JSON object; `stats` holds what each real rank wrote (rank -> facts)."""
     replayed: dict[int, dict[int, list]] = {r: {s[0]: s for s in st.get("steps", ())} for r, st in stats.items()}
     recorded_compute: dict[tuple[int, int], int] = {}
+    progress = {}
     for r in ranks:
+        calls, last_step = 0, None
         for rec in bundle.events(r):
             if isinstance(rec, Compute) and rec.name is None and rec.end_ns is not None:
                 key = (r, rec.step)
                 recorded_compute[key] = recorded_compute.get(key, 0) + rec.end_ns - rec.start_ns
+            elif isinstance(rec, (Collective, PointToPoint)):
+                calls += 1
+                last_step = rec.step if last_step is None else max(last_step, rec.step)
+        progress[str(r)] = _progress(bundle.rank_info(r), stats.get(r), calls, last_step)
     steps = []
     rec_peak = rep_peak = None
     compute_by_step: dict[int, list[int]] = {}
@@ -92,7 +98,23 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
         # timing "virtual": replayed compute -> recorded compute, learned on step 0, per real rank
         "calibration": {str(r): st.get("calibration") for r, st in sorted(stats.items())
                         if st.get("calibration") is not None} or None,
+        # per real rank: the calls and steps it made against those recorded
+        "progress": progress,
     }
+
+
+def _progress(info, st: dict | None, recorded_calls: int, recorded_last_step: int | None) -> dict:
+    """How far a real rank got. A rank recorded for some steps only (--steps) makes calls
+    outside them: there the step it reached counts, elsewhere the calls it made."""
+    windowed = isinstance(info, dict) and info.get("steps") is not None
+    calls = int(st.get("calls", 0)) if st else None  # None: the rank wrote no results
+    step = len(st.get("steps", ())) if st else None  # the step it was in when it ended
+    if windowed:
+        complete = recorded_calls == 0 or (bool(calls) and (step or 0) >= (recorded_last_step or 0))
+    else:
+        complete = (calls or 0) >= recorded_calls
+    return {"calls": calls, "recorded_calls": recorded_calls, "step": step,
+            "recorded_last_step": recorded_last_step, "windowed": windowed, "complete": complete}
 
 
 def _fmt(v, unit="") -> str:
@@ -119,9 +141,40 @@ def card(report: dict) -> str:
            if report.get("predicted_shape_calls") else ""),
     ]
     d = report["first_divergence"]
-    if d is None:
-        lines.append("  diverged: no")
-    else:
+    early = report.get("stopped_early") or []
+    if d is not None:
         lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {d['op']}: {d['what']} "
                      f"expected {d['expected']}, got {d['got']}")
+    elif not early:
+        lines.append("  diverged: no")
+    lines.extend(f"  {'failed' if e.get('complete') else 'stopped early'}: {how_far(e)}" for e in early)
+    if early and d is None:
+        lines.append("  no divergence in the calls made")
     return "\n".join(lines)
+
+
+def how_far(e: dict) -> str:
+    """One rank's end, for a replay that did not run to the recording's end."""
+    c = e.get("exit_code", 0)
+    if e.get("timed_out"):
+        ended = "was stopped by the timeout"
+    elif c > 0:
+        ended = f"exited with code {c}"
+    elif c < 0:
+        ended = f"was ended by signal {-c}"
+    else:
+        ended = "ended"
+    calls, total = e.get("calls"), e.get("recorded_calls", 0)
+    if calls is None and c >= 0 and not e.get("timed_out"):
+        calls = 0  # exited normally without writing results: it never made a process group
+    if calls is None:
+        made = "(how far it got is not known)"
+    elif calls == 0:
+        made = f"before the first of {total} recorded calls"
+    else:
+        made = f"after {calls} of {total} recorded calls"
+    last = e.get("recorded_last_step")
+    where = ""
+    if e.get("step") is not None and last is not None and calls:
+        where = f", in step {e['step']} (the recording's last is {last})"
+    return f"rank {e.get('rank')} {ended} {made}{where}"

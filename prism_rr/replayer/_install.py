@@ -84,9 +84,13 @@ def _helper(*args, **kwargs):
     if is_world:
         st.next_gid = 0
         if st.session is None:
+            from prism_rr.errors import ReplayError
             from prism_rr.replayer._session import ReplaySession
 
-            st.session = ReplaySession(st.options, int(a["group_rank"]), int(a["group_size"]))
+            try:
+                st.session = ReplaySession(st.options, int(a["group_rank"]), int(a["group_size"]))
+            except ReplayError as exc:  # another world size, a rank not recorded: the launcher says it once
+                _refuse(st.options, int(a["group_rank"]), str(exc))
             if st.options.output:
                 _record_replay(st.session, "gloo")
     gid = st.next_gid
@@ -110,6 +114,22 @@ def _helper(*args, **kwargs):
         if rec is not None:
             rec.group_created(gid, pg._ranks, pg.getGroupName(), pg.getGroupDesc(), real_name)
     return result
+
+
+def _refuse(options: ReplayOptions, rank: int, why: str) -> None:
+    """End this rank before its program goes on: the replay cannot be what it asks for.
+    The launcher reads `why` and prints it once for all real ranks."""
+    import json
+    import sys
+
+    from prism_rr.replayer._session import stats_path
+
+    try:
+        path = stats_path(options.work_dir, rank)
+        path.write_text(json.dumps({"rank": rank, "error": why}))
+    except Exception:
+        print(f"prism-rr: replay: {why}", file=sys.stderr, flush=True)
+    os._exit(2)
 
 
 def _record_replay(session, backend: str) -> None:

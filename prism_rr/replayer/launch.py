@@ -2,10 +2,13 @@
 
     result = replay("run.prism", ranks=(0,), report="fidelity.json")
 
-Each selected rank runs its recorded command (or `cmd`) with the environment torchrun
-would have given it in the recorded world, and a start-up hook that makes
-`init_process_group`/`new_group` build replay groups. The real ranks meet on their own
-store; the recorded world's other ranks exist only as recordings.
+Each selected rank runs `cmd` (or, only when asked with `run_recorded_command=True`, the
+command and working directory the bundle names) with the environment torchrun would have
+given it in the recorded world, and a start-up hook that makes `init_process_group`/
+`new_group` build replay groups. The real ranks meet on their own store; the recorded
+world's other ranks exist only as recordings. Of the environment a bundle names, only the
+names in `_environment.REPLAY_ENV` reach a replayed rank (FORMAT.md, "Environment
+allow-list"): a bundle may come from a stranger.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from pathlib import Path
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle
 from prism_rr.recorder._options import spool_dir_for
-from prism_rr.replayer._environment import check_environment
+from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 from prism_rr.replayer._session import stats_path
 
-__all__ = ["HOOK_DIR", "ReplayResult", "parse_slow_rank", "rank_command", "replay"]
+__all__ = ["HOOK_DIR", "INCOMPLETE", "ReplayResult", "parse_slow_rank", "rank_command", "recorded_commands",
+           "replay"]
 
 log = logging.getLogger("prism_rr.replayer")
 
@@ -39,6 +43,7 @@ HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the reco
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _POLL_S = 0.02
 DIVERGED = 3
+INCOMPLETE = 6  # the program ended (exit 0) before making the calls the recording holds
 TIMED_OUT = 124
 
 
@@ -46,7 +51,7 @@ TIMED_OUT = 124
 class ReplayResult:
     """How a replay ended and what the fidelity report says."""
 
-    exit_code: int  # 0 ok, 3 diverged, 124 timed out, else the first failing rank's code
+    exit_code: int  # 0 ok, 3 diverged, 6 incomplete, 124 timed out, else the first failing rank's code
     rank_codes: dict[int, int]
     report: dict
     card: str
@@ -63,15 +68,55 @@ class ReplayResult:
 
 def rank_command(info: dict) -> list[str]:
     """The command a recorded rank ran: its interpreter and arguments (`-m` included)."""
-    argv = list(info.get("orig_argv") or info.get("argv") or [])
+    raw = info.get("orig_argv") or info.get("argv") or []
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(a, str) and "\0" not in a for a in raw):
+        raise UsageError(f"the bundle's command of rank {info.get('rank')} is not a list of strings; give a command")
+    argv = list(raw)
     if not argv:
         raise UsageError(f"the bundle does not say what rank {info.get('rank')} ran; give a command")
-    exe = info.get("executable") or ""
-    if not (exe and os.path.exists(exe)):
+    exe = info.get("executable")
+    if not (isinstance(exe, str) and exe and "\0" not in exe and os.path.exists(exe)):
         exe = sys.executable
     if info.get("orig_argv"):
         return [exe, *argv[1:]]
     return [exe, *argv]
+
+
+def _recorded_cwd(info: dict) -> str:
+    """The recorded working directory where it exists here, else this one."""
+    where = info.get("cwd")
+    if isinstance(where, str) and where and "\0" not in where and os.path.isdir(where):
+        return where
+    return os.getcwd()
+
+
+def recorded_commands(bundle_path, ranks=(0,)) -> dict[int, tuple[list[str], str]]:
+    """What `replay(..., run_recorded_command=True)` would run for each rank: (argv, cwd).
+
+    A rank that was not recorded (a sliced or scaled bundle) runs its role's
+    representative's command. For showing to a user before they agree to run it.
+    """
+    real = _parse_ranks(ranks)
+    out = {}
+    with open_bundle(Path(bundle_path)) as bundle:
+        recorded = bundle.recorded_ranks
+        for r in real:
+            source = r if r in recorded else _representative(bundle, r)
+            info = bundle.rank_info(source)
+            info = info if isinstance(info, dict) else {}
+            out[r] = (rank_command(info), _recorded_cwd(info))
+    return out
+
+
+def _representative(bundle, rank: int) -> int:
+    from prism_rr.graph.roles import Roles
+
+    entry = bundle.manifest.get("roles")
+    try:
+        roles = Roles.from_manifest(entry)
+        return int(roles.representatives[roles.role(rank)])
+    except Exception:
+        raise UsageError(f"rank {rank} was not recorded; recorded: {bundle.recorded_ranks}") from None
 
 
 def _parse_ranks(ranks) -> tuple[int, ...]:
@@ -145,8 +190,13 @@ def replay(
     cwd=None,
     log_dir=None,
     env: dict | None = None,
+    run_recorded_command: bool = False,
 ) -> ReplayResult:
     """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence).
+
+    Each real rank runs `cmd`; the command and working directory the bundle names run only
+    with `run_recorded_command=True` (a bundle may come from a stranger: show them first,
+    see `recorded_commands`).
 
     `output`: record the replay itself (the real ranks' calls as they happened) into
     this bundle, with `output_payload` (default: what the recording kept). What-if knobs
@@ -158,6 +208,11 @@ def replay(
 
     bundle_path = Path(bundle_path).resolve()
     real = _parse_ranks(ranks)
+    if cmd and run_recorded_command:
+        raise UsageError("give either a command or run_recorded_command, not both")
+    if not cmd and not run_recorded_command:
+        raise UsageError(f"{bundle_path.name}: the command a bundle names runs only when asked: "
+                         f"give the command to run, or run_recorded_command=True")
     with open_bundle(bundle_path) as bundle:
         world = bundle.world_size
         missing = [r for r in real if r not in bundle.recorded_ranks]
@@ -169,7 +224,7 @@ def replay(
         args = dict(ranks=real, cmd=cmd, report=report, output=output, output_payload=output_payload,
                     timing=timing, comm_scale=comm_scale, compute_scale=compute_scale, slow_rank=slow_rank,
                     continue_on_divergence=continue_on_divergence, timeout=timeout, cwd=cwd, log_dir=log_dir,
-                    env=env)
+                    env=env, run_recorded_command=run_recorded_command)
         with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
             derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
             return replay(derived, **args)
@@ -212,11 +267,13 @@ def replay(
         for r in real:
             argv = list(cmd) if cmd else rank_command(infos[r])
             commands[r] = argv
-            where = cwd or (os.getcwd() if cmd else infos[r].get("cwd"))
-            if not where or not os.path.isdir(where):
+            where = cwd or (os.getcwd() if cmd else _recorded_cwd(infos[r]))
+            if not os.path.isdir(where):
                 where = os.getcwd()
             child = dict(os.environ)
             child.pop("PRISM_RR_RECORD", None)
+            for name, value in replay_env(infos[r]).items():  # the allow-list only; this machine's win
+                child.setdefault(name, value)
             child.setdefault("OMP_NUM_THREADS", "1")
             child.update(rank_env(r, world, master_port, run_id))
             child.update(env or {})
@@ -248,6 +305,9 @@ def replay(
             time.sleep(_POLL_S)
         codes = {r: p.wait() for r, p in procs.items()}
         stats = {r: st for r in real if (st := _read_stats(work, r)) is not None}
+        refused = [st["error"] for st in stats.values() if isinstance(st.get("error"), str)]
+        if refused:  # the program asked for what the recording cannot give (another world size)
+            raise UsageError(refused[0])
         with open_bundle(bundle_path) as bundle:
             rep = fidelity_report(bundle, real, stats, timing=timing)
         traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
@@ -271,12 +331,15 @@ def replay(
         rep["teardown_aborts"] = torn
         codes = {r: (0 if r in torn else c) for r, c in codes.items()}
     stopped = any(st.get("stopped") for st in stats.values())
+    rep["stopped_early"] = _stopped_early(rep["progress"], codes, stats, timed_out=timed_out, diverged=stopped)
     if timed_out:
         code = TIMED_OUT
     elif stopped:
         code = DIVERGED
     else:
         code = next((c if c > 0 else 128 - c for c in codes.values() if c != 0), 0)
+        if not code and rep["stopped_early"]:
+            code = INCOMPLETE
     rep["exit_code"] = code
     rep["environment_warnings"] = warnings
     rep["what_if"] = {"comm_scale": options.comm_scale, "compute_scale": options.compute_scale,
@@ -289,6 +352,23 @@ def replay(
     return ReplayResult(exit_code=code, rank_codes=codes, report=rep, card=card(rep), timed_out=timed_out,
                         log_dir=logs, commands=commands, warnings=tuple(warnings),
                         output=output if spool_dir is not None else None)
+
+
+def _stopped_early(progress: dict, codes: dict, stats: dict, *, timed_out: bool, diverged: bool) -> list[dict]:
+    """The real ranks that did not make every call the recording holds, or failed: how far
+    each got. A rank stopped by a divergence (and those ended because of it) is left to
+    the divergence report."""
+    out = []
+    for r in sorted(codes):
+        st, c, p = stats.get(r), codes[r], progress.get(str(r), {})
+        if st is not None and st.get("stopped"):
+            continue
+        if diverged and c < 0:
+            continue
+        if c == 0 and p.get("complete", True) and not timed_out:
+            continue
+        out.append({"rank": r, "exit_code": c, "timed_out": timed_out, **p})
+    return out
 
 
 def parse_slow_rank(spec) -> tuple[tuple[int, float], ...]:

@@ -22,7 +22,7 @@ def recording(tmp_path_factory):
 
 def _replay(tmp, bundle, ranks, tag, **kw):
     result = replay(bundle, ranks=ranks, timeout=120, log_dir=tmp / f"logs-{tag}",
-                    env={**ENV, "PRISM_TEST_TAG": tag}, **kw)
+                    env={**ENV, "PRISM_TEST_TAG": tag}, run_recorded_command=True, **kw)
     return result
 
 

@@ -15,7 +15,7 @@ ENV = {"PYTHONWARNINGS": "ignore"}
 def test_payload_none_replays_with_synthetic_numerics(tmp_path):
     bundle = record(tmp_path, [SCRIPTS / "ops.py", tmp_path], 2, payload="none")
     result = replay(bundle, ranks=(0,), timeout=120, log_dir=tmp_path / "logs",
-                    env={**ENV, "PRISM_TEST_TAG": "syn"})
+                    env={**ENV, "PRISM_TEST_TAG": "syn"}, run_recorded_command=True)
     assert result.exit_code == 0, stderr_of(result, 0)
     assert result.report["synthetic_numerics"] is True and result.report["diverged"] is False
     got = torch.load(tmp_path / "syn-0.pt")
@@ -34,7 +34,7 @@ def test_digest_keeps_small_calls_so_they_replay_as_recorded(tmp_path):
     replayed rank receives exactly what it received."""
     bundle = record(tmp_path, [SCRIPTS / "ops.py", tmp_path], 2, payload="digest")
     result = replay(bundle, ranks=(0,), timeout=120, log_dir=tmp_path / "logs",
-                    env={**ENV, "PRISM_TEST_TAG": "dig"})
+                    env={**ENV, "PRISM_TEST_TAG": "dig"}, run_recorded_command=True)
     assert result.exit_code == 0, stderr_of(result, 0)
     assert result.report["synthetic_numerics"] is False and result.report["diverged"] is False
     rec, got = torch.load(tmp_path / "rec-0.pt"), torch.load(tmp_path / "dig-0.pt")

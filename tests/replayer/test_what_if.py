@@ -24,7 +24,7 @@ def recording(tmp_path_factory):
 
 def _run(recording, tag, ranks=(0,), **kw) -> dict:
     tmp, bundle = recording
-    result = replay(bundle, ranks=ranks, timeout=120, log_dir=tmp / f"logs-{tag}", **kw)
+    result = replay(bundle, ranks=ranks, timeout=120, log_dir=tmp / f"logs-{tag}", run_recorded_command=True, **kw)
     assert result.exit_code == 0, stderr_of(result, ranks[0])
     return result.report
 
