@@ -85,12 +85,15 @@ def info(
         lines.append(f"truncated       ranks {_ranges(facts['truncated_ranks'])} lost the tail of their spool")
     if facts["open_calls"]:
         lines.append(f"never completed {facts['open_calls']} calls (a hang or a kill)")
+    for f in facts["recorder_failures"]:
+        lines.append(f"recorder off    rank {f['rank']} from step {f['step']}: {f['reason']}")
     print("\n".join(lines))
 
 
 def bundle_facts(b) -> dict:
     """The facts `info --json` prints."""
     ranks = b.summaries["ranks"]
+    failures = _recorder_failures(b)
     return {
         "path": str(b.path),
         "format_version": b.format_version,
@@ -104,7 +107,27 @@ def bundle_facts(b) -> dict:
         "dropped": sum(int(r.get("dropped", 0) or 0) for r in ranks.values()),
         "truncated_ranks": sorted(r for r, s in ranks.items() if s.get("truncated")),
         "open_calls": sum(int(r.get("open", 0) or 0) for r in ranks.values()),
+        "recorder_failed_ranks": [f["rank"] for f in failures],
+        "recorder_failures": failures,
     }
+
+
+def _recorder_failures(b) -> list[dict]:
+    """Ranks whose recorder turned itself off: {rank, step, reason}, from the rank info
+    (a rank notes it there as well as in a `recorder_failed` marker), so no chunk is read."""
+    out = []
+    for rank in b.recorded_ranks:
+        f = b.rank_info(rank).get("recorder_failed")
+        if type(f) is not dict:
+            continue
+        step = f.get("step")
+        reason = f.get("reason")
+        out.append({
+            "rank": rank,
+            "step": step if type(step) is int else None,
+            "reason": reason[:500] if type(reason) is str else "unknown",
+        })
+    return out
 
 
 def _ranges(values: list[int]) -> str:
@@ -235,32 +258,80 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
         parse_mesh(mesh or "", nproc)  # a wrong layout fails now, not in every rank
     if nproc:
         cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
-    code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
-                          memory=memory, slice=slice_, mesh=mesh, timeout=timeout)
+    spool_dir = spool_dir_for(output)
+    try:
+        code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
+                              memory=memory, slice=slice_, mesh=mesh, timeout=timeout)
+    except OSError as exc:
+        _left_behind(spool_dir, output)
+        _say(f"prism-rr: error: recording into {spool_dir}/ failed: {exc}")
+        if any(spool_dir.glob("rank-*.spool")):
+            _say(f"prism-rr: the spools are in {spool_dir}/; pack what they hold elsewhere with:\n"
+                 f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
+        raise typer.Exit(1)
     if code != 0:
         _say(f"warning: the command exited with code {code}; packing what was recorded")
-    spool_dir = spool_dir_for(output)
     if not any(spool_dir.glob("rank-*.spool")):
         raise UsageError(
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
             f"(is CMD a PyTorch distributed program? exit code {code})"
         )
-    extra = None
-    if slice_ is not None:
-        from prism_rr.graph.roles import spool_roles
-        from prism_rr.recorder._options import parse_ranks
+    exit_code = code if code < 128 else 1
+    try:
+        extra = None
+        if slice_ is not None:
+            from prism_rr.graph.roles import spool_roles
+            from prism_rr.recorder._options import parse_ranks
 
-        roles = spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())
-        extra = {"roles": roles} if roles is not None else None
-        if roles is None:
-            _say("warning: --slice roles: no layout was found (no DeviceMesh, and the groups form no mesh); "
-                 "every rank was recorded")
-    result = pack_spools(spool_dir, output, manifest_extra=extra, progress=_progress("packing ranks"))
+            roles = spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())
+            extra = {"roles": roles} if roles is not None else None
+            if roles is None:
+                _say("warning: --slice roles: no layout was found (no DeviceMesh, and the groups form no mesh); "
+                     "every rank was recorded")
+        result = pack_spools(spool_dir, output, manifest_extra=extra, progress=_progress("packing ranks"))
+    except OSError as exc:
+        # A full disk (or a read-only one): the training's outcome and the spools are
+        # what matter now; say where they are and how to pack them elsewhere.
+        _left_behind(spool_dir, output)
+        outcome = (f"the command exited with code {code}" if code != 0
+                   else "the command succeeded (exit code 0)")
+        _say(f"prism-rr: error: could not write {output}: {exc}; {outcome}, but no bundle was written")
+        _say(f"prism-rr: the spools are in {spool_dir}/; pack them elsewhere with:\n"
+             f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
+        raise typer.Exit(exit_code or 1)
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail of its spool lost ({why})")
     _say(f"wrote {output}: {result.ranks} ranks, {result.events:,} records, {result.bytes:,} bytes")
+    _say_recorder_failures(output)
     if code != 0:
-        raise typer.Exit(code if code < 128 else 1)
+        raise typer.Exit(exit_code)
+
+
+def _left_behind(spool_dir: Path, output: Path) -> None:
+    """Remove the half-written files a failed write leaves: the bundle's `.partial`, and
+    `.tmp` files in the spool directory (the spools and whole blobs stay)."""
+    for path in [output.with_name(output.name + ".partial"), *spool_dir.glob("*.tmp"),
+                 *spool_dir.glob("blobs/*/*.tmp")]:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def _say_recorder_failures(output: Path) -> None:
+    """One line per rank whose recorder turned itself off (the training went on)."""
+    from prism_rr.format import open_bundle
+
+    try:
+        with open_bundle(output) as b:
+            failures = _recorder_failures(b)
+    except Exception as exc:
+        _say(f"warning: could not read back {output}: {exc}")
+        return
+    for f in failures:
+        step = "?" if f["step"] is None else f["step"]
+        _say(f"warning: rank {f['rank']}: the recorder turned itself off at step {step} ({f['reason']}); "
+             f"the training went on, the rank's records stop there")
 
 
 @app.command(
@@ -329,6 +400,38 @@ def _replay_run(bundle: Path, *, cmd=None, ranks="0", report=None, output=None, 
         _say(f"wrote {result.output} (the replay, recorded)")
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _shown(text: str) -> str:
+    """`text` with control characters escaped: a bundle must not draw on the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
+    """Show the command and directory the bundle names; go on only if the user asked for
+    them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
+    import shlex
+
+    from prism_rr.errors import UsageError
+    from prism_rr.replayer.launch import recorded_commands
+
+    refuse = _shown(f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
+                    f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
+                    f"or pass --run-recorded-command")
+    if not asked and not sys.stdin.isatty():
+        raise UsageError(refuse)
+    shown: dict[tuple[str, str], list[int]] = {}
+    for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
+        shown.setdefault((_shown(shlex.join(argv)), _shown(cwd)), []).append(r)
+    for (argv, cwd), rs in shown.items():
+        _say(f"{bundle.name} names this command for rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}:\n"
+             f"  {argv}\n  in {cwd}")
+    if asked:
+        return
+    print("run it? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise UsageError(refuse)
 
 
 @app.command(epilog=EXIT_CODES)
@@ -409,38 +512,6 @@ def diagnose(
         raise typer.Exit(5)
 
 
-def _shown(text: str) -> str:
-    """`text` with control characters escaped: a bundle must not draw on the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
-    """Show the command and directory the bundle names; go on only if the user asked for
-    them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
-    import shlex
-
-    from prism_rr.errors import UsageError
-    from prism_rr.replayer.launch import recorded_commands
-
-    refuse = _shown(f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
-                    f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
-                    f"or pass --run-recorded-command")
-    if not asked and not sys.stdin.isatty():
-        raise UsageError(refuse)
-    shown: dict[tuple[str, str], list[int]] = {}
-    for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
-        shown.setdefault((_shown(shlex.join(argv)), _shown(cwd)), []).append(r)
-    for (argv, cwd), rs in shown.items():
-        _say(f"{bundle.name} names this command for rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}:\n"
-             f"  {argv}\n  in {cwd}")
-    if asked:
-        return
-    print("run it? [y/N] ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline().strip().lower()
-    if answer not in ("y", "yes"):
-        raise UsageError(refuse)
-
-
 @app.command(epilog=EXIT_CODES)
 def export(
     bundle: Path = typer.Argument(..., help="The .prism bundle to export."),
@@ -503,13 +574,18 @@ def tui(
     groups and ranks · q quit. Only what is on screen is read, so 8192 ranks scroll.
     """
     from prism_rr.format import open_bundle
-    from prism_rr.tui import run
+    from prism_rr.tui.app import PrismApp
 
     # Fail with a one-line error before the terminal is taken over.
     for path in (bundle, compare):
         if path is not None:
             open_bundle(path).close()
-    run(bundle, compare=compare)
+    app = PrismApp(bundle, compare)
+    app.run()
+    if app.bundle_error is not None:  # found while browsing: one line, exit 4
+        raise app.bundle_error
+    if app.return_code:
+        raise typer.Exit(app.return_code)
 
 
 @app.command(epilog="Example: prism-rr scale run.prism --dp 4096 -o big.prism\n\n" + EXIT_CODES)
@@ -603,6 +679,9 @@ def main() -> None:
         sys.exit(exit_code_for(exc))
     except OSError as exc:
         _say(f"prism-rr: error: {exc}")
+        sys.exit(1)
+    except MemoryError:
+        _say("prism-rr: error: out of memory")
         sys.exit(1)
 
 
