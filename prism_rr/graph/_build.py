@@ -6,13 +6,14 @@ kept (its signature interned), so memory grows with calls, not with records.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, Marker, PointToPoint, Step
-from prism_rr.graph._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
+from prism_rr.graph._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
-__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "signature"]
+__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature"]
 
 # Ops whose members must all pass tensors of the same shapes and dtypes.
 _SAME_INPUT = frozenset({
@@ -114,6 +115,7 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
         rs = sums.get(rank, {})
         trace.dropped = int(rs.get("dropped", 0) or 0)
         trace.truncated = bool(rs.get("truncated", False))
+        trace.crash = parse_crash(bundle.rank_info(rank).get("crash"))
         graph.traces[rank] = trace
         if trace.first_ns is not None:
             t0 = trace.first_ns if t0 is None else min(t0, trace.first_ns)
@@ -218,6 +220,8 @@ def _read_rank(bundle, rank, offset, steps, graph: ExecutionGraph, interned, rse
                 # written right after the failed call's record, whose seq it names
                 group = prev_key[0] if prev_key is not None and prev_key[1] == rec.value else None
                 trace.failed.append((group, rec.value, rec))
+            if rec.name == "recording_end":
+                trace.ended = True
             if rec.name in _NOTABLE:
                 if len(trace.markers) < 1000:
                     trace.markers.append(rec)
@@ -228,3 +232,65 @@ def _read_rank(bundle, rank, offset, steps, graph: ExecutionGraph, interned, rse
     trace.last_record = last_rec
     trace.last_call = last_call
     return trace
+
+
+# --- crash files ------------------------------------------------------------------------
+
+# faulthandler's words for the signals it handles
+_FATAL = {
+    "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+_THREAD = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]{1,16})(?: \[[^\]]*\])? \(most recent call first\):$")
+_FRAME = re.compile(r'  File "(.{1,1000})", line (\d{1,9}) in (.{1,200})$')
+_MAX_CRASH_TEXT = 64 << 10
+_MAX_THREADS = 256
+_MAX_FRAMES = 200
+
+
+def parse_crash(value) -> Crash | None:
+    """The rank info key `crash` (FORMAT.md), read as the untrusted text it is: bounded,
+    type-checked, parsed by pattern; None when absent or unreadable."""
+    if type(value) is not dict or type(value.get("text")) is not str:
+        return None
+    text = value["text"][:_MAX_CRASH_TEXT]
+    main = value.get("main_thread")
+    main = main.lower() if type(main) is str else None
+    reason = ""
+    threads: list[tuple[str, str, list]] = []  # (label, id, frames)
+    for line in text.splitlines():
+        if line.startswith("Fatal Python error: ") and not reason:
+            reason = line[len("Fatal Python error: "):].strip()[:100]
+            continue
+        m = _THREAD.match(line)
+        if m:
+            if len(threads) >= _MAX_THREADS:
+                break
+            threads.append((m.group(1), m.group(2).lower(), []))
+            continue
+        m = _FRAME.match(line)
+        if m and threads and len(threads[-1][2]) < _MAX_FRAMES:
+            threads[-1][2].append((m.group(1), int(m.group(2)), m.group(3)))
+    if not reason and not threads:
+        return None
+    pick, which = None, "first"
+
+    def same(a: str, b: str | None) -> bool:
+        return b is not None and int(a, 16) == int(b, 16)
+
+    for label, tid, frames in threads:
+        if same(tid, main) and frames:
+            pick, which = frames, "main"
+            break
+    if pick is None:
+        for label, tid, frames in threads:
+            if label == "Current thread" and frames:
+                pick, which = frames, "current"
+                break
+    if pick is None:
+        pick = next((frames for _, _, frames in threads if frames), [])
+    frames = tuple(pick)
+    stack = tuple(f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line} in {func}" for path, line, func in frames)
+    return Crash(signal=_FATAL.get(reason, "fatal error"), reason=reason or "unknown", stack=stack,
+                 frames=frames, thread=which, text=text)

@@ -16,7 +16,7 @@ __all__ = ["KINDS", "Finding", "diagnose", "diagnosis_json"]
 
 # Finding kinds, in the order they are reported.
 KINDS = (
-    "hang", "incomplete", "mismatch", "unmatched_p2p", "straggler",
+    "crashed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p", "straggler",
     "call_failed", "recorder_failed", "dropped", "truncated",
 )
 _MAX_LISTED = 20  # seqs listed in a coalesced finding's details
@@ -72,22 +72,27 @@ def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None) -> list[Fin
     g = build_graph(bundle) if graph is None else graph
     failures = _Failures(g)
     out: list[Finding] = []
+    out += _crashes(g)
     out += _hangs(g, failures)
-    out += _mismatches(g, failures)
+    drifts = _drifts(g)
+    out += drifts
+    out += _fold_into_drifts(_mismatches(g, failures), drifts)
     out += _unmatched_p2p(g)
-    out += _stragglers(g)
+    out += _stragglers(g, {d.group: d.seq for d in drifts})
     out += _call_failures(g, failures)
     out += _gaps(g)
     out.sort(key=lambda f: _order(g, f))
     return out
 
 
-_ON_CALLS = ("hang", "incomplete", "mismatch", "unmatched_p2p")
+_ON_CALLS = ("hang", "incomplete", "drift", "mismatch", "unmatched_p2p")
 
 
 def _order(g: ExecutionGraph, f: Finding) -> tuple:
-    """Problems on calls first, earliest first (the first is most often the cause of
-    the rest), then stragglers, then what the bundle cannot show."""
+    """Crashes first, then problems on calls, earliest first (the first is most often
+    the cause of the rest), then stragglers, then what the bundle cannot show."""
+    if f.kind == "crashed":
+        return (-1, f.details.get("last_ns") or 0, f.ranks)
     if f.kind in _ON_CALLS:
         t = None
         call = g.calls.get((f.group, f.seq)) if "src" not in f.details else None
@@ -97,7 +102,7 @@ def _order(g: ExecutionGraph, f: Finding) -> tuple:
             pm = g.p2p.get((f.group, f.details.get("src"), f.details.get("dst"), f.seq))
             m = pm and (pm.send or pm.recv)
             t = m.enter_ns if m else None
-        return (0, t if t is not None else 1 << 62, f.ranks)
+        return (0, t if t is not None else 1 << 62, _ON_CALLS.index(f.kind), f.ranks)
     return (1 + KINDS.index(f.kind) if f.kind in KINDS else 99, f.group or -1, f.seq or -1, f.ranks)
 
 
@@ -182,7 +187,12 @@ def _doing_last(g: ExecutionGraph, rank: int, failures: "_Failures | None" = Non
             what = _call_text(m.op, group, seq)
         else:
             what = f"{m.op} (group {group}, message {seq})"
-        return (f"rank {rank} was blocked in {what} since {_at(g, m.enter_ns)} and never left it",
+        if _abrupt(g, rank):
+            text = (f"rank {rank} was in {what} since {_at(g, m.enter_ns)} when its records end "
+                    f"({_death(trace)})")
+        else:
+            text = f"rank {rank} was blocked in {what} since {_at(g, m.enter_ns)} and never left it"
+        return (text,
                 {"state": "blocked", "op": m.op, "group": group, "seq": seq, "since_ns": m.enter_ns - g.t0_ns,
                  "stack": list(m.stack) if m.stack else None})
     rec = trace.last_record
@@ -201,6 +211,10 @@ def _doing_last(g: ExecutionGraph, rank: int, failures: "_Failures | None" = Non
     if ends and ends[-1].text:
         text += f"; its recording then ended ({ends[-1].text})"
         details["ended"] = ends[-1].text
+    elif trace.crash is not None:
+        text += f"; then the process died ({trace.crash.signal})"
+        details["state"] = "truncated" if trace.truncated else "crashed"
+        details["signal"] = trace.crash.signal
     elif trace.truncated:
         text += "; its spool is truncated (was the process killed?)"
         details["state"] = "truncated"
@@ -208,6 +222,61 @@ def _doing_last(g: ExecutionGraph, rank: int, failures: "_Failures | None" = Non
         text += "; then nothing: its recording stops without a proper end (was the process killed?)"
         details["state"] = "stopped"
     return text, details
+
+
+def _abrupt(g: ExecutionGraph, rank: int) -> bool:
+    """The rank's records end without the recording's proper end: the process died (or
+    the spool was packed while it ran), and what it did after its last record is unknown."""
+    trace = g.traces.get(rank)
+    return trace is not None and trace.events > 0 and (not trace.ended or trace.truncated)
+
+
+def _death(trace) -> str:
+    if trace.crash is not None:
+        return f"process died: {trace.crash.signal}"
+    if trace.truncated:
+        return "its spool ends in a torn frame: the process died while writing"
+    return "no proper end: the process died or was killed"
+
+
+def _end_text(g: ExecutionGraph, rank: int) -> tuple[str, dict]:
+    """'rank 1's records end at +22.000 ms (process died: SIGABRT); what it did
+    afterwards is unknown', and as details."""
+    trace = g.traces[rank]
+    last = trace.last_ns if trace.last_ns is not None else g.t0_ns
+    why = _death(trace)
+    details: dict[str, Any] = {"records_end_ns": last - g.t0_ns, "death": why}
+    if trace.crash is not None:
+        details["signal"] = trace.crash.signal
+    return f"rank {rank}'s records end at {_at(g, last)} ({why}); what it did afterwards is unknown", details
+
+
+# --- crashes --------------------------------------------------------------------------
+
+
+def _crashes(g: ExecutionGraph) -> list[Finding]:
+    """A rank whose process died of a fatal signal its crash file names."""
+    out = []
+    for rank, trace in g.traces.items():
+        crash = trace.crash
+        if crash is None or (trace.ended and not trace.truncated):
+            continue  # a crash after the recording ended (teardown) explains no record
+        last = trace.last_ns if trace.last_ns is not None else g.t0_ns
+        op, group, seq = crash.op, None, None
+        if trace.open_calls:  # the call it was in, as its records show
+            _, group, seq, m = max(trace.open_calls, key=lambda c: c[3].enter_ns)
+            op = m.op
+        where = crash.where
+        what = (f" in {_call_text(op, group, seq)}" if group is not None
+                else f" in {op}" if op else "")
+        at = f" at {where}" if where else ""
+        msg = (f"Rank {rank} crashed ({crash.signal}){what}{at}; its records end at {_at(g, last)}. "
+               f"faulthandler: \"{crash.reason}\" ({crash.thread} thread's stack below).")
+        out.append(Finding(
+            kind="crashed", ranks=(rank,), group=group, seq=seq, message=msg, stack=crash.stack or None,
+            details={"signal": crash.signal, "reason": crash.reason, "op": op, "where": where,
+                     "thread": crash.thread, "last_ns": last - g.t0_ns, "text": crash.text[:8192]}))
+    return out
 
 
 # --- hangs ----------------------------------------------------------------------------
@@ -257,8 +326,24 @@ def _hangs(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
                 stuck += (f"; the wait ended in an error on {_ranks_text(failed)} "
                           f"({_short(next(iter(failed.values())))})")
             more = f" ({len(seqs) - 1} later calls of this group lack them too)" if len(seqs) > 1 else ""
-            msg = (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)} "
-                   f"but never by {_ranks_text(ranks)}{stuck}{more}. " + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
+            unknown = [r for r in ranks if _abrupt(g, r)]
+            known = [r for r in ranks if r not in unknown]
+            if unknown:  # their records end: whether they entered it later is unknown
+                sentences = []
+                for r in unknown:
+                    text, d = _end_text(g, r)
+                    doing[str(r)].update(d)
+                    sentences.append(text)
+                for r in known:
+                    sentences.append(_doing_last(g, r, failures)[0])
+                details["unknown_after"] = unknown
+                never = f" but never by {_ranks_text(known)}" if known else ""
+                msg = (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)}{never}"
+                       f"{stuck}{more}. " + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
+            else:
+                msg = (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)} "
+                       f"but never by {_ranks_text(ranks)}{stuck}{more}. "
+                       + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
         else:
             more = f" ({len(seqs) - 1} later calls too)" if len(seqs) > 1 else ""
             msg = (f"{_call_text(call.op, group, call.seq)} was entered by every member but never "
@@ -278,6 +363,100 @@ def _hangs(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
                 message=(f"{pm.send.op} from rank {pm.src} to rank {pm.dst} (group {pm.group}, message {pm.seq}) "
                          f"was posted on both sides but never completed on {_ranks_text(ranks)}."),
                 stack=stuck[0].stack, details={"src": pm.src, "dst": pm.dst, "op": pm.send.op}))
+    return out
+
+
+# --- drift: call sequences that part ---------------------------------------------------
+
+
+def _where(m: Member) -> str:
+    return m.stack[0].split(" in ")[0] if m.stack else "an unrecorded line"
+
+
+def _drifts(g: ExecutionGraph) -> list[Finding]:
+    """Ranks whose calls in a group part from a reference rank's: the first step where
+    they made different calls, after which seq numbers pair calls that do not belong
+    together. Only where both ranks made calls past that point: a rank that stops is a
+    hang (or a death), not a drift."""
+    per_group: dict[int, dict[int, list[tuple[int, Member]]]] = {}
+    for call in g.calls.values():
+        for m in call.members:
+            per_group.setdefault(call.group, {}).setdefault(m.rank, []).append((call.seq, m))
+    out = []
+    for group in sorted(per_group):
+        by_rank = per_group[group]
+        if len(by_rank) < 2:
+            continue
+        for calls in by_rank.values():
+            calls.sort(key=lambda c: c[0])
+        ref = max(by_rank, key=lambda r: (len(by_rank[r]), -r))
+        ref_steps = _by_step(by_rank[ref])
+        for rank in sorted(by_rank):
+            if rank != ref and len(out) < _MAX_LISTED:
+                f = _drift(g, group, ref, ref_steps, by_rank[ref], rank, by_rank[rank])
+                if f is not None:
+                    out.append(f)
+    return out
+
+
+def _by_step(calls) -> dict[int, list[tuple[int, Member]]]:
+    steps: dict[int, list] = {}
+    for seq, m in calls:
+        steps.setdefault(m.step, []).append((seq, m))
+    return steps
+
+
+def _drift(g, group, ref, ref_steps, ref_calls, rank, calls) -> Finding | None:
+    mine = _by_step(calls)
+    for step in sorted(set(ref_steps) | set(mine)):
+        a, b = ref_steps.get(step, []), mine.get(step, [])
+        ops_a, ops_b = [m.op for _, m in a], [m.op for _, m in b]
+        if len(ops_a) == len(ops_b):
+            continue  # as many calls: what differs pairs up, and is a mismatch
+        i = next((i for i, (x, y) in enumerate(zip(ops_a, ops_b)) if x != y), min(len(a), len(b)))
+        seq = a[i][0] if i < len(a) else b[i][0]
+        # from `seq` on, both ranks made calls that pair by seq: the wrong ones
+        late_ref = next((m for s, m in ref_calls if s >= seq), None)
+        late = next((m for s, m in calls if s >= seq), None)
+        if late_ref is None or late is None:
+            return None  # one of them stopped: a hang or a death, reported as such
+        counts: dict[str, tuple[int, int]] = {}
+        for op in dict.fromkeys(ops_a + ops_b):
+            counts[op] = (ops_a.count(op), ops_b.count(op))
+        op = next(op for op, (x, y) in counts.items() if x != y)
+        x, y = counts[op]
+        if y < x:
+            made = f"rank {rank} made {y} of the {x} {op} calls (group {group}) that rank {ref} made"
+        else:
+            made = f"rank {rank} made {y} {op} calls (group {group}) where rank {ref} made {x}"
+        msg = (f"In step {step}, {made}; from there on its calls pair with the wrong ones: "
+               f"rank {ref}'s {late_ref.op} at {_where(late_ref)} (step {late_ref.step}) is seq {seq} of group {group}, "
+               f"and so is rank {rank}'s {late.op} at {_where(late)} (step {late.step}).")
+        return Finding(
+            kind="drift", ranks=(rank,), group=group, seq=seq, message=msg,
+            stack=late.stack or late_ref.stack,
+            details={"step": step, "op": op, "reference": ref,
+                     "counts": {o: {str(ref): x, str(rank): y} for o, (x, y) in counts.items()},
+                     "where": {str(ref): _where(late_ref), str(rank): _where(late)},
+                     "stacks": {str(ref): list(late_ref.stack or ()), str(rank): list(late.stack or ())},
+                     "later_mismatches": 0})
+    return None
+
+
+def _fold_into_drifts(findings: list[Finding], drifts: list[Finding]) -> list[Finding]:
+    """Mismatches a drift explains (its group, from its seq on, between its ranks) are
+    counted in the drift finding rather than reported one by one."""
+    if not drifts:
+        return findings
+    out = []
+    for f in findings:
+        cause = next((d for d in drifts if f.kind == "mismatch" and f.group == d.group and f.seq is not None
+                      and f.seq >= d.seq and "src" not in f.details
+                      and set(f.ranks) <= {d.ranks[0], d.details["reference"]}), None)
+        if cause is None:
+            out.append(f)
+        else:
+            cause.details["later_mismatches"] += 1 + int(f.details.get("later_count", 0))
     return out
 
 
@@ -389,14 +568,22 @@ def _unmatched_p2p(g: ExecutionGraph) -> list[Finding]:
         m = pm.send or pm.recv
         n = len(pms)
         more = f" ({n - 1} later messages too)" if n > 1 else ""
-        if sending:
+        other = dst if sending else src
+        if _abrupt(g, other):
+            unknown = _end_text(g, other)[0]
+            if sending:
+                msg = (f"Rank {src} sent {_fmt_shapes(m.sig[1])} to rank {dst} (group {group}, message {pm.seq}) "
+                       f"and no matching receive is recorded{more}; {unknown}.")
+            else:
+                msg = (f"Rank {dst} waited to receive from rank {src} (group {group}, message {pm.seq}) "
+                       f"and no matching send is recorded{more}; {unknown}.")
+        elif sending:
             msg = (f"Rank {src} sent {_fmt_shapes(m.sig[1])} to rank {dst} (group {group}, message {pm.seq}) "
                    f"but rank {dst} never posted the matching receive{more}.")
-            ranks = (src, dst)
         else:
             msg = (f"Rank {dst} waited to receive from rank {src} (group {group}, message {pm.seq}) "
                    f"but rank {src} never sent it{more}.")
-            ranks = (src, dst)
+        ranks = (src, dst)
         out.append(Finding(kind="unmatched_p2p", ranks=ranks, group=group, seq=pm.seq, message=msg,
                            stack=m.stack, details={"src": src, "dst": dst, "op": m.op, "side": "send" if sending else "recv",
                                                    "seqs": [p.seq for p in pms[:_MAX_LISTED]], "count": n,
@@ -407,7 +594,10 @@ def _unmatched_p2p(g: ExecutionGraph) -> list[Finding]:
 # --- stragglers -----------------------------------------------------------------------
 
 
-def _stragglers(g: ExecutionGraph) -> list[Finding]:
+def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None) -> list[Finding]:
+    """`drifted`: {group: seq} from which a group's calls pair the wrong ones (a drift):
+    their arrival times say nothing about stragglers."""
+    drifted = drifted or {}
     last: dict[int, int] = {}
     expected: dict[int, float] = {}
     var: dict[int, float] = {}
@@ -418,7 +608,7 @@ def _stragglers(g: ExecutionGraph) -> list[Finding]:
     for call in g.calls.values():
         ms = call.members
         n = len(ms)
-        if n < 2 or call.missing or ms[0].step == warmup:
+        if n < 2 or call.missing or ms[0].step == warmup or call.seq >= drifted.get(call.group, 1 << 62):
             continue
         got = call.arrivals()
         if got is None:

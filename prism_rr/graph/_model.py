@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from prism_rr.format.records import Marker, Record
 
-__all__ = ["MatchedCall", "Member", "P2PMatch", "RankTrace", "StepStats"]
+__all__ = ["Crash", "MatchedCall", "Member", "P2PMatch", "RankTrace", "StepStats"]
 
 
 @dataclass(slots=True)
@@ -151,6 +151,51 @@ class RankTrace:
     markers: list[Marker] = field(default_factory=list)  # recording_end, recorder_failed, call_failed, ...
     failed: list[tuple[int | None, int | None, Marker]] = field(default_factory=list)  # (group, seq, call_failed)
     off_ns: int | None = None  # when the recorder turned itself off, if it did
+    ended: bool = False  # the recording has its proper end (a recording_end marker)
+    crash: Crash | None = None  # how the process died, where its crash file says
+
+
+@dataclass(frozen=True, slots=True)
+class Crash:
+    """What a rank's crash file (faulthandler's dump, carried in its rank info) says."""
+
+    signal: str  # "SIGABRT", "SIGSEGV", ... or "fatal error" when the dump names none
+    reason: str  # faulthandler's words: "Aborted", "Segmentation fault", ...
+    stack: tuple[str, ...]  # the thread that matters, innermost first: "file:line in func"
+    frames: tuple[tuple[str, int, str], ...]  # (path, line, function), innermost first
+    thread: str  # "main", "current" or "first": which thread's stack this is
+    text: str  # the dump, bounded
+
+    @property
+    def where(self) -> str | None:
+        """file:line of the innermost frame in the program's own code (not the Python
+        library, an installed package or prism-rr), else of the innermost frame."""
+        for path, line, _ in self.frames:
+            if not _library(path):
+                return f"{_base(path)}:{line}"
+        return f"{_base(self.frames[0][0])}:{self.frames[0][1]}" if self.frames else None
+
+    @property
+    def op(self) -> str | None:
+        """The torch.distributed function the program called, if it was in one."""
+        op = None
+        for path, _, func in self.frames:
+            p = path.replace("\\", "/")
+            if "/torch/distributed/" in p and func not in ("wrapper", "<module>") and not func.startswith("_"):
+                op = func  # the outermost such frame is the one the program called
+            elif op is not None and not _library(path):
+                break
+        return op
+
+
+def _base(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _library(path: str) -> bool:
+    p = path.replace("\\", "/")
+    return ("/site-packages/" in p or "/dist-packages/" in p or "/prism_rr/" in p
+            or "/lib/python3" in p or p.startswith("<"))
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@
 loop: small all_reduces (a training-like step of 4 every few ms) until killed from outside;
 "ready-<rank>" is touched once the loop runs. abort: in step 2 of 5 the last rank
 all_reduces a tensor of another size, and gloo aborts the process (SIGABRT). segv: in
-step 2 of 5 rank 1 reads address 0 (SIGSEGV). The survivors give up after a short gloo
+step 2 of 5 rank 1 reads address 0 (SIGSEGV). drift: rank 1 makes one all_reduce
+fewer in step 2 and goes on. The survivors give up after a short gloo
 timeout, as a watchdog would end a broken job.
 """
 
@@ -44,6 +45,19 @@ if mode == "loop":
         if step == 3:
             (marker_dir / f"ready-{rank}").touch()
         step += 1
+    sys.exit(0)
+
+if mode == "drift":
+    # three equal all_reduces a step; rank 1 makes two in step 2, so from there on its
+    # calls pair with the wrong ones (of one size: gloo does not notice) and, at the end,
+    # rank 0 waits alone in its last call until gloo's timeout
+    for step in range(5):
+        for i in range(3):
+            if not (rank == 1 and step == 2 and i == 2):
+                dist.all_reduce(torch.ones(3))
+        opt.step()
+    if rank == 1:
+        time.sleep(4)  # rank 0 times out first
     sys.exit(0)
 
 for step in range(5):

@@ -1,0 +1,127 @@
+"""diagnose() says only what the records show, on real 2-rank gloo runs that die hard or drift.
+
+A rank that aborts, segfaults or is killed: findings about later calls say its records
+end and what it did afterwards is unknown, never that it "never entered" them; a crash
+file names the signal, the call and the line. A rank that makes a call fewer in a step:
+the first step where the ranks part is named, with both ranks' lines.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prism_rr.format import open_bundle, pack
+from prism_rr.graph import diagnose, diagnosis_json
+from prism_rr.localrun import free_port, rank_env
+from prism_rr.recorder._options import RecordOptions, spool_dir_for
+from prism_rr.recorder.launch import hook_env
+
+SCRIPTS = Path(__file__).parents[1] / "recorder" / "scripts"
+WORLD = 2
+
+
+def _record(tmp_path, script, *args, kill_after=None):
+    """Run `script` as 2 recorded gloo ranks; with `kill_after` (a marker file name),
+    SIGKILL rank 1 once both ranks touched it. Returns exit codes and findings."""
+    out = tmp_path / "run.prism"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / script), *args, str(tmp_path)],
+                              env=dict(env, **rank_env(r, WORLD, port, "diag")), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True) for r in range(WORLD)]
+    try:
+        if kill_after:
+            deadline = time.monotonic() + 60
+            while not all((tmp_path / f"{kill_after}-{r}").exists() for r in range(WORLD)):
+                assert time.monotonic() < deadline, "the ranks never got there"
+                time.sleep(0.02)
+        deadline = time.monotonic() + 60
+        for p in procs:
+            p.wait(max(0.1, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    pack(spool_dir_for(out), out)
+    with open_bundle(out) as b:
+        findings = diagnose(b)
+    return [p.returncode for p in procs], findings
+
+
+def _text(findings):
+    return [f"[{f.kind}] {f.message}" for f in findings]
+
+
+def _no_never_for(findings, rank):
+    for f in findings:
+        assert f"never by rank {rank}" not in f.message and f"rank {rank} never" not in f.message, _text(findings)
+
+
+@pytest.mark.timeout(90)
+def test_gloo_abort_is_a_crash_and_later_calls_are_unknown(tmp_path):
+    codes, findings = _record(tmp_path, "crashy.py", "abort")
+    assert -signal.SIGABRT in codes, codes
+    dead = codes.index(-signal.SIGABRT)
+    first = findings[0]
+    assert first.kind == "crashed" and first.ranks == (dead,), _text(findings)
+    assert first.details["signal"] == "SIGABRT" and first.details["where"] == "crashy.py:68"
+    assert f"Rank {dead} crashed (SIGABRT) in all_reduce" in first.message and "at crashy.py:68" in first.message
+    assert first.stack and any(fr.startswith("crashy.py:68") for fr in first.stack)
+    _no_never_for(findings, dead)
+    # the survivor's call that the dead rank's records do not reach
+    hangs = [f for f in findings if f.kind == "hang"]
+    assert hangs and all(f.ranks == (dead,) for f in hangs), _text(findings)
+    assert f"Rank {dead}'s records end at +" in hangs[0].message
+    assert "(process died: SIGABRT); what it did afterwards is unknown" in hangs[0].message
+    assert hangs[0].details["unknown_after"] == [dead]
+    assert diagnosis_json(findings)["summary"]["by_kind"]["crashed"] == 1
+
+
+@pytest.mark.timeout(90)
+def test_segfault_is_a_crash_with_its_line(tmp_path):
+    codes, findings = _record(tmp_path, "crashy.py", "segv")
+    assert codes[1] == -signal.SIGSEGV, codes
+    first = findings[0]
+    assert (first.kind, first.ranks) == ("crashed", (1,)), _text(findings)
+    assert first.details["signal"] == "SIGSEGV" and first.details["where"] == "crashy.py:70"
+    assert "Rank 1 crashed (SIGSEGV) at crashy.py:70" in first.message
+    assert "string_at" in first.stack[0]
+    _no_never_for(findings, 1)
+    hang = next(f for f in findings if f.kind == "hang")
+    assert "Rank 1's records end at +" in hang.message and "(process died: SIGSEGV)" in hang.message
+
+
+@pytest.mark.timeout(90)
+def test_sigkilled_rank_is_unknown_after_its_records(tmp_path):
+    codes, findings = _record(tmp_path, "hang.py", "kill", kill_after="stuck")
+    assert codes[1] == -signal.SIGKILL, codes
+    assert not any(f.kind == "crashed" for f in findings)  # SIGKILL leaves no crash file
+    _no_never_for(findings, 1)
+    hang = findings[0]
+    assert (hang.kind, hang.ranks, hang.group, hang.seq) == ("hang", (1,), 0, 6), _text(findings)
+    assert "Rank 1's records end at +" in hang.message
+    assert "(no proper end: the process died or was killed); what it did afterwards is unknown" in hang.message
+
+
+@pytest.mark.timeout(90)
+def test_drift_names_the_step_where_calls_part(tmp_path):
+    codes, findings = _record(tmp_path, "crashy.py", "drift")
+    drift = [f for f in findings if f.kind == "drift"]
+    assert len(drift) == 1, _text(findings)
+    d = drift[0]
+    assert d.ranks == (1,) and d.group == 0 and d.seq == 8 and d.details["step"] == 2
+    assert d.message.startswith("In step 2, rank 1 made 2 of the 3 all_reduce calls (group 0) that rank 0 made; "
+                                "from there on its calls pair with the wrong ones"), d.message
+    assert "rank 0's all_reduce at crashy.py:" in d.message and "rank 1's all_reduce at crashy.py:" in d.message
+    assert d.details["where"]["0"] != d.details["where"]["1"] or d.details["step"] == 2
+    # the end: rank 0 waits alone in a last call rank 1 never made (it exited properly)
+    hang = next(f for f in findings if f.kind == "hang")
+    assert hang.ranks == (1,) and hang.seq == 14 and "never by rank 1" in hang.message
+    assert findings.index(d) < findings.index(hang)
