@@ -399,6 +399,10 @@ def _drifts(g: ExecutionGraph) -> list[Finding]:
     return out
 
 
+def _call_key(m: Member) -> tuple:
+    return (m.op, m.sig, m.stack[0] if m.stack else None)
+
+
 def _by_step(calls) -> dict[int, list[tuple[int, Member]]]:
     steps: dict[int, list] = {}
     for seq, m in calls:
@@ -413,7 +417,9 @@ def _drift(g, group, ref, ref_steps, ref_calls, rank, calls) -> Finding | None:
         ops_a, ops_b = [m.op for _, m in a], [m.op for _, m in b]
         if len(ops_a) == len(ops_b):
             continue  # as many calls: what differs pairs up, and is a mismatch
-        i = next((i for i, (x, y) in enumerate(zip(ops_a, ops_b)) if x != y), min(len(a), len(b)))
+        # the first position where the calls differ: by op, signature or line
+        keys_a, keys_b = [_call_key(m) for _, m in a], [_call_key(m) for _, m in b]
+        i = next((i for i, (x, y) in enumerate(zip(keys_a, keys_b)) if x != y), min(len(a), len(b)))
         seq = a[i][0] if i < len(a) else b[i][0]
         # from `seq` on, both ranks made calls that pair by seq: the wrong ones
         late_ref = next((m for s, m in ref_calls if s >= seq), None)
