@@ -483,11 +483,15 @@ def diagnose(
     bundle: Path = typer.Argument(..., help="The .prism bundle to examine."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {findings: [...], summary}."),
 ) -> None:
-    """Find hangs, mismatched calls, stragglers and lost records, and explain them.
+    """Find crashes, hangs, mismatched calls, stragglers and lost records, and explain them.
 
     Each finding names the ranks, the group and sequence number of the call, what each
-    rank was doing, and the Python stack where it was recorded. Hangs: calls some members
-    entered and others never did, or that never completed. Mismatches: members of one call
+    rank was doing, and the Python stack where it was recorded. Crashes: a rank that died
+    of SIGSEGV, SIGABRT, ... with the call, the line and every frame of its stack. Hangs:
+    calls some members entered and others never did (or, where a rank's records end
+    because it died, whose fate after its last record is unknown), or that never
+    completed. Drifts: the first step where a rank made fewer calls of a group than
+    another, after which its calls pair with the wrong ones. Mismatches: members of one call
     that disagree on op, shapes, dtypes, reduce op or root; sends nobody received.
     Stragglers: ranks that arrive last far more often than chance, with the time the
     others lost waiting. Also dropped records and truncated spools.
