@@ -365,9 +365,9 @@ def _stopped_early(progress: dict, codes: dict, stats: dict, *, timed_out: bool,
             continue
         if diverged and c < 0:
             continue
-        if c == 0 and p.get("complete", True) and not timed_out:
+        if c == 0 and p.get("complete", True):
             continue
-        out.append({"rank": r, "exit_code": c, "timed_out": timed_out, **p})
+        out.append({"rank": r, "exit_code": c, "timed_out": timed_out and c != 0, **p})
     return out
 
 
