@@ -54,8 +54,9 @@ def compress(data: bytes, level: int = 3) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
-def decompress(data, limit: int, where: str) -> bytes:
-    """One zstd frame whose declared size is at most `limit`; else FormatError."""
+def declared_size(data, limit: int, where: str, *, budget: str | None = None) -> int:
+    """The size a zstd frame declares, checked against `limit` and the budget (see
+    decompress); FormatError if it declares none or too much."""
     try:
         size = zstandard.frame_content_size(data)
     except zstandard.ZstdError as exc:
@@ -63,6 +64,24 @@ def decompress(data, limit: int, where: str) -> bytes:
     if size < 0:
         raise FormatError(f"{where}: zstd frame does not declare its size")
     layout.bounded(size, limit, "decompressed size", where)
+    if budget is not None:
+        ratio = layout.ratio_limit(len(data), blob=budget == "blob")
+        if size > ratio:
+            raise FormatError(
+                f"{where}: zstd frame of {len(data)} bytes declares {size} bytes, more than "
+                f"its size can justify (limit {ratio})"
+            )
+    return size
+
+
+def decompress(data, limit: int, where: str, *, budget: str | None = None) -> bytes:
+    """One zstd frame whose declared size is at most `limit`; else FormatError.
+
+    `budget="frame"` or `"blob"` also bounds the declared size by the frame's own stored
+    length (`layout.ratio_limit`), before anything is allocated: what a reader of a
+    stranger's bundle asks for. Writers decompressing their own blobs leave it out.
+    """
+    size = declared_size(data, limit, where, budget=budget)
     try:
         out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
     except zstandard.ZstdError as exc:
@@ -72,23 +91,88 @@ def decompress(data, limit: int, where: str) -> bytes:
     return out
 
 
-def unpack(data, where: str) -> Any:
-    """msgpack decoding that turns every failure into FormatError."""
+class _TooManyMaps(Exception):
+    pass
+
+
+def unpack(data, where: str, *, max_maps: int | None = None) -> Any:
+    """msgpack decoding that turns every failure into FormatError.
+
+    Every length is bounded by the input's; `max_maps` bounds the number of maps (an
+    empty map is one byte of input and 64 bytes of Python), counted as they are made.
+    """
     n = len(data)
+    hook = None
+    if max_maps is not None:
+        left = [max_maps]
+
+        def hook(d):
+            left[0] -= 1
+            if left[0] < 0:
+                raise _TooManyMaps
+            return d
+
     try:
         return msgpack.unpackb(
             data,
             raw=False,
             use_list=False,
             strict_map_key=False,
+            object_hook=hook,
             max_str_len=n,
             max_bin_len=n,
             max_array_len=n,
             max_map_len=n,
             max_ext_len=0,
         )
+    except _TooManyMaps:
+        raise FormatError(f"{where}: more than {max_maps} maps, more than its size can justify") from None
+    except MemoryError:
+        raise  # not the input's fault alone: a budget above was too generous
     except Exception as exc:  # msgpack raises many types; all mean "malformed"
         raise FormatError(f"{where}: malformed msgpack ({type(exc).__name__}: {exc})") from None
+
+
+_SCALARS = frozenset({int, str, bool, type(None)})
+
+
+def check_plain(value: Any, where: str, *, depth: int = layout.MAX_DEPTH) -> Any:
+    """`value` if it is plain metadata: maps with str or int keys, arrays, str, int,
+    bool, nil and finite floats, nested at most `depth` deep; else FormatError.
+
+    Iterative, so a value nested 1000 deep costs no Python recursion.
+    """
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, d = pop()
+        t = type(v)
+        if t in _SCALARS:
+            continue
+        if d > depth:
+            raise FormatError(f"{where}: a value is nested more than {depth} deep")
+        if t is tuple:
+            for x in v:
+                if type(x) not in _SCALARS:
+                    push((x, d + 1))
+        elif t is dict:
+            for k, x in v.items():
+                if type(k) is not str and type(k) is not int:
+                    raise FormatError(f"{where}: a map key is a {type(k).__name__}, not a string or integer")
+                if type(x) not in _SCALARS:
+                    push((x, d + 1))
+        elif t is float:
+            if v != v or v in (float("inf"), float("-inf")):
+                raise FormatError(f"{where}: a number is not finite")
+        else:
+            raise FormatError(f"{where}: a value is {t.__name__}, which metadata never holds")
+    return value
+
+
+def unpack_plain(data, where: str, stored: int) -> Any:
+    """A metadata frame (manifest, summaries, rank info, groups) decoded within its
+    budget (`layout.maps_limit` of its `stored` length) and checked by check_plain."""
+    return check_plain(unpack(data, where, max_maps=layout.maps_limit(stored)), where)
 
 
 class ChunkSummary:
@@ -122,15 +206,26 @@ def pack_ranks(ranks: Sequence[int]):
     return tuple(ranks)
 
 
-def unpack_ranks(value, where: str) -> tuple[int, ...]:
-    """The inverse of pack_ranks, bounded: FormatError on anything else."""
-    if type(value) is tuple and all(type(r) is int for r in value):
-        return value
+def ranks_len(value, where: str, world: int = layout.MAX_WORLD) -> int:
+    """How many ranks `value` (a list of ranks as it is on the wire) names, checking that
+    each is below `world` without expanding a run: FormatError on anything else."""
+    if type(value) is tuple:
+        if value and not (all(type(r) is int for r in value) and 0 <= min(value) and max(value) < world):
+            raise FormatError(f"{where}: a list of ranks holds something other than ranks below {world}")
+        return len(value)
     if type(value) is dict and len(value) == 3 and all(type(value.get(k)) is int for k in (0, 1, 2)):
         start, stop, step = value[0], value[1], value[2]
-        if 0 <= start < stop <= layout.MAX_WORLD and 0 < step:
-            return tuple(range(start, stop, step))
-    raise FormatError(f"{where}: a list of ranks is malformed")
+        if 0 <= start < stop <= world and 0 < step:
+            return len(range(start, stop, step))
+    raise FormatError(f"{where}: a list of ranks is malformed (or names ranks at or above {world})")
+
+
+def unpack_ranks(value, where: str, world: int = layout.MAX_WORLD) -> tuple[int, ...]:
+    """The inverse of pack_ranks, bounded by `world`: FormatError on anything else."""
+    ranks_len(value, where, world)
+    if type(value) is tuple:
+        return value
+    return tuple(range(value[0], value[1], value[2]))
 
 
 _TO_WIRE = {K_RANKS: pack_ranks}
@@ -313,9 +408,20 @@ _DEFAULTS = {
 _MISSING = object()
 
 
-def decode_chunk(payload: bytes, count: int, where: str) -> list[Record]:
-    """Records of one chunk payload; FormatError on anything malformed."""
-    chunk = unpack(payload, where)
+# Times are ns of a monotonic clock: bounded so that differences of two stay within
+# int64 (the wire's delta coding); steps are int32 (the frame header's step_first/last).
+MAX_TIME = 1 << 62
+MIN_STEP, MAX_STEP = -(1 << 31), (1 << 31) - 1
+
+
+def decode_chunk(payload: bytes, count: int, where: str, *, world: int = layout.MAX_WORLD) -> list[Record]:
+    """Records of one chunk payload; FormatError on anything malformed.
+
+    `world` bounds how many ranks the chunk's GroupInfo records may expand their
+    arithmetic runs to (`layout.GROUP_RANKS_*`); each rank is below layout.MAX_WORLD (a
+    bundle packed without rank info may have a world smaller than its groups).
+    """
+    chunk = unpack(payload, where, max_maps=layout.MAPS_FLOOR + count)
     if type(chunk) is not dict:
         raise FormatError(f"{where}: chunk is not a map")
     order = chunk.get(C_ORDER)
@@ -324,16 +430,19 @@ def decode_chunk(payload: bytes, count: int, where: str) -> list[Record]:
         raise FormatError(f"{where}: chunk lacks its order or tables")
     if len(order) != count:
         raise FormatError(f"{where}: chunk holds {len(order)} records, header says {count}")
+    if not all(map(_is_int, order)):
+        raise FormatError(f"{where}: a record kind in the chunk's order is not an integer")
     counts = Counter(order)
     decoded: dict[int, Iterable[Record]] = {}
+    budget = [layout.GROUP_RANKS_FLOOR + layout.GROUP_RANKS_PER_RANK * world]
     for kind, n in counts.items():
-        cls = RECORD_TYPES.get(kind) if type(kind) is int else None
+        cls = RECORD_TYPES.get(kind)
         if cls is None:
             continue  # a record kind from a newer minor version: skipped
         table = tables.get(kind)
         if type(table) is not tuple or len(table) < 2:
             raise FormatError(f"{where}: table of record kind {kind} is missing or malformed")
-        decoded[kind] = iter(_decode_table(cls, table[0], table[1], n, f"{where}, kind {kind}"))
+        decoded[kind] = iter(_decode_table(cls, table[0], table[1], n, f"{where}, kind {kind}", world, budget))
     out = []
     for kind in order:
         it = decoded.get(kind)
@@ -342,7 +451,8 @@ def decode_chunk(payload: bytes, count: int, where: str) -> list[Record]:
     return out
 
 
-def _decode_table(cls, columns, constants, n: int, where: str) -> list[Record]:
+def _decode_table(cls, columns, constants, n: int, where: str, world: int = layout.MAX_WORLD,
+                  budget: list[int] | None = None) -> list[Record]:
     if type(columns) is not dict or type(constants) is not dict:
         raise FormatError(f"{where}: columns or constants are not maps")
     varying: dict[str, Sequence] = {}
@@ -371,22 +481,45 @@ def _decode_table(cls, columns, constants, n: int, where: str) -> list[Record]:
         check = _NARROW.get((cls, name)) or _CHECKS[name]
         if not all(map(check, distinct)):
             raise FormatError(f"{where}: field {name} has a value of the wrong type")
-    starts = varying.pop("start_ns", None) or (fixed.pop("start_ns"),) * n
-    if not all(type(v) is int for v in starts):
+    if "start_ns" in varying:
+        starts = varying.pop("start_ns")
+    else:
+        starts = (fixed.pop("start_ns"),) * n
+    if not all(type(v) is int for v in _distinct(starts, where, "start_ns")):
         raise FormatError(f"{where}: start times are not integers")
     starts = list(accumulate(starts))
-    durations = varying.pop("end_ns", None) or (fixed.pop("end_ns", None),) * n
+    if "end_ns" in varying:
+        durations = varying.pop("end_ns")
+    else:
+        durations = (fixed.pop("end_ns", None),) * n
     if not all(v is None or type(v) is int for v in _distinct(durations, where, "end_ns")):
         raise FormatError(f"{where}: durations are not integers")
     if None in durations:
         ends = [None if d is None else s + d for s, d in zip(starts, durations)]
+        bounds = [e for e in ends if e is not None]
     else:
-        ends = list(map(operator.add, starts, durations))
+        ends = bounds = list(map(operator.add, starts, durations))
+    if n and not (-MAX_TIME <= min(starts) and max(starts) <= MAX_TIME
+                  and (not bounds or (-MAX_TIME <= min(bounds) and max(bounds) <= MAX_TIME))):
+        raise FormatError(f"{where}: a time is out of bounds (limit +-2^62 ns)")
+    steps = varying.get("step")
+    lo, hi = (min(steps), max(steps)) if steps is not None else (fixed["step"],) * 2
+    if n and not MIN_STEP <= lo <= hi <= MAX_STEP:
+        raise FormatError(f"{where}: a step number is out of bounds (int32)")
     fixed.pop("start_ns", None)
     fixed.pop("end_ns", None)
+    if budget is None:
+        budget = [layout.GROUP_RANKS_FLOOR + layout.GROUP_RANKS_PER_RANK * world]
     if "ranks" in varying:
-        varying["ranks"] = [unpack_ranks(v, where) for v in varying["ranks"]]
+        col = varying["ranks"]
+        budget[0] -= sum(ranks_len(v, where) for v in col)
+        if budget[0] < 0:
+            raise FormatError(f"{where}: groups name more ranks than a world of {world} can justify")
+        varying["ranks"] = [unpack_ranks(v, where) for v in col]
     if "ranks" in fixed:
+        budget[0] -= n * ranks_len(fixed["ranks"], where)
+        if budget[0] < 0:
+            raise FormatError(f"{where}: groups name more ranks than a world of {world} can justify")
         fixed["ranks"] = unpack_ranks(fixed["ranks"], where)
     names = ("start_ns", "end_ns", *varying)
     build = _builder(cls, names, tuple(fixed))

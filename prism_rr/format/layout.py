@@ -70,6 +70,40 @@ MAX_MANIFEST_RAW = 256 << 20
 MAX_SUMMARIES_RAW = 512 << 20
 MAX_BLOB_RAW = 1 << 31
 MAX_RANK_INFO_RAW = 1 << 20
+MAX_GROUPS_RAW = 256 << 20
+
+# Budgets: what a bundle's own bytes can justify (FORMAT.md, "Hostile input"). Each is
+# checked before the memory it guards is allocated.
+# A zstd frame may declare at most RATIO_FLOOR + MAX_RATIO * (its stored length) bytes
+# (real chunks and metadata compress 2 to 40 times); a blob BLOB_RATIO_FLOOR +
+# MAX_BLOB_RATIO * (its stored length).
+MAX_RATIO = 256
+RATIO_FLOOR = 64 << 10
+MAX_BLOB_RATIO = 1024
+BLOB_RATIO_FLOOR = 1 << 20
+# msgpack maps cost Python ~64 to 224 bytes for 1 to 3 bytes of input: a decoded frame may
+# hold at most MAPS_FLOOR + MAPS_PER_BYTE * (its stored length) maps.
+MAPS_PER_BYTE = 16
+MAPS_FLOOR = 4096
+# Nesting of values in the manifest, summaries, rank info and groups.
+MAX_DEPTH = 32
+# Ranks of all groups together, once arithmetic runs are expanded: at most
+# GROUP_RANKS_FLOOR + GROUP_RANKS_PER_RANK * world_size (a world is justified by its rank
+# index: 8 bytes a rank).
+GROUP_RANKS_PER_RANK = 16
+GROUP_RANKS_FLOOR = 1 << 16
+
+
+def ratio_limit(stored: int, *, blob: bool = False) -> int:
+    """The largest decompressed size `stored` bytes of zstd may declare."""
+    if blob:
+        return BLOB_RATIO_FLOOR + MAX_BLOB_RATIO * stored
+    return RATIO_FLOOR + MAX_RATIO * stored
+
+
+def maps_limit(stored: int) -> int:
+    """The most msgpack maps a frame of `stored` bytes may decode to."""
+    return MAPS_FLOOR + MAPS_PER_BYTE * stored
 
 
 def crc32(data) -> int:

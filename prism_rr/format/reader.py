@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
 import mmap
 import os
 from dataclasses import dataclass
@@ -10,10 +11,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
+import zstandard
+
 from prism_rr.errors import FormatError, UnsupportedVersionError, UsageError
 from prism_rr.format import codec, layout
 from prism_rr.format.records import Record
-from prism_rr.format.spool import Frame, frame_records, parse_frame
+from prism_rr.format.spool import Frame, parse_frame
 
 __all__ = ["Bundle", "ChunkRef", "open_bundle"]
 
@@ -132,12 +135,19 @@ class Bundle:
             raise FormatError(f"{self._where(sid)}: checksum mismatch")
         return view
 
+    def _plain(self, sid: int, limit: int) -> Any:
+        """A metadata section (zstd of msgpack), decoded within its budget and checked
+        to be plain data (codec.check_plain)."""
+        where = self._where(sid)
+        stored = self._checked(sid)
+        raw = codec.decompress(stored, limit, where, budget="frame")
+        return codec.unpack_plain(raw, where, len(stored))
+
     def _read_manifest(self) -> dict:
         where = self._where(layout.SEC_MANIFEST)
-        raw = codec.decompress(self._checked(layout.SEC_MANIFEST), layout.MAX_MANIFEST_RAW, where)
-        m = codec.unpack(raw, where)
-        if type(m) is not dict:
-            raise FormatError(f"{where}: manifest is not a map")
+        m = self._plain(layout.SEC_MANIFEST, layout.MAX_MANIFEST_RAW)
+        if type(m) is not dict or not all(type(k) is str for k in m):
+            raise FormatError(f"{where}: manifest is not a map with string keys")
         fmt = m.get("format")
         if not (type(fmt) is tuple and len(fmt) == 2 and all(type(v) is int for v in fmt)):
             raise FormatError(f"{where}: manifest lacks its format version")
@@ -157,8 +167,10 @@ class Bundle:
         ranks = m.get("recorded_ranks")
         if type(ranks) is not tuple or (ranks and (set(map(type, ranks)) != {int} or min(ranks) < 0 or max(ranks) >= world)):
             raise FormatError(f"{where}: recorded_ranks is not a list of ranks below world_size")
-        for key, kind in (("run", dict),):
-            if type(m.get(key, kind())) is not kind:
+        if len(set(ranks)) != len(ranks):
+            raise FormatError(f"{where}: recorded_ranks names a rank twice")
+        for key, check in _MANIFEST_FIELDS.items():
+            if key in m and not check(m[key]):
                 raise FormatError(f"{where}: manifest field {key!r} has the wrong type")
         return m
 
@@ -186,17 +198,38 @@ class Bundle:
 
     @cached_property
     def groups(self) -> list[dict]:
-        """Every process group: {id, ranks, name, desc, backend}, ranks as global ranks."""
+        """Every process group: {id, ranks, name, desc, backend}, ranks as global ranks.
+
+        Types are checked here: id an int, ranks a tuple of ranks (below layout.MAX_WORLD), the
+        others strings ("" when absent); other keys are dropped. Arithmetic runs are
+        expanded only within the budget of layout.GROUP_RANKS_*.
+        """
         where = self._where(layout.SEC_GROUPS)
-        raw = codec.decompress(self._checked(layout.SEC_GROUPS), layout.MAX_MANIFEST_RAW, where)
-        entries = codec.unpack(raw, where)
+        entries = self._plain(layout.SEC_GROUPS, layout.MAX_GROUPS_RAW)
         if type(entries) is not tuple:
             raise FormatError(f"{where}: groups are not a list")
-        out = []
+        world = self.world_size
+        budget = layout.GROUP_RANKS_FLOOR + layout.GROUP_RANKS_PER_RANK * world
         for g in entries:
             if not (type(g) is dict and type(g.get("id")) is int):
                 raise FormatError(f"{where}: a group entry is malformed")
-            out.append({**g, "ranks": codec.unpack_ranks(g.get("ranks"), where)})
+            budget -= codec.ranks_len(g.get("ranks"), where)
+            if budget < 0:
+                raise FormatError(
+                    f"{where}: groups name more ranks than a world of {world} can justify "
+                    f"(limit {layout.GROUP_RANKS_FLOOR} + {layout.GROUP_RANKS_PER_RANK} per rank)"
+                )
+        out = []
+        for g in entries:
+            entry = {"id": g["id"], "ranks": codec.unpack_ranks(g["ranks"], where)}
+            for key in ("name", "desc", "backend"):
+                v = g.get(key, "")
+                if v is None:
+                    v = ""
+                if type(v) is not str:
+                    raise FormatError(f"{where}: group {g['id']}: {key} is not a string")
+                entry[key] = v
+            out.append(entry)
         return out
 
     @cached_property
@@ -204,10 +237,19 @@ class Bundle:
         if layout.SEC_RANK_INFO not in self.sections:
             return {}
         where = self._where(layout.SEC_RANK_INFO)
-        raw = codec.decompress(self._checked(layout.SEC_RANK_INFO), layout.MAX_MANIFEST_RAW, where)
-        infos = codec.unpack(raw, where)
+        infos = self._plain(layout.SEC_RANK_INFO, layout.MAX_MANIFEST_RAW)
         if type(infos) is not dict or not all(type(v) is dict for v in infos.values()):
             raise FormatError(f"{where}: rank info is not a map of maps")
+        world = self.world_size
+        for rank, info in infos.items():
+            if type(rank) is not int or not 0 <= rank < world:
+                raise FormatError(f"{where}: rank info for {rank!r}, which is not a rank below {world}")
+            for key, value in info.items():
+                if type(key) is not str:
+                    raise FormatError(f"{where}: rank {rank}: a key is not a string")
+                check = _INFO_FIELDS.get(key)
+                if check is not None and not check(value):
+                    raise FormatError(f"{where}: rank {rank}: {key!r} has the wrong type")
         return infos
 
     def rank_info(self, rank: int) -> dict:
@@ -216,22 +258,42 @@ class Bundle:
 
     @cached_property
     def summaries(self) -> dict:
+        """{"ranks": {rank: {...}}, "steps": {step: {rank: (start_ns, end_ns, mem_peak)}}}.
+
+        Type-checked where read, so no consumer sees a wrong type: ranks are ints below
+        world_size; each rank's summary has exactly the keys of _RANK_SUMMARY (absent
+        ones take their defaults; unknown ones are dropped) with those types; counts are
+        never negative.
+        """
         where = self._where(layout.SEC_SUMMARIES)
-        raw = codec.decompress(self._checked(layout.SEC_SUMMARIES), layout.MAX_SUMMARIES_RAW, where)
-        s = codec.unpack(raw, where)
+        s = self._plain(layout.SEC_SUMMARIES, layout.MAX_SUMMARIES_RAW)
         if type(s) is not dict or type(s.get("ranks")) is not dict or type(s.get("steps")) is not dict:
             raise FormatError(f"{where}: summaries are malformed")
+        world = self.world_size
+        ranks = {}
         for rank, rs in s["ranks"].items():
+            if type(rank) is not int or not 0 <= rank < world:
+                raise FormatError(f"{where}: a summary for {rank!r}, which is not a rank below {world}")
             if type(rs) is not dict or type(rs.get("events")) is not int:
-                raise FormatError(f"{where}: summary of rank {rank!r} is malformed")
+                raise FormatError(f"{where}: summary of rank {rank} is malformed")
+            out = {}
+            for key, (check, default) in _RANK_SUMMARY.items():
+                v = rs.get(key, default)
+                if not check(v):
+                    raise FormatError(f"{where}: summary of rank {rank}: {key!r} has the wrong type or is negative")
+                out[key] = v
+            ranks[rank] = out
+        steps = {}
         for step, per_rank in s["steps"].items():
             if type(step) is not int or type(per_rank) is not dict:
                 raise FormatError(f"{where}: summary of step {step!r} is malformed")
-            for v in per_rank.values():
-                if not (type(v) is tuple and len(v) == 3 and type(v[0]) is int
-                        and (v[1] is None or type(v[1]) is int)):
+            for rank, v in per_rank.items():
+                if not (type(rank) is int and 0 <= rank < world and type(v) is tuple and len(v) == 3
+                        and type(v[0]) is int and (v[1] is None or type(v[1]) is int)
+                        and (v[2] is None or type(v[2]) is int)):
                     raise FormatError(f"{where}: summary of step {step} is malformed")
-        return s
+            steps[step] = per_rank
+        return {**s, "ranks": ranks, "steps": steps}
 
     @property
     def steps(self) -> list[int]:
@@ -274,11 +336,24 @@ class Bundle:
                 f"{where}, offset {frame.offset}: chunk does not match its index entry "
                 f"(rank {frame.rank}, {frame.count} records; index says rank {ref.rank}, {ref.count})"
             )
+        stored = frame.length - layout.FRAME_HEADER.size - frame.summary_len
+        if frame.raw_len > layout.ratio_limit(stored):
+            raise FormatError(
+                f"{where}, offset {frame.offset}: payload of {stored} bytes declares {frame.raw_len} "
+                f"bytes, more than its size can justify (limit {layout.ratio_limit(stored)})"
+            )
         return frame
 
+    def _records(self, frame: Frame) -> list[Record]:
+        """The records of a checked frame: decompressed and decoded within the budgets."""
+        at = f"{self.path.name}: chunks section, offset {frame.offset}"
+        raw = codec.decompress(frame.payload(self._map), frame.raw_len, at, budget="frame")
+        if len(raw) != frame.raw_len:
+            raise FormatError(f"{at}: payload is {len(raw)} bytes, header says {frame.raw_len}")
+        return codec.decode_chunk(raw, frame.count, at, world=self.world_size)
+
     def read_chunk(self, ref: ChunkRef) -> list[Record]:
-        frame = self._frame(ref)
-        return frame_records(self._map, frame, f"{self.path.name}: chunks section")
+        return self._records(self._frame(ref))
 
     def events(
         self,
@@ -310,6 +385,35 @@ class Bundle:
 
     def blob(self, ident: bytes) -> bytes:
         """A payload by its content id; FormatError if absent or damaged."""
+        stored, raw_len, where = self._blob_stored(ident)
+        return codec.decompress(stored, min(raw_len, layout.MAX_BLOB_RAW), where, budget="blob")
+
+    def blob_digest(self, ident: bytes) -> bytes:
+        """The content id of the payload stored under `ident`, computed as it is
+        decompressed piece by piece: what verify checks, in bounded memory."""
+        stored, raw_len, where = self._blob_stored(ident)
+        size = codec.declared_size(stored, min(raw_len, layout.MAX_BLOB_RAW), where, budget="blob")
+        h = hashlib.blake2b(digest_size=layout.BLOB_ID_LEN)
+        n = 0
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(stored, read_across_frames=False)
+            while True:
+                piece = reader.read(1 << 20)
+                if not piece:
+                    break
+                n += len(piece)
+                if n > size:
+                    break
+                h.update(piece)
+        except zstandard.ZstdError as exc:
+            raise FormatError(f"{where}: corrupt zstd data ({exc})") from None
+        if n != size:
+            raise FormatError(f"{where}: zstd frame holds {'more than ' if n > size else ''}{n} bytes, declared {size}")
+        if raw_len != size:
+            raise FormatError(f"{where}: blob {ident.hex()} holds {size} bytes, its index entry says {raw_len}")
+        return h.digest()
+
+    def _blob_stored(self, ident: bytes) -> tuple[memoryview, int, str]:
         sec = self.sections.get(layout.SEC_BLOB_INDEX)
         data = self.sections.get(layout.SEC_BLOBS)
         if sec is None or data is None:
@@ -333,7 +437,7 @@ class Bundle:
         stored = memoryview(self._map)[data.offset + offset : data.offset + offset + length]
         if layout.crc32(stored) != crc:
             raise FormatError(f"{where}: blob {ident.hex()} checksum mismatch")
-        return codec.decompress(stored, min(raw_len, layout.MAX_BLOB_RAW), where)
+        return stored, raw_len, where
 
     # --- lifetime ------------------------------------------------------------------
 
@@ -358,6 +462,106 @@ class Bundle:
 
     def __repr__(self) -> str:
         return f"<Bundle {self.path.name} v{self.format_version} world={self.world_size} ranks={len(self.recorded_ranks)}>"
+
+
+def _is_str(v) -> bool:
+    return type(v) is str
+
+
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def _count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _opt_count(v) -> bool:
+    return v is None or (type(v) is int and v >= 0)
+
+
+def _opt_int(v) -> bool:
+    return v is None or type(v) is int
+
+
+def _strs(v) -> bool:
+    return type(v) is tuple and all(type(x) is str for x in v)
+
+
+def _ints(v) -> bool:
+    return type(v) is tuple and all(type(x) is int for x in v)
+
+
+def _str_map(v) -> bool:
+    return type(v) is dict and all(type(k) is str and type(x) is str for k, x in v.items())
+
+
+def _map(v) -> bool:
+    return type(v) is dict
+
+
+def _opt_map(v) -> bool:
+    return v is None or type(v) is dict
+
+
+def _kinds(v) -> bool:
+    return type(v) is dict and all(type(k) is int and type(n) is int and n >= 0 for k, n in v.items())
+
+
+def _clock_offset(v) -> bool:
+    return v is None or (type(v) is dict and type(v.get("offset_ns", 0)) is int)
+
+
+def _mesh(v) -> bool:
+    if v is None:
+        return True
+    if type(v) is not dict:
+        return False
+    shape = v.get("shape", ())
+    names = v.get("dim_names", ())
+    ranks = v.get("ranks", ())
+    return (_ints(shape) and all(x > 0 for x in shape) and (names is None or _strs(names))
+            and (ranks is None or (_ints(ranks) and all(x >= 0 for x in ranks))))
+
+
+def _fsdp_layouts(v) -> bool:
+    return type(v) is dict and all(
+        type(k) is str and type(table) is dict and all(
+            type(size) is str and type(rows) is tuple and all(
+                type(row) is tuple and len(row) == 2 and _ints(row) for row in rows)
+            for size, rows in table.items())
+        for k, table in v.items())
+
+
+def _format(v) -> bool:
+    return type(v) is tuple and len(v) == 2 and _ints(v)
+
+
+def _time(v) -> bool:
+    return type(v) is int and 0 <= v < (1 << 63)
+
+
+# Manifest fields a reader uses, and their types (others are checked as plain data only).
+_MANIFEST_FIELDS = {
+    "features_optional": _strs, "tool": _is_str, "created_unix_ns": _time, "run": _map,
+    "redacted": _map, "roles": _map, "scale": _map,
+}
+# Rank info keys a reader uses, and their types.
+_INFO_FIELDS = {
+    "rank": _is_int, "world_size": _count, "local_rank": _is_int, "pid": _is_int,
+    "backend": _is_str, "device": _is_str, "device_name": _is_str, "hostname": _is_str,
+    "cwd": _is_str, "executable": _is_str, "payload": _is_str, "slice_by": _is_str,
+    "argv": _strs, "orig_argv": _strs, "env": _str_map, "versions": _str_map, "clock": _map,
+    "clock_offset": _clock_offset, "device_mesh": _mesh, "slice_mesh": _mesh,
+    "fsdp_layouts": _fsdp_layouts,
+}
+# A rank's summary: key -> (check, default when absent).
+_RANK_SUMMARY = {
+    "events": (_count, 0), "chunks": (_count, 0), "kinds": (_kinds, {}),
+    "t_first": (_opt_int, None), "t_last": (_opt_int, None), "dropped": (_count, 0),
+    "open": (_count, 0), "mem_peak": (_opt_count, None), "truncated": (lambda v: type(v) is bool, False),
+    "lost_bytes": (_count, 0),
+}
 
 
 def _in_window(refs: list[ChunkRef], t0: int, t1: int) -> list[ChunkRef]:

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
-from prism_rr.format.blobs import blob_id
 from prism_rr.format.reader import Bundle
-from prism_rr.format.spool import frame_records
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -44,7 +42,7 @@ def verify(bundle: Bundle) -> VerifyReport:
                 ref.t_first, ref.t_last, ref.step_first, ref.step_last
             ):
                 raise FormatError(f"{bundle.path.name}: chunks section, offset {frame.offset}: header disagrees with chunk index entry {ref.number}")
-            records = frame_records(bundle._map, frame, f"{bundle.path.name}: chunks section")
+            records = bundle._records(frame)
             for rec in records:
                 for ident in _blob_ids(rec):
                     _check_blob(bundle, ident)
@@ -68,7 +66,7 @@ def _blob_ids(rec):
 
 
 def _check_blob(bundle: Bundle, ident: bytes) -> None:
-    bundle.blob(ident)  # raises if absent or damaged
+    bundle.blob_digest(ident)  # raises if absent or damaged
 
 
 def _verify_blobs(bundle: Bundle) -> int:
@@ -85,7 +83,7 @@ def _verify_blobs(bundle: Bundle) -> int:
         if ident <= prev:
             raise FormatError(f"{bundle.path.name}: blob index section (offset {sec.offset + i * layout.BLOB_ENTRY.size}): entries are not sorted")
         prev = ident
-        if blob_id(bundle.blob(ident)) != ident:
+        if bundle.blob_digest(ident) != ident:
             raise FormatError(f"{bundle.path.name}: blob {ident.hex()} does not match its content id")
     index.release()
     return n
