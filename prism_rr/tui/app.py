@@ -8,7 +8,9 @@ from pathlib import Path
 from textual.app import App
 from textual.binding import Binding
 from textual.widgets import HelpPanel
+from textual.worker import WorkerFailed
 
+from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, open_bundle
 from prism_rr.tui.commands import BundleCommands
 from prism_rr.tui.model import TimelineModel
@@ -65,6 +67,20 @@ class PrismApp(App):
         self.sub_title = self.bundle.path.name
         path = os.environ.get("PRISM_RR_KEYMAP")
         self._user_keymap = {**(load_keymap(path) if path else {}), **(keymap or {})}
+
+    # A malformed bundle found while browsing (often lazily, in a worker thread): the app
+    # ends, and `prism-rr tui` prints this error in one line and exits 4.
+    bundle_error: PrismError | None = None
+
+    def _handle_exception(self, error: Exception) -> None:
+        cause = error.error if isinstance(error, WorkerFailed) else error
+        if isinstance(cause, PrismError):
+            if self.bundle_error is None:
+                self.bundle_error = cause
+            self._return_code = cause.exit_code
+            self.exit(return_code=cause.exit_code)
+            return
+        super()._handle_exception(error)
 
     def on_mount(self) -> None:
         if self._user_keymap:

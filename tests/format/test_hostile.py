@@ -215,3 +215,185 @@ def test_not_a_bundle(tmp_path):
         path.write_bytes(content)
         with pytest.raises(FormatError):
             open_bundle(path)
+
+
+# --- budgets: what the bundle's own size can justify (issue 11, part 5) -----------------
+#
+# Each hand-made bundle below has every checksum valid. The command line runs in a
+# subprocess limited to 512 MiB of address space: it must end with exit 4 and one line.
+
+import resource
+import subprocess
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuzz  # noqa: E402
+
+PRISM = Path(sys.executable).with_name("prism-rr")
+LIMIT = 512 << 20
+
+
+def _with_section(sid, value, base=None) -> bytes:
+    parts = fuzz.Parts(base or GOLDEN.read_bytes())
+    parts.get(sid).body = fuzz.zc(value if isinstance(value, bytes) and not isinstance(value, fuzz.Raw) else fuzz.packb(value))
+    return parts.build()
+
+
+def _manifest(**extra):
+    with open_bundle(GOLDEN) as b:
+        m = dict(b.manifest)
+    m.update(extra)
+    return m
+
+
+def _cli(*args, timeout=120):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+
+    return subprocess.run([str(PRISM), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit, stdin=subprocess.DEVNULL)
+
+
+def _assert_refused(path, *commands):
+    for cmd in commands:
+        extra = ["-o", path.with_suffix(".out")] if cmd in ("export", "redact") else []
+        extra += ["--json"] if cmd == "info" else []
+        r = _cli(cmd, path, *extra)
+        assert r.returncode == 4, (cmd, r.returncode, r.stderr[-2000:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("prism-rr: error: "), (cmd, r.stderr[-2000:])
+
+
+def test_blob_declared_2gib_is_refused_before_allocating(tmp_path):
+    parts = fuzz.Parts(GOLDEN.read_bytes())
+    idx = bytearray(parts.get(layout.SEC_BLOB_INDEX).body)
+    ident, *_ = layout.BLOB_ENTRY.unpack_from(idx, 0)
+    stored = fuzz._patch_content_size(fuzz.zc(b"\0" * 4096), 2**31 - 1)
+    blobs = parts.get(layout.SEC_BLOBS)
+    layout.BLOB_ENTRY.pack_into(idx, 0, ident, len(blobs.body), len(stored), 2**31 - 1, layout.crc32(stored))
+    blobs.body += stored
+    parts.get(layout.SEC_BLOB_INDEX).body = bytes(idx)
+    path = tmp_path / "blob.prism"
+    path.write_bytes(parts.build())
+    with open_bundle(path) as b, pytest.raises(FormatError, match="justify"):
+        b.blob(ident)
+    _assert_refused(path, "verify")
+
+
+def test_groups_of_a_million_ranks_are_refused(tmp_path):
+    groups = [{"id": i, "ranks": {0: 0, 1: 1 << 20, 2: 1}, "name": str(i), "desc": "x", "backend": "gloo"} for i in range(40)]
+    path = tmp_path / "groups.prism"
+    path.write_bytes(_with_section(layout.SEC_GROUPS, groups))
+    with open_bundle(path) as b, pytest.raises(FormatError, match="justify"):
+        b.groups
+    _assert_refused(path, "info", "verify", "diagnose", "export")
+
+
+def test_rank_runs_in_chunks_are_bounded_by_the_world():
+    from prism_rr.format.records import GroupInfo
+
+    recs = [GroupInfo(start_ns=1, end_ns=2, step=0, group=i, ranks=tuple(range(4)), name="", text="", backend="")
+            for i in range(2)]
+    payload, _ = codec.encode_chunk(recs)
+    chunk = msgpack.unpackb(payload, strict_map_key=False)
+    chunk[1][7][0][27] = [{0: 0, 1: 1 << 20, 2: 1}] * 2
+    chunk[1][7][1].pop(27, None)
+    with pytest.raises(FormatError, match="justify"):
+        codec.decode_chunk(msgpack.packb(chunk), 2, "test", world=4)
+
+
+def test_manifest_of_16m_empty_maps_is_refused(tmp_path):
+    bomb = fuzz.Raw(b"\xdd" + struct.pack(">I", 1 << 24) + b"\x80" * (1 << 24))
+    path = tmp_path / "maps.prism"
+    path.write_bytes(_with_section(layout.SEC_MANIFEST, _manifest(run={"x": bomb})))
+    assert path.stat().st_size < 100_000
+    with pytest.raises(FormatError, match="justify"):
+        open_bundle(path)
+    _assert_refused(path, "info", "verify")
+
+
+def test_maps_are_counted_within_a_frame_that_may_hold_them():
+    raw = fuzz.packb({"run": fuzz.Raw(b"\xdd" + struct.pack(">I", 100_000) + b"\x80" * 100_000)})
+    with pytest.raises(FormatError, match="maps"):
+        codec.unpack_plain(raw, "test", stored=100)
+
+
+def test_manifest_nested_1000_deep_is_refused(tmp_path):
+    path = tmp_path / "deep.prism"
+    path.write_bytes(_with_section(layout.SEC_MANIFEST, _manifest(run={"x": fuzz._deep(1000)})))
+    with pytest.raises(FormatError, match="nested"):
+        open_bundle(path)
+    _assert_refused(path, "info", "verify", "diagnose")
+
+
+def test_bytes_in_the_manifest_are_refused(tmp_path):
+    for extra in ({"tool": b"prism-rr"}, {"run": {"host": b"\xff\xfe"}}, {"run": {"x": float("nan")}},
+                  {"run": {(1, 2): 3}}):
+        path = tmp_path / "bytes.prism"
+        path.write_bytes(_with_section(layout.SEC_MANIFEST, _manifest(**extra)))
+        with pytest.raises(FormatError):
+            open_bundle(path)
+    _assert_refused(path, "info")
+
+
+def test_summary_fields_of_the_wrong_type_are_refused(tmp_path):
+    with open_bundle(GOLDEN) as b:
+        good = {"ranks": {r: dict(s) for r, s in b.summaries["ranks"].items()},
+                "steps": {s: {r: list(v) for r, v in per.items()} for s, per in b.summaries["steps"].items()}}
+    for key, bad in (("dropped", "3"), ("open", (1, 2)), ("open", {}), ("dropped", float("inf")),
+                     ("dropped", float("nan")), ("open", -1), ("truncated", "yes"), ("events", -5)):
+        s = {"ranks": {r: dict(v) for r, v in good["ranks"].items()}, "steps": good["steps"]}
+        s["ranks"][0][key] = bad
+        path = tmp_path / "sum.prism"
+        path.write_bytes(_with_section(layout.SEC_SUMMARIES, s))
+        with open_bundle(path) as b, pytest.raises(FormatError):
+            b.summaries
+    _assert_refused(path, "info", "diagnose", "tui")
+
+
+def test_summaries_handed_out_are_typed():
+    with open_bundle(GOLDEN) as b:
+        for rank, rs in b.summaries["ranks"].items():
+            assert type(rank) is int
+            assert type(rs["dropped"]) is int and type(rs["open"]) is int and type(rs["truncated"]) is bool
+
+
+def test_record_kinds_that_are_maps_are_refused():
+    recs = list(synthetic_records(0, 2, 20))
+    payload, _ = codec.encode_chunk(recs)
+    chunk = msgpack.unpackb(payload, strict_map_key=False)
+    chunk[0][3] = {}
+    with pytest.raises(FormatError):
+        codec.decode_chunk(fuzz.packb(chunk), len(recs), "test")
+
+
+def test_tui_ends_a_bundle_malformed_in_a_worker_with_exit_4(tmp_path):
+    """A chunk is read lazily, in a worker thread, while browsing: the app ends, and the
+    error is the one line the command prints."""
+    import asyncio
+
+    from prism_rr.tui.app import PrismApp
+
+    parts = fuzz.Parts(GOLDEN.read_bytes())
+    entries = parts.chunk_entries()
+    frame = parts.get(layout.SEC_CHUNKS).body[entries[0][0] : entries[0][0] + entries[0][1]]
+    f, summary, payload = fuzz.parse_frame(frame)
+    chunk = fuzz.unpackb(fuzz.zd(payload))
+    chunk[0] = [{}] * len(chunk[0])
+    raw = fuzz.packb(chunk)
+    parts.replace_frame(0, fuzz.build_frame(f, summary, fuzz.zc(raw), raw_len=len(raw)))
+    path = tmp_path / "lazy.prism"
+    path.write_bytes(parts.build())
+
+    async def browse():
+        app = PrismApp(path, start="timeline")
+        async with app.run_test() as pilot:
+            for _ in range(50):
+                await pilot.pause(0.05)
+                if app.bundle_error is not None:
+                    break
+        return app
+
+    app = asyncio.run(browse())
+    assert isinstance(app.bundle_error, FormatError)
+    assert app.return_code == 4
