@@ -62,9 +62,14 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
     """Like torch's env:// handler, but the store joins only the real ranks."""
     from torch.distributed import HashStore, TCPStore
 
+    from urllib.parse import parse_qs, urlparse
+
     opts = _state.options
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
+    asked = parse_qs(urlparse(url).query).get("world_size")  # init_process_group(world_size=N)
+    if asked and asked[0] != str(world):
+        _refuse(opts, rank, f"the program made a world of {asked[0]}; the recording has {world}")
     real = list(opts.ranks)
     if len(real) == 1:
         store = HashStore()

@@ -89,9 +89,10 @@ def test_a_terminal_shows_the_command_and_asks(crafted):
 
 
 @pytest.mark.timeout(120)
-def test_run_recorded_command_shows_it_and_runs_it(crafted):
+@pytest.mark.parametrize("flag", ["--run-recorded-command", "--yes"])
+def test_run_recorded_command_shows_it_and_runs_it(crafted, flag):
     bundle, marker, user = crafted
-    out = _cli(user, "replay", bundle, "--ranks", "0", "--run-recorded-command", "--timeout", "60")
+    out = _cli(user, "replay", bundle, "--ranks", "0", flag, "--timeout", "60")
     try:
         assert marker.exists(), out.stderr
         assert "names this command for rank 0" in out.stderr and "run it?" not in out.stderr
@@ -169,9 +170,13 @@ def test_card_never_says_all_went_well_when_a_rank_failed():
 # --- a replay that ends early, on a real recording of 20 steps --------------------------
 
 TRAIN = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if "--world" in args:
+        dist.init_process_group("gloo", world_size=int(args["--world"]), rank=int(os.environ["RANK"]))
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     p = torch.nn.Parameter(torch.zeros(4))
     opt = torch.optim.SGD([p], lr=0.1)
@@ -180,7 +185,7 @@ TRAIN = textwrap.dedent("""
         dist.all_reduce(x)
         p.grad = x.clone()
         opt.step()
-        if len(sys.argv) > 1 and step == int(sys.argv[1]):
+        if step == int(args.get("--fail-at", -1)):
             raise RuntimeError("the program's own error")
     dist.barrier()
     dist.destroy_process_group()
@@ -211,7 +216,8 @@ def test_a_program_that_makes_no_calls_fails_and_says_so(twenty_steps, tmp_path)
 @pytest.mark.timeout(120)
 def test_a_program_that_stops_with_an_error_says_how_far_it_got(twenty_steps, tmp_path):
     bundle, script = twenty_steps
-    out = _cli(tmp_path, "replay", bundle, "--ranks", "0", "--timeout", "60", "--", sys.executable, script, "7")
+    out = _cli(tmp_path, "replay", bundle, "--ranks", "0", "--timeout", "60", "--", sys.executable, script,
+               "--fail-at", "7")
     assert out.returncode == 1, out.stderr
     assert "the program's own error" in out.stderr  # its traceback is its own
     assert "stopped early: rank 0 exited with code 1 after 8 of 21 recorded calls, in step 8" in out.stderr
@@ -219,9 +225,11 @@ def test_a_program_that_stops_with_an_error_says_how_far_it_got(twenty_steps, tm
 
 
 @pytest.mark.timeout(120)
-def test_a_world_size_mismatch_is_one_line(twenty_steps, tmp_path):
+@pytest.mark.parametrize("how", ["env", "argument"])
+def test_a_world_size_mismatch_is_one_line(twenty_steps, tmp_path, how):
     bundle, script = twenty_steps
-    out = _cli(tmp_path, "replay", bundle, "--ranks", "0,1", "--timeout", "60", "--",
-               "env", "WORLD_SIZE=3", sys.executable, script)
+    cmd = (["env", "WORLD_SIZE=3", sys.executable, script] if how == "env"
+           else [sys.executable, script, "--world", "3"])  # init_process_group(world_size=3)
+    out = _cli(tmp_path, "replay", bundle, "--ranks", "0,1", "--timeout", "60", "--", *cmd)
     assert out.returncode == 2, out.stderr
     assert out.stderr == "prism-rr: error: the program made a world of 3; the recording has 2\n"
