@@ -1,6 +1,6 @@
 """Replay a bundle: run the selected ranks for real, the others as virtual peers.
 
-    result = replay("run.prism", ranks=(0,), report="fidelity.json")
+    result = replay("run.prism", ranks=(0,), cmd=["python", "train.py"], report="fidelity.json")
 
 Each selected rank runs `cmd` (or, only when asked with `run_recorded_command=True`, the
 command and working directory the bundle names) with the environment torchrun would have
