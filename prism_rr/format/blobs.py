@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections import deque
 from pathlib import Path
 
 from prism_rr.format import codec, layout
 
-__all__ = ["KEEP_SMALL", "blob_id", "blob_path", "write_blob"]
+__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_path", "write_blob"]
 
 
 # A `digest` recording keeps the payload of calls this small (in bytes, all tensors of
@@ -52,3 +54,93 @@ def write_blob(spool_dir: str | os.PathLike, data) -> bytes:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half blob behind
         raise
     return ident
+
+
+def _store(spool_dir, ident: bytes, data) -> None:
+    path = blob_path(spool_dir, ident)
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(codec.compress(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class BlobWriter:
+    """Stores blobs from a thread of its own: the caller hands over a copy of the bytes
+    and gets the id at once; compression and the write happen beside it.
+
+    At most `max_pending` bytes wait (about 100 ms of compression at the default); past
+    that, `put` stores the blob itself, so a recording that produces payloads faster
+    than one thread compresses them slows down rather than grow without bound. The
+    first error is kept in `error` (the caller turns itself off); later blobs are not
+    written.
+    """
+
+    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20):
+        self.spool_dir = Path(spool_dir)
+        self.max_pending = max_pending
+        self.error: BaseException | None = None
+        self.pending = 0  # bytes queued, not yet written
+        self._queue: deque = deque()
+        self._known: set[bytes] = set()  # ids stored or queued by this writer
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def put(self, data: bytes) -> bytes:
+        """Store `data` (bytes the caller will not change) once; return its id."""
+        ident = blob_id(data)
+        if ident in self._known:
+            return ident
+        if self.error is not None:
+            raise self.error
+        self._known.add(ident)
+        with self._cond:
+            if self._closed or self.pending + len(data) > self.max_pending:
+                inline = True
+            else:
+                inline = False
+                self._queue.append((ident, data))
+                self.pending += len(data)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="prism-rr-blobs", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        if inline:
+            try:
+                _store(self.spool_dir, ident, data)
+            except BaseException:
+                self._known.discard(ident)
+                raise
+        return ident
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (waiting at most `timeout`), then stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                ident, data = self._queue.popleft()
+            try:
+                if self.error is None:
+                    _store(self.spool_dir, ident, data)
+            except BaseException as exc:
+                self.error = exc
+            finally:
+                with self._cond:
+                    self.pending -= len(data)

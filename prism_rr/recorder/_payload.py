@@ -16,7 +16,7 @@ import struct
 
 import torch
 
-from prism_rr.format.blobs import KEEP_SMALL, write_blob
+from prism_rr.format.blobs import KEEP_SMALL, BlobWriter
 
 __all__ = ["KEEP_SMALL", "alive", "describe", "digests", "blobs", "small"]
 
@@ -89,9 +89,13 @@ def small(tensors) -> bool:
     return bool(tensors)
 
 
-def blobs(spool_dir, tensors) -> tuple[bytes, ...]:
-    _check_room(spool_dir, sum(t.numel() * t.element_size() for t in tensors))
-    return tuple(write_blob(spool_dir, _host_bytes(t)) for t in tensors)
+def blobs(writer: BlobWriter, tensors) -> tuple[bytes, ...]:
+    """The tensors' bytes, copied now (on the program's thread, while they are alive
+    and final), stored by the writer's thread; their ids."""
+    if writer.error is not None:
+        raise writer.error
+    _check_room(writer.spool_dir, sum(t.numel() * t.element_size() for t in tensors) + writer.pending)
+    return tuple(writer.put(bytes(_host_bytes(t))) for t in tensors)
 
 
 def _check_room(spool_dir, nbytes: int) -> None:

@@ -80,6 +80,7 @@ class Recording:
         # tensors' digests and payloads) the program's thread has yet to write.
         self.finished: dict[int, Call] = {}
         self.failure: tuple[int, str] | None = None  # (step, reason) once the recorder failed
+        self.blob_writer = None  # a BlobWriter, from the first payload on
         self.cuda = False  # read CUDA allocator statistics at each event
         self.cpu_memory = None  # a CpuMemoryTracker when options.memory on CPU
         self.ops_mode = None
@@ -135,6 +136,10 @@ class Recording:
             # the program's thread (atexit); from a signal watcher, they are written
             # without them.
             self._write_finished(read=threading.get_ident() == self._thread)
+        if self.blob_writer is not None:
+            self.blob_writer.close(timeout=5.0)  # every payload on disk before the spool ends
+            if self.blob_writer.error is not None:
+                self.fail(self.blob_writer.error)
         self.on = False
         global _current
         if _current is self:
@@ -180,6 +185,8 @@ class Recording:
         try:
             if self.open or self.finished:
                 self.reap()
+            if getattr(self.writer, "error", None) is not None:  # the spool's thread could not write
+                raise self.writer.error
             t = monotonic_ns()
             if self.active:
                 if self.last_return is not None and t > self.last_return:
@@ -317,8 +324,16 @@ class Recording:
             call.ins = ins
             call.outs = outs
             call.in_desc = _payload.describe(ins)
-            call.digest_in = _payload.digests(ins) if self.digest and not (p2p and op.endswith("recv")) else None
-            call.blob_in = self._blobs(ins) if not (p2p and op.endswith("recv")) else None
+            if not (p2p and op.endswith("recv")):
+                mode = self._internal()
+                try:
+                    call.digest_in = _payload.digests(ins) if self.digest else None
+                    call.blob_in = self._blobs(ins)
+                finally:
+                    if mode is not None:
+                        mode.enabled = True
+            else:
+                call.digest_in = call.blob_in = None
             call.reduce_op = reduce_op
             call.root = root
             call.peer = peer
@@ -407,6 +422,7 @@ class Recording:
     def _write(self, call: Call, read: bool = True) -> None:
         """Write a completed call's record. On the program's thread only, unless `read`
         is false: it reads the outputs' memory (digests, payloads)."""
+        mode = self._internal()
         try:
             if not self.on:
                 return
@@ -419,10 +435,22 @@ class Recording:
         except BaseException as exc:
             self.fail(exc)
         finally:
+            if mode is not None:
+                mode.enabled = True
             call.error = None
             call.written = True
             if threading.get_ident() == self._thread:
                 self.settle(call)
+
+    def _internal(self):
+        """The recorder's own tensor work (digests, payload copies) is not the program's:
+        the per-operator mode (memory tracker, --ops) looks away, as the replayer's does
+        for its own. Returns the mode to turn back on, or None."""
+        mode = self.ops_mode
+        if mode is None or not mode.enabled:
+            return None
+        mode.enabled = False
+        return mode
 
     def settle(self, call: Call) -> None:
         """On the program's thread, once the call completed for it: its tensors were in
@@ -442,7 +470,11 @@ class Recording:
         tensors are small (control data such as sizes, flags, a loss: a replay that made
         them up could take another branch)."""
         if self.full or (self.digest and _payload.small(tensors)):
-            return _payload.blobs(self.spool_dir, tensors)
+            if self.blob_writer is None:
+                from prism_rr.format.blobs import BlobWriter
+
+                self.blob_writer = BlobWriter(self.spool_dir)
+            return _payload.blobs(self.blob_writer, tensors)
         return None
 
     def _record(self, call: Call, end: int | None, read: bool = True):
