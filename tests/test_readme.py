@@ -7,6 +7,7 @@ would, so a command finds what earlier ones wrote (run.prism, run.prism.d, slice
 big.prism). What the README takes for granted is made here, named explicitly:
 
 - PLACEHOLDERS: files the README names but no README command makes (train.py, ...);
+- `make demo` runs the Makefile's demo recipe (`prism-rr demo`) without its set-up step;
 - `python` and `torchrun` after `--` are this interpreter and its venv's torchrun;
 - `[...]` in a command is an optional part: it is run with it;
 - `# ... (exit N)` in a command's comment is its documented exit code (default 0);
@@ -358,6 +359,8 @@ def test_readme_commands_are_found():
     for expected in ("make demo", "prism-rr demo --pp 2 --world 2", "prism-rr --help"):
         assert expected in texts, texts
     assert sum(t.startswith("prism-rr ") for t in texts) >= 15, texts
+    recipe = re.search(r"(?m)^demo:.*\n\t(.*)$", (ROOT / "Makefile").read_text())
+    assert recipe and recipe.group(1).split() == ["$(BIN)/prism-rr", "demo"], "make demo is run as `prism-rr demo`"
     stale = set(SKIPPED) - set(texts)
     assert not stale, f"SKIPPED lists commands the README no longer has: {stale}"
     used = {w for c in COMMANDS for w in shlex.split(c.text.replace("[", " ").replace("]", " "))}
