@@ -117,6 +117,8 @@ def _terminate(signum: int) -> None:
 
 # --- calls open now, from the spool writer's thread ---------------------------------
 
+SNAPSHOT_MIN_AGE_NS = 25_000_000
+
 
 def open_records(rec) -> list | None:
     """Records of the calls `rec` has open now (end_ns None), and of those a backend
@@ -125,11 +127,15 @@ def open_records(rec) -> list | None:
     `complete` computed (never a tensor), under the recording's lock."""
     if not rec.on:
         return None
+    # A call younger than this is left to the next tick (50 ms on): one that lasts 100 ms
+    # is still in a snapshot in time, and a busy rank's short calls make no snapshots.
+    old = time.monotonic_ns() - SNAPSHOT_MIN_AGE_NS
     with rec._lock:
-        calls = [(c, None) for c in rec.open.values() if not c.done]
+        calls = [(c, None) for c in rec.open.values() if not c.done and c.start <= old]
         finished = getattr(rec, "finished", None)
         if finished:
-            calls += [(c, getattr(c, "end", None)) for c in finished.values() if not c.written]
+            calls += [(c, getattr(c, "end", None)) for c in finished.values()
+                      if not c.written and (getattr(c, "end", None) or 0) <= old]
     out = []
     for call, end in calls:
         in_shapes, in_dtypes, in_bytes = call.in_desc
