@@ -231,6 +231,16 @@ def _abrupt(g: ExecutionGraph, rank: int) -> bool:
     return trace is not None and trace.events > 0 and (not trace.ended or trace.truncated)
 
 
+LOSS_NS = 100_000_000  # what a rank that dies may lose of its last records
+
+
+def _ends_before(g: ExecutionGraph, rank: int, t: int) -> bool:
+    """The rank's records end before `t` plus what a death may lose: they cannot show
+    whether it entered a call at `t`."""
+    last = g.traces[rank].last_ns
+    return last is None or last < t + LOSS_NS
+
+
 def _death(trace) -> str:
     if trace.crash is not None:
         return f"process died: {trace.crash.signal}"
@@ -326,13 +336,17 @@ def _hangs(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
                 stuck += (f"; the wait ended in an error on {_ranks_text(failed)} "
                           f"({_short(next(iter(failed.values())))})")
             more = f" ({len(seqs) - 1} later calls of this group lack them too)" if len(seqs) > 1 else ""
-            unknown = [r for r in ranks if _abrupt(g, r)]
+            # ranks whose records end (the process died) before they could show the
+            # call: whether they entered it later is unknown
+            unknown = [r for r in ranks if _abrupt(g, r) and _ends_before(g, r, call.first_arrival.enter_ns)]
             known = [r for r in ranks if r not in unknown]
-            if unknown:  # their records end: whether they entered it later is unknown
+            if unknown:
                 sentences = []
                 for r in unknown:
                     text, d = _end_text(g, r)
                     doing[str(r)].update(d)
+                    if g.traces[r].open_calls:  # what its records last show it in
+                        text = _doing_last(g, r, failures)[0] + "; what it did afterwards is unknown"
                     sentences.append(text)
                 for r in known:
                     sentences.append(_doing_last(g, r, failures)[0])

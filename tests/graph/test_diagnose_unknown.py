@@ -97,3 +97,33 @@ def test_drift_is_named_at_its_step_with_both_lines(tmp_path):
     # the mismatches that follow (rank 3's (256, 4) against the others' (1024,)) are its consequences
     assert not [f for f in findings if f.kind == "mismatch"]
     assert drift.details["later_mismatches"] >= 1
+
+
+def _diagnose(run, tmp_path):
+    pack(run.write(tmp_path / "run.prism.d"), tmp_path / "run.prism")
+    with open_bundle(tmp_path / "run.prism") as b:
+        return diagnose(b)
+
+
+def test_killed_rank_blocked_elsewhere_shows_that_call_and_unknown(tmp_path):
+    run = SimRun(4, groups=[(0, 1), (1, 2, 3)])
+    run.train(2)
+    run.collective(2, skip=(3,))  # ranks 1 and 2 wait in group 2 for rank 3
+    run.kill(1)
+    run.collective(1)  # rank 0 waits in group 1 for rank 1
+    hangs = {f.group: f for f in _diagnose(run, tmp_path) if f.kind == "hang"}
+    msg = hangs[1].message
+    assert "never by rank 1" not in msg
+    assert "Rank 1 was in all_reduce (group 2, seq 0) since +" in msg
+    assert "when its records end (no proper end: the process died or was killed); what it did afterwards is unknown" in msg
+
+
+def test_rank_whose_records_go_on_past_the_call_never_entered_it(tmp_path):
+    run = SimRun(4)
+    run.train(3)
+    run.collective(0, skip=(2,))
+    run.compute(500_000_000, ranks=[2])  # rank 2 goes on for 500 ms, then is killed
+    run.kill(2)
+    (hang,) = [f for f in _diagnose(run, tmp_path) if f.kind == "hang"]
+    assert "never by rank 2" in hang.message and "unknown" not in hang.message
+    assert "without a proper end" in hang.message
