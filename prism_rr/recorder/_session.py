@@ -81,6 +81,9 @@ class Recording:
         self.finished: dict[int, Call] = {}
         self.failure: tuple[int, str] | None = None  # (step, reason) once the recorder failed
         self.blob_writer = None  # a BlobWriter, from the first payload on
+        self._graph_task = None  # torch's current autograd graph task id, once looked up
+        self._queue_callback = None
+        self._task_seen = -1  # the last backward pass that got an end-of-backward reap
         self.cuda = False  # read CUDA allocator statistics at each event
         self.cpu_memory = None  # a CpuMemoryTracker when options.memory on CPU
         self.ops_mode = None
@@ -312,6 +315,7 @@ class Recording:
         try:
             if self.open or self.finished:
                 self.reap()
+            self._in_backward()
             start = monotonic_ns()
             call = Call()
             call.p2p = p2p
@@ -368,6 +372,39 @@ class Recording:
                     continue
                 if finished:
                     self.complete(call)
+
+    def _in_backward(self) -> None:
+        """A call made inside a backward pass (DDP's bucket all_reduce) may be consumed
+        only through its future, by C++ (DDP's reducer waits for it at the end of the
+        backward pass), and its results changed in place before the program's next call
+        or step (gradient clipping on gradients that are views of the buckets). So, once
+        per backward pass, reap at its very end: an engine callback that queues another,
+        which runs after the ones frameworks queued (DDP's finalize), on the backward
+        pass's thread, before the program has its results."""
+        task = self._graph_task
+        if task is None:
+            import torch
+            from torch.autograd import Variable
+
+            task = self._graph_task = torch._C._current_graph_task_id
+            self._queue_callback = Variable._execution_engine.queue_callback
+        tid = task()
+        if tid != -1 and tid != self._task_seen:
+            self._task_seen = tid
+            self._queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        try:
+            self._queue_callback(self._reap_after_backward)
+        except BaseException:
+            self._reap_after_backward()
+
+    def _reap_after_backward(self) -> None:
+        try:
+            if self.on and (self.open or self.finished):
+                self.reap()
+        except BaseException as exc:
+            self.fail(exc)
 
     def issued(self, call: Call) -> None:
         t = monotonic_ns()

@@ -202,3 +202,35 @@ def test_a_wait_writes_the_record_a_callback_left(tmp_path):
     rec.close()
     (c,) = Spools(tmp_path / "spools").collectives(0)
     assert c.blob_out is not None and c.blob_out == c.blob_in  # ones, not sevens
+
+
+# --- a result consumed by C++ only (DDP's reducer), changed in place right after ----------
+
+
+@pytest.mark.timeout(150)
+def test_ddp_bucket_results_are_taken_before_the_program_changes_them(tmp_path):
+    """DDP waits for its bucket all_reduce in C++, at the end of backward; with gradients as
+    bucket views, clipping then changes the results in place. The payload is what the
+    all_reduce produced, and the recording replays bit for bit."""
+    from prism_rr.replayer import replay
+
+    script = SCRIPTS / "ddp_inplace.py"
+    out = tmp_path / "ddp.prism"
+    got = _cli("record", "-o", out, "--payload", "full", "--nproc", "2", "--timeout", 100, "--",
+               sys.executable, script, tmp_path / "rec")
+    assert got.returncode == 0, got.stderr[-3000:]
+    for r in range(2):
+        grads = torch.load(tmp_path / f"rec.rank{r}.pt")
+        with open_bundle(out) as b:
+            buckets = [e for e in b.events(r) if isinstance(e, Collective) and e.op == "all_reduce"
+                       and e.out_bytes > 1024]
+            assert len(buckets) == len(grads) == 3
+            for e, gs in zip(buckets, grads):
+                recorded = torch.frombuffer(bytearray(b.blob(e.blob_out[0])), dtype=torch.float32)
+                produced = torch.cat([g.reshape(-1) for g in gs])
+                assert torch.equal(recorded.sort().values, produced.sort().values), (r, e.seq)
+    result = replay(out, ranks=(0,), cmd=[sys.executable, str(script), str(tmp_path / "rep")], timeout=120,
+                    log_dir=tmp_path / "logs")
+    assert result.exit_code == 0 and result.report["diverged"] is False
+    rec, rep = torch.load(tmp_path / "rec.rank0.pt"), torch.load(tmp_path / "rep.rank0.pt")
+    assert all(torch.equal(a, b) for ga, gb in zip(rec, rep) for a, b in zip(ga, gb))
