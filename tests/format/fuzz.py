@@ -647,7 +647,7 @@ def fuzz(cases: int, seed: int, bundles: list[bytes], scratch: Path, progress=No
 def replay_corpus(scratch: Path, corpus: Path = CORPUS) -> list[Outcome]:
     out = []
     try:
-        for i, path in enumerate(sorted(corpus.glob("*.prism"))):
+        for i, path in enumerate(sorted(corpus.glob("*.bundle"))):
             out.append(run_case(path.read_bytes(), scratch, path.name, i))
     finally:
         if tracemalloc.is_tracing():
@@ -659,7 +659,7 @@ def save(o: Outcome, directory: Path) -> Path:
     import hashlib
 
     directory.mkdir(parents=True, exist_ok=True)
-    name = f"{(o.where or 'mem').replace(':', '_').replace('.py', '')}-{hashlib.blake2b(o.data, digest_size=6).hexdigest()}.prism"
+    name = f"{(o.where or 'mem').replace(':', '_').replace('.py', '')}-{hashlib.blake2b(o.data, digest_size=6).hexdigest()}.bundle"
     path = directory / name
     path.write_bytes(o.data)
     return path

@@ -397,3 +397,46 @@ def test_tui_ends_a_bundle_malformed_in_a_worker_with_exit_4(tmp_path):
     app = asyncio.run(browse())
     assert isinstance(app.bundle_error, FormatError)
     assert app.return_code == 4
+
+
+def test_tui_command_ends_a_lazily_malformed_bundle_with_exit_4_and_one_line():
+    """`prism-rr tui` on a terminal: the bundle opens, the timeline (key 2) reads a chunk in
+    a worker thread and finds it malformed; the app ends, one line, exit 4."""
+    import os
+    import pty
+    import select
+    import time
+
+    path = fuzz.CORPUS / "hand-chunk-order-maps.bundle"
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal of its own
+        os.environ["TERM"] = "xterm-256color"
+        os.execv(str(PRISM), [str(PRISM), "tui", str(path)])
+    out = b""
+    t0 = time.monotonic()
+    first = sent = None
+    status = None
+    try:
+        while time.monotonic() - t0 < 120:
+            if first is not None and not sent and time.monotonic() - first > 2:
+                os.write(fd, b"2")
+                sent = True
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    piece = os.read(fd, 65536)
+                except OSError:
+                    break
+                if not piece:
+                    break
+                out += piece
+                first = first or time.monotonic()
+    finally:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            os.kill(pid, 9)
+            _, status = os.waitpid(pid, 0)
+    text = out.decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 4, text[-3000:]
+    assert "Traceback" not in text
+    assert text.count("prism-rr: error: ") == 1 and "record kind" in text
