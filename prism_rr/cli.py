@@ -14,7 +14,8 @@ from prism_rr.errors import PrismError, UsageError, exit_code_for
 
 EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
-4 bundle malformed or of an unsupported version · 5 diagnose found problems."""
+4 bundle malformed or of an unsupported version · 5 diagnose found problems ·
+6 replay: the program ended before making the recorded calls."""
 
 app = typer.Typer(
     name="prism-rr",
