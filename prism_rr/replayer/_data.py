@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from prism_rr.errors import FormatError
+
 __all__ = ["build_grouped", "build_outputs", "from_bytes", "host_bytes", "reduce", "reduce_counted", "write"]
 
 
@@ -27,7 +29,9 @@ def host_bytes(t: torch.Tensor):
 
 
 def from_bytes(data: bytes, dtype: str | torch.dtype, shape) -> torch.Tensor:
-    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(dt, torch.dtype):  # a name from a bundle: only torch's dtypes
+        raise FormatError(f"unknown dtype {dtype!r} in the bundle")
     if not data:
         return torch.empty(tuple(shape), dtype=dt)
     return torch.frombuffer(bytearray(data), dtype=dt).reshape(tuple(shape))
