@@ -711,16 +711,22 @@ def _recorded_time(g: ExecutionGraph) -> int:
 
 
 def _call_failures(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+    """Each rank's first failed call is a finding of its own, with the error text; where
+    another finding (a hang, a mismatch, a crash) took it as its consequence, it says so."""
     out = []
     for rank, trace in g.traces.items():
-        left = [(grp, seq, mk) for grp, seq, mk in trace.failed if (rank, grp, seq) not in failures.explained]
-        if left:
-            group, seq, mk = left[0]
-            more = f" ({len(left) - 1} more failures after it)" if len(left) > 1 else ""
+        failed = trace.failed
+        if failed:
+            group, seq, mk = failed[0]
+            explained = (rank, group, seq) in failures.explained
+            more = f" ({len(failed) - 1} more failures after it)" if len(failed) > 1 else ""
             where = f"group {group}, seq {seq}" if group is not None else f"seq {seq}"
+            why = "; a consequence of the finding above on the same call" if explained else ""
             out.append(Finding(kind="call_failed", ranks=(rank,), group=group, seq=seq,
-                               message=f"A call ({where}) failed on rank {rank} in step {mk.step}: {_short(mk.text or '')}{more}.",
-                               details={"count": len(left), "text": mk.text, "step": mk.step}))
+                               message=(f"A call ({where}) failed on rank {rank} in step {mk.step}: "
+                                        f"{_short(mk.text or '')}{more}{why}."),
+                               details={"count": len(failed), "text": mk.text, "step": mk.step,
+                                        "consequence": explained}))
     return out
 
 

@@ -45,7 +45,11 @@ def test_rank_that_skips_a_collective(tmp_path):
     assert (hang.kind, hang.ranks, hang.group, hang.seq) == ("hang", (1,), 0, 8), _kinds(findings)
     assert hang.details["entered"] == [0]
     assert hang.stack and hang.stack[0].startswith("faults.py:")
-    assert {f.kind for f in findings} <= {"hang"}  # the waiting ranks' time-outs are folded in
+    # The waiting ranks' time-outs are findings of their own, each said to follow from the hang.
+    assert {f.kind for f in findings} <= {"hang", "call_failed"}, _kinds(findings)
+    for f in findings[1:]:
+        assert f.details["consequence"] and (f.group, f.seq) == (0, 8), f.message
+        assert f.details["text"]
 
 
 @pytest.mark.timeout(150)
