@@ -45,8 +45,12 @@ def _clear_old_spools(spool_dir: Path) -> None:
 
 def _write_run(spool_dir: Path, facts: dict) -> None:
     tmp = spool_dir / f"run.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, spool_dir / "run.json")
+    try:
+        tmp.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, spool_dir / "run.json")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def record_command(
@@ -115,7 +119,12 @@ def record_command(
     code = proc.returncode
     code = 128 - code if code < 0 else code
     facts.update(ended_wall_ns=time.time_ns(), exit_code=code, timed_out=timed_out)
-    _write_run(spool_dir, facts)
+    try:
+        _write_run(spool_dir, facts)
+    except OSError:
+        # A full disk: the run.json of the start stands, and the program's exit code is
+        # what the caller must see (packing, which needs room too, says what went wrong).
+        pass
     return code
 
 
