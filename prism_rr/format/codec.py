@@ -91,25 +91,35 @@ def decompress(data, limit: int, where: str, *, budget: str | None = None) -> by
     return out
 
 
-class _TooManyMaps(Exception):
+class _OverBudget(Exception):
     pass
 
 
-def unpack(data, where: str, *, max_maps: int | None = None) -> Any:
+def unpack(data, where: str, *, budget: int | None = None) -> Any:
     """msgpack decoding that turns every failure into FormatError.
 
-    Every length is bounded by the input's; `max_maps` bounds the number of maps (an
-    empty map is one byte of input and 64 bytes of Python), counted as they are made.
+    Every length is bounded by the input's. `budget` bounds the objects decoded (see
+    layout.objects_limit): no array or map may be longer, and each one made is counted
+    (its elements, 1 more for an array, 4 more for a map), so decoding stops within
+    twice the budget.
     """
     n = len(data)
-    hook = None
-    if max_maps is not None:
-        left = [max_maps]
+    list_hook = object_hook = None
+    longest = n
+    if budget is not None:
+        left = [budget]
+        longest = min(n, budget)
 
-        def hook(d):
-            left[0] -= 1
+        def list_hook(a):
+            left[0] -= len(a) + 1
             if left[0] < 0:
-                raise _TooManyMaps
+                raise _OverBudget
+            return a
+
+        def object_hook(d):
+            left[0] -= 2 * len(d) + 4
+            if left[0] < 0:
+                raise _OverBudget
             return d
 
     try:
@@ -118,17 +128,22 @@ def unpack(data, where: str, *, max_maps: int | None = None) -> Any:
             raw=False,
             use_list=False,
             strict_map_key=False,
-            object_hook=hook,
+            list_hook=list_hook,
+            object_hook=object_hook,
             max_str_len=n,
             max_bin_len=n,
-            max_array_len=n,
-            max_map_len=n,
+            max_array_len=longest,
+            max_map_len=longest // 2 if budget is not None else n,
             max_ext_len=0,
         )
-    except _TooManyMaps:
-        raise FormatError(f"{where}: more than {max_maps} maps, more than its size can justify") from None
+    except _OverBudget:
+        raise FormatError(f"{where}: more than {budget} values, more than its size can justify") from None
     except MemoryError:
         raise  # not the input's fault alone: a budget above was too generous
+    except ValueError as exc:
+        if budget is not None and "exceeds max" in str(exc):
+            raise FormatError(f"{where}: an array or map longer than its size can justify ({exc})") from None
+        raise FormatError(f"{where}: malformed msgpack ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # msgpack raises many types; all mean "malformed"
         raise FormatError(f"{where}: malformed msgpack ({type(exc).__name__}: {exc})") from None
 
@@ -171,8 +186,8 @@ def check_plain(value: Any, where: str, *, depth: int = layout.MAX_DEPTH) -> Any
 
 def unpack_plain(data, where: str, stored: int) -> Any:
     """A metadata frame (manifest, summaries, rank info, groups) decoded within its
-    budget (`layout.maps_limit` of its `stored` length) and checked by check_plain."""
-    return check_plain(unpack(data, where, max_maps=layout.maps_limit(stored)), where)
+    budget (`layout.objects_limit` of its `stored` length) and checked by check_plain."""
+    return check_plain(unpack(data, where, budget=layout.objects_limit(stored)), where)
 
 
 class ChunkSummary:
@@ -401,6 +416,22 @@ _NARROW.update({(GroupInfo, "backend"): _is_str})
 _CHECKS["backend"] = _is_str
 
 
+def _not_none(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is not None and check(v)
+
+
+# A field whose declared type has no None (PointToPoint.shapes, Memory.mem_alloc, ...) is
+# never nil, though a field of the same name elsewhere may be.
+for _cls in RECORD_TYPES.values():
+    for _f in fields(_cls):
+        if _f.name not in _CHECKS or "None" in str(_f.type):
+            continue
+        _check = _NARROW.get((_cls, _f.name)) or _CHECKS[_f.name]
+        if _check(None):
+            _NARROW[(_cls, _f.name)] = _not_none(_check)
+del _cls, _f, _check
+
+
 _DEFAULTS = {
     cls: {f.name: f.default for f in fields(cls) if f.default is not MISSING}
     for cls in RECORD_TYPES.values()
@@ -414,14 +445,18 @@ MAX_TIME = 1 << 62
 MIN_STEP, MAX_STEP = -(1 << 31), (1 << 31) - 1
 
 
-def decode_chunk(payload: bytes, count: int, where: str, *, world: int = layout.MAX_WORLD) -> list[Record]:
+def decode_chunk(payload: bytes, count: int, where: str, *, world: int = layout.MAX_WORLD,
+                 stored: int | None = None) -> list[Record]:
     """Records of one chunk payload; FormatError on anything malformed.
+
+    `stored`, the payload's compressed length, bounds the objects it may decode to
+    (layout.objects_limit); a reader of a bundle gives it.
 
     `world` bounds how many ranks the chunk's GroupInfo records may expand their
     arithmetic runs to (`layout.GROUP_RANKS_*`); each rank is below layout.MAX_WORLD (a
     bundle packed without rank info may have a world smaller than its groups).
     """
-    chunk = unpack(payload, where, max_maps=layout.MAPS_FLOOR + count)
+    chunk = unpack(payload, where, budget=None if stored is None else layout.objects_limit(stored))
     if type(chunk) is not dict:
         raise FormatError(f"{where}: chunk is not a map")
     order = chunk.get(C_ORDER)

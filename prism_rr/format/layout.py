@@ -81,10 +81,13 @@ MAX_RATIO = 256
 RATIO_FLOOR = 64 << 10
 MAX_BLOB_RATIO = 1024
 BLOB_RATIO_FLOOR = 1 << 20
-# msgpack maps cost Python ~64 to 224 bytes for 1 to 3 bytes of input: a decoded frame may
-# hold at most MAPS_FLOOR + MAPS_PER_BYTE * (its stored length) maps.
-MAPS_PER_BYTE = 16
-MAPS_FLOOR = 4096
+# A msgpack value costs Python up to ~60 times its encoding (a 1-element array: 2 bytes,
+# 56 bytes of Python; an empty map: 1 byte, 64). A decoded frame may hold at most
+# OBJECTS_FLOOR + OBJECTS_PER_BYTE * (its stored length) objects, counting each element of
+# an array, each key and value of a map, 1 for each array and 4 for each map (real frames
+# hold under 8 per stored byte). No one array or map may hold more than that either.
+OBJECTS_PER_BYTE = 32
+OBJECTS_FLOOR = 1 << 16
 # Nesting of values in the manifest, summaries, rank info and groups.
 MAX_DEPTH = 32
 # Ranks of all groups together, once arithmetic runs are expanded: at most
@@ -101,9 +104,9 @@ def ratio_limit(stored: int, *, blob: bool = False) -> int:
     return RATIO_FLOOR + MAX_RATIO * stored
 
 
-def maps_limit(stored: int) -> int:
-    """The most msgpack maps a frame of `stored` bytes may decode to."""
-    return MAPS_FLOOR + MAPS_PER_BYTE * stored
+def objects_limit(stored: int) -> int:
+    """The most msgpack objects a frame of `stored` bytes may decode to (see above)."""
+    return OBJECTS_FLOOR + OBJECTS_PER_BYTE * stored
 
 
 def crc32(data) -> int:

@@ -350,7 +350,8 @@ class Bundle:
         raw = codec.decompress(frame.payload(self._map), frame.raw_len, at, budget="frame")
         if len(raw) != frame.raw_len:
             raise FormatError(f"{at}: payload is {len(raw)} bytes, header says {frame.raw_len}")
-        return codec.decode_chunk(raw, frame.count, at, world=self.world_size)
+        stored = frame.length - layout.FRAME_HEADER.size - frame.summary_len
+        return codec.decode_chunk(raw, frame.count, at, world=self.world_size, stored=stored)
 
     def read_chunk(self, ref: ChunkRef) -> list[Record]:
         return self._records(self._frame(ref))

@@ -698,12 +698,17 @@ def main(argv=None) -> int:
         scratch = Path(tmp)
         bundles = [b.read_bytes() for b in args.bundle] or [GOLDEN.read_bytes(), demo_bundle(scratch)]
         t0 = time.time()
+        so_far = {"failures": 0, "peak": 0}
 
         def progress(i: int, o: Outcome) -> None:
-            if (o.error or o.peak > MEMORY_LIMIT) and args.save:
-                save(o, args.save)
+            if o.error or o.peak > MEMORY_LIMIT:
+                so_far["failures"] += 1
+                if args.save:
+                    save(o, args.save)
+            so_far["peak"] = max(so_far["peak"], o.peak)
             if (i + 1) % 500 == 0:
-                print(f"{i + 1} cases, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+                print(f"{i + 1} cases, {time.time() - t0:.0f} s, {so_far['failures']} failures, "
+                      f"peak {so_far['peak'] / 2**20:.1f} MiB", file=sys.stderr, flush=True)
 
         outcomes = fuzz(args.cases, args.seed, bundles, scratch, progress)
         failures = [o for o in outcomes if o.error or o.peak > MEMORY_LIMIT]
