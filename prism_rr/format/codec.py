@@ -99,16 +99,16 @@ def unpack(data, where: str, *, budget: int | None = None) -> Any:
     """msgpack decoding that turns every failure into FormatError.
 
     Every length is bounded by the input's. `budget` bounds the objects decoded (see
-    layout.objects_limit): no array or map may be longer, and each one made is counted
-    (its elements, 1 more for an array, 4 more for a map), so decoding stops within
-    twice the budget.
+    layout.objects_limit): no array or map may hold more than half of it, and each one
+    made is counted (its elements, 1 more for an array, 4 more for a map), so decoding
+    stops within 1.5 times the budget.
     """
     n = len(data)
     list_hook = object_hook = None
     longest = n
     if budget is not None:
         left = [budget]
-        longest = min(n, budget)
+        longest = min(n, budget // 2)
 
         def list_hook(a):
             left[0] -= len(a) + 1

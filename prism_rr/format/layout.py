@@ -77,7 +77,7 @@ MAX_GROUPS_RAW = 256 << 20
 # A zstd frame may declare at most RATIO_FLOOR + MAX_RATIO * (its stored length) bytes
 # (real chunks and metadata compress 2 to 40 times); a blob BLOB_RATIO_FLOOR +
 # MAX_BLOB_RATIO * (its stored length).
-MAX_RATIO = 256
+MAX_RATIO = 128
 RATIO_FLOOR = 64 << 10
 MAX_BLOB_RATIO = 1024
 BLOB_RATIO_FLOOR = 1 << 20
@@ -85,8 +85,8 @@ BLOB_RATIO_FLOOR = 1 << 20
 # 56 bytes of Python; an empty map: 1 byte, 64). A decoded frame may hold at most
 # OBJECTS_FLOOR + OBJECTS_PER_BYTE * (its stored length) objects, counting each element of
 # an array, each key and value of a map, 1 for each array and 4 for each map (real frames
-# hold under 8 per stored byte). No one array or map may hold more than that either.
-OBJECTS_PER_BYTE = 32
+# hold under 8 per stored byte). No one array or map may hold more than half of that.
+OBJECTS_PER_BYTE = 16
 OBJECTS_FLOOR = 1 << 16
 # Nesting of values in the manifest, summaries, rank info and groups.
 MAX_DEPTH = 32
