@@ -88,6 +88,9 @@ BLOB_RATIO_FLOOR = 1 << 20
 # hold under 8 per stored byte). No one array or map may hold more than half of that.
 OBJECTS_PER_BYTE = 16
 OBJECTS_FLOOR = 1 << 16
+# ... and never more than this many, whatever its size (a chunk of 2048 records holds
+# ~100K; the rank info of 8192 ranks under 1M): a frame costs at most a few hundred MiB.
+MAX_OBJECTS = 1 << 22
 # Nesting of values in the manifest, summaries, rank info and groups.
 MAX_DEPTH = 32
 # Ranks of all groups together, once arithmetic runs are expanded: at most
@@ -106,7 +109,7 @@ def ratio_limit(stored: int, *, blob: bool = False) -> int:
 
 def objects_limit(stored: int) -> int:
     """The most msgpack objects a frame of `stored` bytes may decode to (see above)."""
-    return OBJECTS_FLOOR + OBJECTS_PER_BYTE * stored
+    return min(OBJECTS_FLOOR + OBJECTS_PER_BYTE * stored, MAX_OBJECTS)
 
 
 def crc32(data) -> int:

@@ -440,3 +440,13 @@ def test_tui_command_ends_a_lazily_malformed_bundle_with_exit_4_and_one_line():
     assert os.waitstatus_to_exitcode(status) == 4, text[-3000:]
     assert "Traceback" not in text
     assert text.count("prism-rr: error: ") == 1 and "record kind" in text
+
+
+def test_objects_are_capped_whatever_the_frame_size():
+    """A big frame (a 12 MB fuzzed chunk decoding to 64 MiB of small values took 506 MiB)
+    still decodes to at most layout.MAX_OBJECTS objects."""
+    n = layout.MAX_OBJECTS + 10
+    raw = b"\xdd" + struct.pack(">I", 4) + (b"\xdd" + struct.pack(">I", n // 4) + b"\xc0" * (n // 4)) * 4
+    assert layout.objects_limit(10**9) == layout.MAX_OBJECTS
+    with pytest.raises(FormatError, match="justify"):
+        codec.unpack(raw, "test", budget=layout.objects_limit(10**9))
