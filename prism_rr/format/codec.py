@@ -95,6 +95,25 @@ class _OverBudget(Exception):
     pass
 
 
+# Bytes that may begin an array or a map (fixarray, fixmap, array16/32, map16/32).
+_CONTAINER_HEADS = bytes(
+    1 if 0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF else 0 for b in range(256)
+)
+
+
+def _within(data, budget: int) -> bool:
+    """True when `data` cannot decode to more than `budget` objects: every object is at
+    least one byte and every container begins with one of _CONTAINER_HEADS, so the bytes
+    plus 4 per such byte bound the count (a real chunk is far within; counting as they
+    are made costs a function call per array)."""
+    n = len(data)
+    if n > budget:
+        return False
+    if type(data) is not bytes:
+        data = bytes(data)
+    return n + 4 * data.translate(_CONTAINER_HEADS).count(1) <= budget
+
+
 def unpack(data, where: str, *, budget: int | None = None) -> Any:
     """msgpack decoding that turns every failure into FormatError.
 
@@ -106,7 +125,7 @@ def unpack(data, where: str, *, budget: int | None = None) -> Any:
     n = len(data)
     list_hook = object_hook = None
     longest = n
-    if budget is not None:
+    if budget is not None and not _within(data, budget):
         left = [budget]
         longest = min(n, budget // 2)
 
