@@ -40,6 +40,9 @@ from prism_rr.format import layout
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden-v1.prism"
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "fuzz_corpus"
 MEMORY_LIMIT = 512 << 20
+# Mutated bundles above this are not run: an attachment is smaller, and a mapped file's
+# pages count in the resident set that measures memory.
+MAX_CASE_BYTES = 32 << 20
 
 # --- msgpack with splices ------------------------------------------------------------
 
@@ -631,10 +634,14 @@ def fuzz(cases: int, seed: int, bundles: list[bytes], scratch: Path, progress=No
             data, what = base, "none"
             for _ in range(rng.choice([1, 1, 1, 2])):
                 try:
-                    data, what = mutate_bundle(data, rng)
+                    new, new_what = mutate_bundle(data, rng)
                 except Exception as exc:  # a mutation that cannot be built (a broken earlier one)
                     what = f"{what} (unbuildable: {type(exc).__name__})"
                     break
+                if len(new) > MAX_CASE_BYTES:  # no bug report carries it; its pages would count as memory
+                    what = f"{what} ({new_what} too big)"
+                    break
+                data, what = new, new_what
             out.append(run_case(data, scratch, what, i))
             if progress:
                 progress(i, out[-1])
