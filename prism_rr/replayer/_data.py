@@ -18,7 +18,7 @@ import torch
 
 from prism_rr.errors import FormatError
 
-__all__ = ["build_grouped", "build_outputs", "from_bytes", "host_bytes", "reduce", "reduce_counted", "write"]
+__all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "host_bytes", "reduce", "reduce_counted", "write"]
 
 
 def host_bytes(t: torch.Tensor):
@@ -28,13 +28,24 @@ def host_bytes(t: torch.Tensor):
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def from_bytes(data: bytes, dtype: str | torch.dtype, shape) -> torch.Tensor:
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(dt, torch.dtype):  # a name from a bundle: only torch's dtypes
         raise FormatError(f"unknown dtype {dtype!r} in the bundle")
+    return dt
+
+
+def from_bytes(data: bytes, dtype: str | torch.dtype, shape) -> torch.Tensor:
+    dt = _dtype(dtype)
     if not data:
         return torch.empty(tuple(shape), dtype=dt)
     return torch.frombuffer(bytearray(data), dtype=dt).reshape(tuple(shape))
+
+
+def from_blob(bundle, ident: bytes, dtype: str | torch.dtype, shape) -> torch.Tensor:
+    """A recorded payload as a tensor of the recorded dtype and shape."""
+    dt = _dtype(dtype)
+    return from_bytes(bundle.blob(ident, expected=math.prod(shape) * dt.itemsize), dt, shape)
 
 
 def write(dst: torch.Tensor, src: torch.Tensor) -> None:

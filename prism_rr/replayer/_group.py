@@ -24,7 +24,7 @@ from prism_rr.format.records import PointToPoint
 from prism_rr.recorder._group import ForwardingWork, RecordingGroup
 from prism_rr.recorder._payload import describe, digests
 from prism_rr.recorder._stack import p2p_api
-from prism_rr.replayer._data import build_grouped, build_outputs, from_bytes, host_bytes, plausible, write
+from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, host_bytes, plausible, write
 
 __all__ = ["ReplayGroup"]
 
@@ -255,7 +255,7 @@ class ReplayGroup(RecordingGroup):
         exact = matched and own is not None and own.blob_out is not None and len(own.blob_out) == len(outs)
         if exact:
             for t, b, dt, shape in zip(outs, own.blob_out, own.out_dtypes, own.out_shapes):
-                write(t, from_bytes(s.bundle.blob(b), dt, shape))
+                write(t, from_blob(s.bundle, b, dt, shape))
         else:
             root_j = self._peer_map[root] if root is not None else None
             if self._single:
@@ -364,7 +364,7 @@ class ReplayGroup(RecordingGroup):
                 blobs = other.blob
             if blobs is not None and len(blobs) == len(tensors):
                 for t, b in zip(tensors, blobs):
-                    write(t, from_bytes(s.bundle.blob(b), t.dtype, t.shape))
+                    write(t, from_blob(s.bundle, b, t.dtype, t.shape))
             else:
                 s.synthetic = True
                 echo = self._echo(peer, tensors)
@@ -526,7 +526,7 @@ def _recorded_inputs(bundle, rec, like) -> list | None:
         return None
     out = []
     for b, dt, shape, t in zip(rec.blob_in, rec.in_dtypes, rec.in_shapes, like):
-        x = from_bytes(bundle.blob(b), dt, shape)
+        x = from_blob(bundle, b, dt, shape)
         if x.dtype != t.dtype or x.shape != t.shape:
             return None  # the program diverged here: a replica fits better than the recording
         out.append(x)

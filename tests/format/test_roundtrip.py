@@ -19,6 +19,7 @@ from prism_rr.format import (
     verify,
     write_blob,
 )
+from prism_rr.errors import FormatError
 from prism_rr.format.synthetic import synthetic_records
 
 
@@ -172,3 +173,23 @@ def test_pack_keeps_what_a_killed_rank_wrote(tmp_path):
         assert b.rank_summary(1)["truncated"] and not b.rank_summary(0)["truncated"]
         assert 0 < len(list(b.events(1))) < len(list(b.events(0)))
         verify(b)
+
+
+def test_a_blob_of_zeros_reads_back_for_its_expected_size(tmp_path):
+    """4 MiB of zeros compresses ~28,000 times, past any fixed ratio a hostile-input budget
+    allows: verify (which streams) and a reader that knows the size it expects take it."""
+    spools = tmp_path / "run.prism.d"
+    zeros = bytes(4 << 20)
+    blob = write_blob(spools, zeros)
+    rec = Collective(start_ns=1, end_ns=2, step=0, op="all_reduce", group=0, seq=0, in_shapes=((1 << 20,),),
+                     in_dtypes=("float32",), in_bytes=len(zeros), out_shapes=((1 << 20,),),
+                     out_dtypes=("float32",), out_bytes=len(zeros), blob_out=(blob,))
+    w = SpoolWriter(spool_path(spools, 0), 0, info={"world_size": 1, "argv": ["a.py"]})
+    w.append(rec)
+    w.close()
+    pack(spools, tmp_path / "run.prism")
+    with open_bundle(tmp_path / "run.prism") as b:
+        assert verify(b).blobs == 1
+        assert b.blob(blob, expected=len(zeros)) == zeros
+        with pytest.raises(FormatError, match="justify"):
+            b.blob(blob)  # a size the caller cannot vouch for stays bounded by the ratio
