@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Sparkline, Static
 
+from prism_rr.errors import PrismError
 from prism_rr.tui.model import format_ns
 
 __all__ = ["OverviewScreen", "spark"]
@@ -134,6 +135,8 @@ class OverviewScreen(Screen):
 
         try:
             found = diagnose(self.app.bundle)
+        except PrismError:
+            raise  # a malformed bundle ends the app with exit 4 (PrismApp._handle_exception)
         except Exception as exc:  # the analysis failing must not take the browser down
             self.app.call_from_thread(self._note, f"diagnosis failed: {exc}")
             return
