@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from prism_rr.localrun import run_local
+from prism_rr.format import layout
 from prism_rr.format.records import Collective, GroupInfo, PointToPoint
 from prism_rr.format.spool import frame_info, frame_records, read_spool
 from prism_rr.recorder._options import RecordOptions, spool_dir_for
@@ -29,10 +30,11 @@ class Spools:
             data = path.read_bytes()
             recs, info = [], {}
             for f in scan.frames:
-                if f.kind == 1:
+                if f.kind == layout.FRAME_EVENTS:
                     recs += frame_records(data, f, path.name)
-                else:
+                elif f.kind == layout.FRAME_RANK_INFO:
                     info.update(frame_info(data, f, path.name))
+                # open-call snapshots (spool.FRAME_OPEN) are pack's to read
             self.records[scan.rank] = recs
             self.info[scan.rank] = info
             self.torn[scan.rank] = scan.problem
