@@ -97,33 +97,27 @@ def pack(
                 "lost_bytes": scan.size - scan.good_bytes,
             }
             entries = chunk_entries[rank] = []
+
+            def copy_chunk(piece, frame) -> None:
+                nonlocal chunks_crc
+                offset = f.tell() - chunks_at
+                f.write(piece)
+                chunks_crc = zlib.crc32(piece, chunks_crc)
+                entries.append(layout.CHUNK_ENTRY.pack(
+                    offset, frame.length, frame.count, frame.t_first, frame.t_last,
+                    frame.step_first, frame.step_last,
+                ))
+                _fold(rs, frame, steps, groups, rank, path.name)
             for frame in scan.frames:
                 if frame.kind == layout.FRAME_RANK_INFO:
                     rank_info.setdefault(rank, {}).update(frame_info(data, frame, path.name))
                     continue
-                if frame.kind != layout.FRAME_EVENTS:
-                    continue
-                offset = f.tell() - chunks_at
-                piece = memoryview(data)[frame.offset : frame.offset + frame.length]
-                f.write(piece)
-                chunks_crc = zlib.crc32(piece, chunks_crc)
-                entries.append(layout.CHUNK_ENTRY.pack(
-                    offset, frame.length, frame.count, frame.t_first, frame.t_last,
-                    frame.step_first, frame.step_last,
-                ))
-                _fold(rs, frame, steps, groups, rank, path.name)
+                if frame.kind == layout.FRAME_EVENTS:
+                    copy_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
             hung = still_open(data, scan.frames, path.name)
             if hung:
                 piece = encode_frame(layout.FRAME_EVENTS, rank, len(scan.frames), records=hung)
-                frame = parse_frame(piece, 0, len(piece), path.name)
-                offset = f.tell() - chunks_at
-                f.write(piece)
-                chunks_crc = zlib.crc32(piece, chunks_crc)
-                entries.append(layout.CHUNK_ENTRY.pack(
-                    offset, frame.length, frame.count, frame.t_first, frame.t_last,
-                    frame.step_first, frame.step_last,
-                ))
-                _fold(rs, frame, steps, groups, rank, path.name)
+                copy_chunk(piece, parse_frame(piece, 0, len(piece), path.name))
             crash = read_crash_file(spool_dir, rank)
             if crash is not None:
                 rank_info.setdefault(rank, {})["crash"] = crash
