@@ -1,13 +1,14 @@
 """Helpers for recorder tests: run a script as N gloo ranks under the hook, read spools."""
 
 import os
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from prism_rr.localrun import run_local
+from prism_rr.localrun import free_port, rank_env, run_local
 from prism_rr.format import layout
 from prism_rr.format.records import Collective, GroupInfo, PointToPoint
 from prism_rr.format.spool import frame_info, frame_records, read_spool
@@ -81,3 +82,20 @@ def run_recorded(tmp_path: Path, argv: list[str], world: int, *, timeout: float 
         err = "".join((logs / f"rank{r}.stderr").read_text()[-3000:] for r in range(world)) if logs else ""
         pytest.fail(f"ranks exited {codes}:\n{err}")
     return Spools(spool_dir_for(out)), codes
+
+
+def start_ranks(workdir: Path, script: str, mode: str, world: int, run_id: str):
+    """Start `world` recording ranks of scripts/`script` by hand (no launcher, which would
+    kill the peers of a rank that dies): each gets `mode` and `workdir`, logs to
+    workdir/rank{R}.log. Returns the bundle path to pack and the processes."""
+    out = workdir / "run.prism"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = dict(env, **rank_env(rank, world, port, run_id))
+        log = open(workdir / f"rank{rank}.log", "wb")
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), mode, str(workdir)],
+                                      env=e, stdout=log, stderr=log, start_new_session=True))
+    return out, procs

@@ -19,7 +19,7 @@ from prism_rr.localrun import free_port, rank_env
 from prism_rr.recorder._options import RecordOptions, spool_dir_for
 from prism_rr.recorder.launch import hook_env
 
-from recorder_helpers import SCRIPTS
+from recorder_helpers import SCRIPTS, start_ranks
 
 WORLD = 2
 MARGIN_NS = 100_000_000  # what a death may lose
@@ -28,17 +28,7 @@ KILLS = int(os.environ.get("PRISM_RR_KILLS", "10"))
 
 def _start(workdir, mode):
     workdir.mkdir(parents=True, exist_ok=True)
-    out = workdir / "run.prism"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
-    port = free_port()
-    procs = []
-    for rank in range(WORLD):
-        e = dict(env, **rank_env(rank, WORLD, port, "crash"))
-        log = open(workdir / f"rank{rank}.log", "wb")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "crashy.py"), mode, str(workdir)],
-                                      env=e, stdout=log, stderr=log, start_new_session=True))
-    return out, procs
+    return start_ranks(workdir, "crashy.py", mode, WORLD, "crash")
 
 
 def _finish(procs, timeout):

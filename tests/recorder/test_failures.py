@@ -1,35 +1,21 @@
 """A hung rank and a killed rank still leave spools that show what happened."""
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from prism_rr.localrun import free_port, rank_env
-from prism_rr.format.records import Collective, Marker
-from prism_rr.recorder._options import RecordOptions, spool_dir_for
-from prism_rr.recorder.launch import hook_env
+from prism_rr.format.records import Marker
+from prism_rr.recorder._options import spool_dir_for
 
-from recorder_helpers import SCRIPTS, Spools
+from recorder_helpers import Spools, start_ranks
 
 WORLD = 2
 
 
 def _start(tmp_path, mode):
-    out = tmp_path / "run.prism"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
-    port = free_port()
-    procs = []
-    for rank in range(WORLD):
-        e = dict(env, **rank_env(rank, WORLD, port, "hang"))
-        log = open(tmp_path / f"rank{rank}.log", "wb")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "hang.py"), mode, str(tmp_path)],
-                                      env=e, stdout=log, stderr=log, start_new_session=True))
-    return out, procs
+    return start_ranks(tmp_path, "hang.py", mode, WORLD, "hang")
 
 
 def _wait_for(paths, procs, timeout):
