@@ -42,17 +42,7 @@ def write_blob(spool_dir: str | os.PathLike, data) -> bytes:
     rename makes the write atomic, so a reader never sees half a blob.
     """
     ident = blob_id(data)
-    path = blob_path(spool_dir, ident)
-    if path.exists():
-        return ident
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(data)}.tmp")
-    try:
-        tmp.write_bytes(codec.compress(bytes(data)))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half blob behind
-        raise
+    _store(spool_dir, ident, data)
     return ident
 
 
@@ -63,10 +53,10 @@ def _store(spool_dir, ident: bytes, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_bytes(codec.compress(data))
+        tmp.write_bytes(codec.compress(bytes(data)))  # bytes of bytes is no copy
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half blob behind
         raise
 
 
