@@ -267,8 +267,7 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
         _left_behind(spool_dir, output)
         _say(f"prism-rr: error: recording into {spool_dir}/ failed: {exc}")
         if any(spool_dir.glob("rank-*.spool")):
-            _say(f"prism-rr: the spools are in {spool_dir}/; pack what they hold elsewhere with:\n"
-                 f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
+            _say_spools(spool_dir, output)
         raise typer.Exit(1)
     if code != 0:
         _say(f"warning: the command exited with code {code}; packing what was recorded")
@@ -297,8 +296,7 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
         outcome = (f"the command exited with code {code}" if code != 0
                    else "the command succeeded (exit code 0)")
         _say(f"prism-rr: error: could not write {output}: {exc}; {outcome}, but no bundle was written")
-        _say(f"prism-rr: the spools are in {spool_dir}/; pack them elsewhere with:\n"
-             f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
+        _say_spools(spool_dir, output)
         raise typer.Exit(exit_code or 1)
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail of its spool lost ({why})")
@@ -306,6 +304,11 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
     _say_recorder_failures(output)
     if code != 0:
         raise typer.Exit(exit_code)
+
+
+def _say_spools(spool_dir: Path, output: Path) -> None:
+    _say(f"prism-rr: the spools are in {spool_dir}/; pack them elsewhere with:\n"
+         f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
 
 
 def _left_behind(spool_dir: Path, output: Path) -> None:
