@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -64,18 +65,28 @@ class BlobWriter:
     """Stores blobs from a thread of its own: the caller hands over a copy of the bytes
     and gets the id at once; compression and the write happen beside it.
 
-    At most `max_pending` bytes wait (about 100 ms of compression at the default); past
-    that, `put` stores the blob itself, so a recording that produces payloads faster
-    than one thread compresses them slows down rather than grow without bound. The
-    first error is kept in `error` (the caller turns itself off); later blobs are not
-    written.
+    At most `max_delay_s` of compression waits (at the rate the thread has shown) and
+    at most `max_pending` bytes; past either, `put` stores the blob itself. So a
+    recording that produces payloads faster than one thread compresses them slows down
+    rather than grow without bound, and records, which wait for their blobs (below),
+    still reach the disk within the spool's 100 ms. The first error is kept in `error`
+    (the caller turns itself off); later blobs are not written.
+
+    `queued` counts the blobs handed to the thread and `stored` those it is done with, in
+    order: a spool writer notes `queued` when it takes records and waits for `stored` to
+    reach it before writing them (`wait_stored`), so no record on disk names a blob that
+    is not (a rank killed in between loses the records, not their payloads).
     """
 
-    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20):
+    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.04):
         self.spool_dir = Path(spool_dir)
         self.max_pending = max_pending
+        self.max_delay_s = max_delay_s
+        self.rate = 200e6  # bytes a second the thread stores, as last measured
         self.error: BaseException | None = None
         self.pending = 0  # bytes queued, not yet written
+        self.queued = 0  # blobs handed to the thread
+        self.stored = 0  # of those, the ones written (or given up on after an error)
         self._queue: deque = deque()
         self._known: set[bytes] = set()  # ids stored or queued by this writer
         self._cond = threading.Condition()
@@ -91,16 +102,18 @@ class BlobWriter:
             raise self.error
         self._known.add(ident)
         with self._cond:
-            if self._closed or self.pending + len(data) > self.max_pending:
+            after = self.pending + len(data)
+            if self._closed or after > self.max_pending or after > self.rate * self.max_delay_s:
                 inline = True
             else:
                 inline = False
                 self._queue.append((ident, data))
                 self.pending += len(data)
+                self.queued += 1
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="prism-rr-blobs", daemon=True)
                     self._thread.start()
-                self._cond.notify()
+                self._cond.notify_all()
         if inline:
             try:
                 _store(self.spool_dir, ident, data)
@@ -109,11 +122,23 @@ class BlobWriter:
                 raise
         return ident
 
+    def wait_stored(self, mark: int, timeout: float) -> bool:
+        """Wait (at most `timeout`) until the first `mark` queued blobs are written;
+        True when they are."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.stored < mark:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued (waiting at most `timeout`), then stop the thread."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
@@ -128,9 +153,14 @@ class BlobWriter:
                 ident, data = self._queue.popleft()
             try:
                 if self.error is None:
+                    t0 = time.perf_counter()
                     _store(self.spool_dir, ident, data)
+                    if len(data) >= 1 << 20:  # a blob big enough to time
+                        self.rate = 0.5 * self.rate + 0.5 * len(data) / max(time.perf_counter() - t0, 1e-6)
             except BaseException as exc:
                 self.error = exc
             finally:
                 with self._cond:
                     self.pending -= len(data)
+                    self.stored += 1
+                    self._cond.notify_all()

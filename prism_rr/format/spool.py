@@ -9,6 +9,8 @@ little, and, when it changed, a snapshot of the calls entered and not yet comple
 "open calls" frame). A write() reaches the kernel, which keeps it when the process dies
 by any signal, so a rank killed at any moment loses at most the last ~100 ms. `pack`
 keeps the last snapshot's calls that no later record completed (FORMAT.md, "Spool").
+Records that name payload blobs are written once those blobs are (`SpoolWriter.blobs`),
+so a death never leaves a record whose payload is missing.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ __all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool"
 # A spool frame kind beside layout.FRAME_EVENTS and FRAME_RANK_INFO: the calls open at a
 # moment, as an events chunk whose records have end_ns nil (FORMAT.md, "Spool").
 FRAME_OPEN = 3
+# The longest a chunk waits for the payload blobs its records name (a BlobWriter queues
+# about 100 ms of compression): past it the records are written without waiting.
+BLOB_WAIT_S = 2.0
 
 
 def spool_path(directory: str | os.PathLike, rank: int) -> Path:
@@ -254,6 +259,9 @@ class SpoolWriter:
         # () -> records of the calls open now (end_ns None), or None; called by the
         # writer thread at each tick (the recorder sets it; see FORMAT.md, open calls)
         self.open_calls = None
+        # the BlobWriter whose blobs the records name, or None: records are written only
+        # once the blobs queued before them are (see BlobWriter)
+        self.blobs = None
         self._open_written: frozenset = frozenset()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -306,9 +314,20 @@ class SpoolWriter:
             time.sleep(0.002)
 
     def _hand_off(self, records: list[Record]) -> None:
-        if not self._offer(("events", records)):
+        if not self._offer(("events", records, self._blob_mark())):
             self.dropped += len(records)
             self._unreported += len(records)
+
+    def _blob_mark(self) -> int:
+        blobs = self.blobs
+        return 0 if blobs is None else blobs.queued
+
+    def _blobs_written(self, mark: int) -> None:
+        """Wait until the blobs queued before a chunk's records are on disk: a bounded
+        wait (the BlobWriter's queue is), after which the records go out regardless."""
+        blobs = self.blobs
+        if mark and blobs is not None:
+            blobs.wait_stored(mark, BLOB_WAIT_S)
 
     def _offer(self, item) -> bool:
         if self._closed:
@@ -331,12 +350,14 @@ class SpoolWriter:
                 try:
                     if item is None:
                         return
-                    kind, payload = item
+                    kind, payload, *mark = item
                     if kind == "info":
                         self._write(layout.FRAME_RANK_INFO, info=payload)
                     elif kind == "open":
+                        self._blobs_written(mark[0])
                         self._write(FRAME_OPEN, records=payload)
                     else:
+                        self._blobs_written(mark[0])
                         self._write_events(payload)
                 except BaseException as exc:  # never let the writer die silently
                     self.error = exc
@@ -362,7 +383,7 @@ class SpoolWriter:
             ids = frozenset((call_identity(r), r.end_ns) for r in records)
             if ids == self._open_written:
                 return
-            if self._offer(("open", records)):
+            if self._offer(("open", records, self._blob_mark())):
                 self._open_written = ids
         except BaseException as exc:
             self.error = exc

@@ -511,6 +511,7 @@ class Recording:
                 from prism_rr.format.blobs import BlobWriter
 
                 self.blob_writer = BlobWriter(self.spool_dir)
+                self.writer.blobs = self.blob_writer  # no record on disk before its blobs
             return _payload.blobs(self.blob_writer, tensors)
         return None
 

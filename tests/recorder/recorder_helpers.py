@@ -84,13 +84,14 @@ def run_recorded(tmp_path: Path, argv: list[str], world: int, *, timeout: float 
     return Spools(spool_dir_for(out)), codes
 
 
-def start_ranks(workdir: Path, script: str, mode: str, world: int, run_id: str):
+def start_ranks(workdir: Path, script: str, mode: str, world: int, run_id: str, **options):
     """Start `world` recording ranks of scripts/`script` by hand (no launcher, which would
     kill the peers of a rank that dies): each gets `mode` and `workdir`, logs to
-    workdir/rank{R}.log. Returns the bundle path to pack and the processes."""
+    workdir/rank{R}.log; `options` are RecordOptions'. Returns the bundle path to pack
+    and the processes."""
     out = workdir / "run.prism"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
+    env.update(hook_env(RecordOptions.make(spool_dir_for(out), **options)))
     port = free_port()
     procs = []
     for rank in range(world):

@@ -69,3 +69,42 @@ def test_an_error_is_kept_and_raised_at_the_next_put(tmp_path, monkeypatch):
     assert isinstance(w.error, OSError) and w.error.errno == errno.ENOSPC
     with pytest.raises(OSError):
         w.put(os.urandom(1000))
+
+
+@pytest.mark.timeout(30)
+def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
+    """The spool writer holds a chunk back until the blobs queued before it are stored,
+    so a death in between never leaves a record that names a missing blob."""
+    import time
+
+    import prism_rr.format.blobs as blobs
+    from prism_rr.format.records import Marker
+    from prism_rr.format.spool import SpoolWriter, read_spool, spool_path
+
+    gate = threading.Event()
+    real = blobs._store
+
+    def slow(spool_dir, ident, data):
+        gate.wait(10)
+        real(spool_dir, ident, data)
+
+    monkeypatch.setattr(blobs, "_store", slow)
+    w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.01)
+    w.blobs = b = BlobWriter(tmp_path)
+    data = os.urandom(1000)
+    ident = b.put(data)
+    w.append(Marker(start_ns=1, end_ns=1, step=0, name="names_a_blob", value=0))
+    w.flush()
+    time.sleep(0.2)  # many writer ticks
+
+    def events():
+        return sum(f.kind == layout.FRAME_EVENTS for f in read_spool(spool_path(tmp_path, 0)).frames)
+
+    assert events() == 0 and not blob_path(tmp_path, ident).exists()
+    gate.set()
+    deadline = time.monotonic() + 5
+    while events() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert events() == 1 and blob_path(tmp_path, ident).exists()
+    b.close()
+    w.close()

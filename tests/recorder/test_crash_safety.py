@@ -26,9 +26,9 @@ MARGIN_NS = 100_000_000  # what a death may lose
 KILLS = int(os.environ.get("PRISM_RR_KILLS", "10"))
 
 
-def _start(workdir, mode):
+def _start(workdir, mode, **options):
     workdir.mkdir(parents=True, exist_ok=True)
-    return start_ranks(workdir, "crashy.py", mode, WORLD, "crash")
+    return start_ranks(workdir, "crashy.py", mode, WORLD, "crash", **options)
 
 
 def _finish(procs, timeout):
@@ -62,8 +62,8 @@ def _lost(calls, dead, death_ns):
             if c.end_ns is not None and c.end_ns < death_ns and (c.group, c.seq) not in have]
 
 
-def _kill_once(workdir, delay_s):
-    out, procs = _start(workdir, "loop")
+def _kill_once(workdir, delay_s, mode="loop", **options):
+    out, procs = _start(workdir, mode, **options)
     ready = [workdir / f"ready-{r}" for r in range(WORLD)]
     deadline = time.monotonic() + 60
     while not all(p.exists() for p in ready):
@@ -77,7 +77,7 @@ def _kill_once(workdir, delay_s):
     codes = _finish(procs, 8)
     assert codes[1] == -signal.SIGKILL
     calls, _ = _calls(out)
-    return calls, death
+    return calls, death, out
 
 
 @pytest.mark.timeout(240)
@@ -86,7 +86,7 @@ def test_sigkill_at_random_moments_loses_at_most_100ms(tmp_path):
     report = []
     for i in range(KILLS):
         delay = rng.uniform(0.0, 0.6)
-        calls, death = _kill_once(tmp_path / f"kill{i}", delay)
+        calls, death, _ = _kill_once(tmp_path / f"kill{i}", delay)
         lost = _lost(calls, 1, death)
         old = [(seq, age) for seq, age in lost if age > MARGIN_NS]
         assert not old, f"kill {i} at +{delay:.3f}s: calls older than 100 ms are missing: {old}"
@@ -100,6 +100,27 @@ def test_sigkill_at_random_moments_loses_at_most_100ms(tmp_path):
         print("  %d  %.1f  %.1f" % row)
     counts = sorted(r[0] for r in report)
     print(f"lost calls per kill: max {counts[-1]}, median {counts[len(counts) // 2]}")
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_during_full_payload_leaves_a_whole_bundle(tmp_path):
+    """With `--payload full`, a record reaches the spool only after its payload blobs are
+    on disk: a rank killed while 8 MiB payloads are still being compressed leaves a
+    bundle that verifies, with every payload its records name."""
+    from prism_rr.format import verify
+
+    rng = random.Random(int(os.environ.get("PRISM_RR_SEED", "0")) or None)
+    for i in range(max(2, KILLS // 3)):
+        delay = rng.uniform(0.0, 0.5)
+        calls, death, out = _kill_once(tmp_path / f"kill{i}", delay, "bigloop", payload="full")
+        with open_bundle(out) as b:
+            verify(b)  # raises on a record whose blob is missing
+            big = [c for c in calls[1] if c.in_bytes == 8 << 20 and c.end_ns is not None]
+            assert big and all(c.blob_out for c in big)
+            for c in big[-2:]:
+                assert len(b.blob(c.blob_out[0], expected=8 << 20)) == 8 << 20
+        old = [(seq, age) for seq, age in _lost(calls, 1, death) if age > MARGIN_NS]
+        assert not old, f"kill {i} at +{delay:.3f}s: calls older than 100 ms are missing: {old}"
 
 
 def _dead_rank_holds_survivors_older_calls(calls, dead, death_ns):

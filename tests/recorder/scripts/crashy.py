@@ -1,7 +1,8 @@
 """Two gloo ranks that die hard, chosen by argv[1] (argv[2]: a directory for marker files).
 
 loop: small all_reduces (a training-like step of 4 every few ms) until killed from outside;
-"ready-<rank>" is touched once the loop runs. abort: in step 2 of 5 the last rank
+"ready-<rank>" is touched once the loop runs. bigloop: the same with an all_reduce of
+8 MiB of noise a step, whose payload takes a while to compress. abort: in step 2 of 5 the last rank
 all_reduces a tensor of another size, and gloo aborts the process (SIGABRT). segv: in
 step 2 of 5 rank 1 reads address 0 (SIGSEGV). drift: rank 1 makes one all_reduce
 fewer in step 2 and goes on. The survivors give up after a short gloo
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 torch.set_num_threads(1)
 mode, marker_dir = sys.argv[1], Path(sys.argv[2])
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5 if mode == "loop" else 3))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5 if mode.endswith("loop") else 3))
 rank = dist.get_rank()
 world = dist.get_world_size()
 model = torch.nn.Linear(8, 4)
@@ -33,12 +34,15 @@ def step_once():
         dist.all_reduce(p.grad)
 
 
-if mode == "loop":
+if mode in ("loop", "bigloop"):
+    noise = torch.Generator().manual_seed(rank)
     deadline = time.monotonic() + 60
     step = 0
     while time.monotonic() < deadline:
         step_once()
         dist.all_reduce(torch.ones(3))
+        if mode == "bigloop":
+            dist.all_reduce(torch.randn(2 << 20, generator=noise).round(decimals=2))
         opt.step()
         opt.zero_grad()
         time.sleep(0.002)
