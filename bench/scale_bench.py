@@ -4,7 +4,7 @@
 
 Records the demo at world 4 (dp2 x tp2) unless --bundle is given, scales it to each
 world (dp = world / 2; world 4 too, so that every row takes the same path; the row
-`rec` replays the recording itself) with `prism_rr.graph.scale.scale`, and replays rank 0 with
+`rec` replays the recording itself) with `prism_rr.topology.scale.scale`, and replays rank 0 with
 `prism_rr.replayer.replay` in a fresh interpreter per world, so that the peak RSS of
 the replayed rank (RUSAGE_CHILDREN of that interpreter) is its own. The program gets a
 global batch of 4 x dp (the recorded 4 rows per rank). Prints one table on stderr and,
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from prism_rr.graph.scale import scale
+    from prism_rr.topology.scale import scale
 
     work = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     base = args.bundle or _record(work / "recorded-w4.prism")

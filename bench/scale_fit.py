@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="pairs of recordings")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from prism_rr.graph.scale import compare_transfers, scale
+    from prism_rr.topology.scale import compare_transfers, scale
 
     results: dict[str, list[dict]] = {"constant": [], "steps": [], "as recorded": []}
     with tempfile.TemporaryDirectory(prefix="scale-fit-") as d:

@@ -254,7 +254,7 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
     if nproc < 0:
         raise UsageError("--nproc must be 0 or more")
     if slice_ is not None and nproc:
-        from prism_rr.graph.roles import parse_mesh
+        from prism_rr.topology.roles import parse_mesh
 
         parse_mesh(mesh or "", nproc)  # a wrong layout fails now, not in every rank
     if nproc:
@@ -280,7 +280,7 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
     try:
         extra = None
         if slice_ is not None:
-            from prism_rr.graph.roles import spool_roles
+            from prism_rr.topology.roles import spool_roles
             from prism_rr.recorder._options import parse_ranks
 
             roles = spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())
@@ -501,7 +501,7 @@ def diagnose(
     others lost waiting. Also dropped records and truncated spools.
     """
     from prism_rr.format import open_bundle
-    from prism_rr.graph import diagnose as find, diagnosis_json
+    from prism_rr.analysis import diagnose as find, diagnosis_json
 
     with open_bundle(bundle) as b:
         findings = find(b)
@@ -535,7 +535,7 @@ def export(
     """
     from prism_rr.errors import UsageError
     from prism_rr.format import open_bundle
-    from prism_rr.graph import export_chrome
+    from prism_rr.analysis import export_chrome
     from prism_rr.recorder._options import parse_ranks, parse_steps
 
     if fmt != "chrome":
@@ -617,7 +617,7 @@ def scale(
     recording. One representative per role is written, so a world of 8192 is a small file;
     replay it with `prism-rr replay big.prism --ranks 0`.
     """
-    from prism_rr.graph.scale import scale as scale_bundle
+    from prism_rr.topology.scale import scale as scale_bundle
 
     if compare is not None:
         from prism_rr.format import open_bundle
@@ -627,7 +627,7 @@ def scale(
                         bandwidth=None if bandwidth is None else parse_bandwidth(bandwidth),
                         progress=_progress("writing ranks"))
     if compare is not None:
-        from prism_rr.graph.scale import compare_transfers
+        from prism_rr.topology.scale import compare_transfers
 
         note["compare"] = dict(compare_transfers(output, compare), against=str(compare))
     if as_json:

@@ -102,7 +102,7 @@ class RecordOptions:
 
     def records_rank(self, rank: int, world_size: int | None = None) -> bool:
         if self.slice == "roles" and self.mesh and world_size is not None:
-            from prism_rr.graph.roles import slice_ranks
+            from prism_rr.topology.roles import slice_ranks
 
             return rank in slice_ranks(world_size, self.mesh, self.ranks or ())
         return self.ranks is None or rank in self.ranks

@@ -265,7 +265,7 @@ class Recording:
         self.slice_pending = False
         groups, self._groups = self._groups, []
         try:
-            from prism_rr.graph.roles import Mesh, mesh_from_groups, slice_ranks
+            from prism_rr.topology.roles import Mesh, mesh_from_groups, slice_ranks
 
             by = "mesh"
             if isinstance(mesh, dict):

@@ -117,7 +117,7 @@ class ReplaySession:
         roles = self.bundle.manifest.get("roles")
         self.roles = None
         if isinstance(roles, dict):
-            from prism_rr.graph.roles import Roles
+            from prism_rr.topology.roles import Roles
 
             self.roles = Roles.from_manifest(roles)
         self.scaled = isinstance(self.bundle.manifest.get("scale"), dict)

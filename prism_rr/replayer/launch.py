@@ -109,7 +109,7 @@ def recorded_commands(bundle_path, ranks=(0,)) -> dict[int, tuple[list[str], str
 
 
 def _representative(bundle, rank: int) -> int:
-    from prism_rr.graph.roles import Roles
+    from prism_rr.topology.roles import Roles
 
     entry = bundle.manifest.get("roles")
     try:
@@ -145,8 +145,8 @@ def _torn_down(stats: dict | None, code: int | None) -> bool:
 def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> Path:
     """The bundle with `real` as their roles' representatives (records of each role's
     recorded representative mapped onto them), written by `scale` at the same sizes."""
-    from prism_rr.graph.roles import Roles
-    from prism_rr.graph.scale import scale
+    from prism_rr.topology.roles import Roles
+    from prism_rr.topology.scale import scale
 
     try:
         roles = Roles.from_manifest(roles_entry)

@@ -1,6 +1,6 @@
 """What the collectives, diagnosis and compare screens show; imports no UI.
 
-Diagnosis comes from `prism_rr.graph` (its public functions only) when it is there.
+Diagnosis comes from `prism_rr.analysis` (its public functions only) when it is there.
 A group's calls are matched here from the timeline model's spans, so the screen reads
 only that group's members, and shares their cached spans with the timeline.
 """
@@ -27,9 +27,9 @@ class Finding:
 
 
 def diagnose(bundle: Bundle) -> list[Finding] | None:
-    """The analysis's findings, or None when this build has no `prism_rr.graph.diagnose`."""
+    """The analysis's findings, or None when this build has no `prism_rr.analysis.diagnose`."""
     try:
-        from prism_rr.graph import diagnose as graph_diagnose
+        from prism_rr.analysis import diagnose as graph_diagnose
     except ImportError:
         return None
     out = []

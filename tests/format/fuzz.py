@@ -499,7 +499,7 @@ def _verify(path, scratch):
 
 def _diagnose(path, scratch):
     from prism_rr.format import open_bundle
-    from prism_rr.graph import diagnose, diagnosis_json
+    from prism_rr.analysis import diagnose, diagnosis_json
 
     with open_bundle(path) as b:
         json.dumps(diagnosis_json(diagnose(b)))
@@ -507,7 +507,7 @@ def _diagnose(path, scratch):
 
 def _export(path, scratch):
     from prism_rr.format import open_bundle
-    from prism_rr.graph import export_chrome
+    from prism_rr.analysis import export_chrome
 
     with open_bundle(path) as b:
         export_chrome(b, scratch / "trace.json")

@@ -228,7 +228,7 @@ async def test_real_findings_jump_even_to_a_rank_that_never_entered(hung):
     if diagnose(make_app(hung).bundle) is None:
         import pytest
 
-        pytest.skip("no prism_rr.graph.diagnose in this build")
+        pytest.skip("no prism_rr.analysis.diagnose in this build")
     app = make_app(hung)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

@@ -147,7 +147,7 @@ class OverviewScreen(Screen):
         table = self.query_one("#findings", DataTable)
         table.clear()
         if found is None:
-            self._note("no analysis module in this build (prism_rr.graph.diagnose)")
+            self._note("no analysis module in this build (prism_rr.analysis.diagnose)")
             return
         self._note(f"{len(found)} finding(s)" + ("; j or enter jumps to one" if found else ": nothing stands out"))
         for i, f in enumerate(found):

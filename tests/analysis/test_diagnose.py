@@ -7,7 +7,7 @@ import pytest
 
 from graph_sim import SimRun
 from prism_rr.format import open_bundle
-from prism_rr.graph import diagnose, diagnosis_json
+from prism_rr.analysis import diagnose, diagnosis_json
 
 
 def _findings(run, tmp_path, **kw):

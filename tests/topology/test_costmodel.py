@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from prism_rr.graph.costmodel import Sample, algorithm_factor, fit
+from prism_rr.topology.costmodel import Sample, algorithm_factor, fit
 
 
 @pytest.mark.timeout(10)

@@ -2,7 +2,7 @@
 
 from graph_sim import SimRun
 from prism_rr.format import open_bundle
-from prism_rr.graph import analyze_step, build_graph
+from prism_rr.analysis import analyze_step, build_graph
 
 
 def test_collectives_match_across_ranks_with_clock_offsets(tmp_path):

@@ -3,7 +3,7 @@ import pytest
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle, pack
 from prism_rr.format.synthetic import write_synthetic
-from prism_rr.graph.roles import Roles, derive_roles, parse_mesh, roles_for_mesh, slice_ranks
+from prism_rr.topology.roles import Roles, derive_roles, parse_mesh, roles_for_mesh, slice_ranks
 from prism_rr.recorder._options import RecordOptions
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, Marker, Memory, PointToPoint, Step
-from prism_rr.graph._build import build_graph
+from prism_rr.analysis._build import build_graph
 
 __all__ = ["export_chrome"]
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 from graph_sim import SimRun
 from prism_rr.format import open_bundle
-from prism_rr.graph import export_chrome
+from prism_rr.analysis import export_chrome
 
 
 def _export(tmp_path, **kw):

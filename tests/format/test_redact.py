@@ -8,7 +8,7 @@ from graph_sim import HOME, HOST, SECRET, SimRun
 from prism_rr.format import Collective, layout, open_bundle, pack, verify, write_blob
 from prism_rr.format.spool import encode_frame, spool_path
 from prism_rr.format.redact import redact
-from prism_rr.graph import diagnose
+from prism_rr.analysis import diagnose
 
 IP = "10.77.3.141"
 

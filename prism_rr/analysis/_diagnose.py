@@ -9,8 +9,8 @@ from typing import Any
 
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
-from prism_rr.graph._build import ExecutionGraph, build_graph
-from prism_rr.graph._model import MatchedCall, Member
+from prism_rr.analysis._build import ExecutionGraph, build_graph
+from prism_rr.analysis._model import MatchedCall, Member
 
 __all__ = ["KINDS", "Finding", "diagnose", "diagnosis_json"]
 

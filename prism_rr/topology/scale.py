@@ -47,8 +47,8 @@ from prism_rr.format.pack import pack
 from prism_rr.format.reader import open_bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, PointToPoint
 from prism_rr.format.spool import encode_frame, spool_path
-from prism_rr.graph.costmodel import CostModel, family, fit, message_bytes, samples
-from prism_rr.graph.roles import Mesh, derive_roles, mesh_from_groups, parse_mesh, roles_for_mesh
+from prism_rr.topology.costmodel import CostModel, family, fit, message_bytes, samples
+from prism_rr.topology.roles import Mesh, derive_roles, mesh_from_groups, parse_mesh, roles_for_mesh
 
 __all__ = ["compare_transfers", "scale"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, Marker, PointToPoint, Step
-from prism_rr.graph._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
+from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature"]
 

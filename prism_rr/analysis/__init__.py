@@ -3,11 +3,11 @@
 Reads bundles only through `prism_rr.format`; imports neither torch nor a UI library.
 """
 
-from prism_rr.graph._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
-from prism_rr.graph._chrome import export_chrome
-from prism_rr.graph._diagnose import KINDS, Finding, diagnose, diagnosis_json
-from prism_rr.graph._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
-from prism_rr.graph._steps import CriticalPath, Segment, StepAnalysis, analyze_step
+from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
+from prism_rr.analysis._chrome import export_chrome
+from prism_rr.analysis._diagnose import KINDS, Finding, diagnose, diagnosis_json
+from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
+from prism_rr.analysis._steps import CriticalPath, Segment, StepAnalysis, analyze_step
 
 __all__ = [
     "CriticalPath",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prism_rr.format import open_bundle, pack
-from prism_rr.graph import diagnose
+from prism_rr.analysis import diagnose
 from prism_rr.recorder._options import spool_dir_for
 from prism_rr.recorder.launch import record_command
 

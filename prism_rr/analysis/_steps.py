@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
-from prism_rr.graph._build import clock_offsets
+from prism_rr.analysis._build import clock_offsets
 
 __all__ = ["CriticalPath", "Segment", "StepAnalysis", "analyze_step"]
 

@@ -7,8 +7,8 @@ import dataclasses
 from graph_sim import SimRun
 from prism_rr.format import open_bundle, pack
 from prism_rr.format.records import Collective
-from prism_rr.graph import diagnose
-from prism_rr.graph._build import parse_crash
+from prism_rr.analysis import diagnose
+from prism_rr.analysis._build import parse_crash
 
 CRASH = """prism-rr crash file: rank 2, pid 4242, main thread 0x00007f0000000001
 Fatal Python error: Aborted

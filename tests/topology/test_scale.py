@@ -8,8 +8,8 @@ import pytest
 from prism_rr.errors import UsageError
 from prism_rr.format import Collective, GroupInfo, open_bundle, pack
 from prism_rr.format.synthetic import write_synthetic
-from prism_rr.graph.roles import Roles
-from prism_rr.graph.scale import compare_transfers, scale
+from prism_rr.topology.roles import Roles
+from prism_rr.topology.scale import compare_transfers, scale
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_fit_quality_dp2_to_dp4_on_real_recordings(tmp_path):
 def test_fsdp_layout_gives_exact_sizes():
     """FSDP2 pads each parameter's dim 0 to a multiple of the group size on its own: the
     size at another size follows from the per-parameter layout, not from the total."""
-    from prism_rr.graph.scale import _layout_size, _rescale_shapes
+    from prism_rr.topology.scale import _layout_size, _rescale_shapes
 
     layouts = {"ag": {"2:6": [[3, 1], [4, 2]]}, "rs": {"2:6": [[3, 1], [4, 2]]}}
     assert _layout_size(layouts, "ag", 2, 6, 3) == 1 * 1 + 2 * 2

@@ -1,0 +1,114 @@
+"""The one table of the calls a bundle can name: every op name the recorder writes, and
+what each means to the code that reads records (matching, cost model, scale, replay,
+terminal UI). No other module keeps a list of op names: it asks this table.
+
+An op's
+- `family`: how it moves bytes. The cost model's algorithm factor and latency steps,
+  the TUI's colours and `scale`'s size rules are per family.
+- `form`: how its outputs follow from the members' inputs (below), which `scale` and
+  the replay use to size and fill them.
+- `same`: what every member of one call must pass alike: "in" (its inputs' shapes and
+  dtypes), "out" (its outputs': scatter, where only the root has inputs), or None (an
+  all_to_all's splits differ by rank).
+- `p2p`: a point-to-point call (PointToPoint record), not a collective.
+
+Forms, one per way of filling the outputs from the members' inputs:
+- "reduce_all": every output is the reduction of the members' inputs (all_reduce);
+- "reduce_root": the same, at the root only (reduce);
+- "copy_root": every output is the root's input (broadcast);
+- "gather_list": one output per member and input, input-major (all_gather);
+- "gather_list_by_rank": the same, rank-major (all_gather_coalesced);
+- "gather_root": one output per member, at the root only (gather);
+- "gather_tensor": one output per input, the members' inputs end to end;
+- "reduce_scatter_list": one input per member; this rank's output is their reduction;
+- "reduce_scatter_tensor": one input, n outputs' worth, reduced and split;
+- "scatter_root": the root's inputs, one per member (scatter);
+- "all_to_all": a list each way; "all_to_all_single": one tensor each way, split by rows;
+- "none": no tensors (barriers); "p2p": a send or a receive.
+"""
+
+from __future__ import annotations
+
+from math import ceil, log2
+from typing import NamedTuple
+
+__all__ = ["FAMILIES", "OPS", "Op", "algorithm_factor", "family", "latency_steps", "lookup"]
+
+
+class Op(NamedTuple):
+    name: str
+    family: str
+    form: str
+    same: str | None
+    p2p: bool = False
+
+
+# Families, in the order the TUI's legend lists them.
+FAMILIES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "gather_scatter", "barrier", "p2p")
+
+OPS: dict[str, Op] = {o.name: o for o in (
+    Op("all_reduce", "all_reduce", "reduce_all", "in"),
+    Op("all_reduce_coalesced", "all_reduce", "reduce_all", "in"),
+    Op("all_gather", "all_gather", "gather_list", "in"),
+    Op("all_gather_coalesced", "all_gather", "gather_list_by_rank", "in"),
+    Op("all_gather_into_tensor", "all_gather", "gather_tensor", "in"),
+    Op("all_gather_into_tensor_coalesced", "all_gather", "gather_tensor", "in"),
+    Op("reduce_scatter", "reduce_scatter", "reduce_scatter_list", "in"),
+    Op("reduce_scatter_tensor", "reduce_scatter", "reduce_scatter_tensor", "in"),
+    Op("reduce_scatter_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor", "in"),
+    Op("all_to_all", "all_to_all", "all_to_all", None),
+    Op("all_to_all_single", "all_to_all", "all_to_all_single", None),
+    # a tree from or to one root: broadcast's cost, whatever the reduction
+    Op("broadcast", "broadcast", "copy_root", "in"),
+    Op("reduce", "broadcast", "reduce_root", "in"),
+    Op("gather", "gather_scatter", "gather_root", "in"),
+    Op("scatter", "gather_scatter", "scatter_root", "out"),
+    Op("barrier", "barrier", "none", "in"),
+    Op("monitored_barrier", "barrier", "none", "in"),
+    Op("send", "p2p", "p2p", None, True),
+    Op("recv", "p2p", "p2p", None, True),
+    Op("isend", "p2p", "p2p", None, True),
+    Op("irecv", "p2p", "p2p", None, True),
+)}
+
+
+def lookup(name: str) -> Op | None:
+    """The op called `name`, or None for a name this version does not know (a bundle
+    from a newer recorder, or a stranger's)."""
+    return OPS.get(name)
+
+
+def family(name: str) -> str:
+    """The family of op `name`; an unknown op is a family of its own."""
+    op = OPS.get(name)
+    return op.family if op is not None else name
+
+
+def algorithm_factor(fam: str, n: int) -> float:
+    """f(n): how the bandwidth term of one family grows with the group size."""
+    if n <= 1:
+        return 0.0 if fam != "p2p" else 1.0
+    if fam == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if fam in ("all_gather", "reduce_scatter", "all_to_all", "gather_scatter"):
+        return (n - 1) / n
+    if fam == "broadcast":
+        return float(max(1, ceil(log2(n))))
+    if fam == "barrier":
+        return 0.0
+    return 1.0  # p2p and anything unknown: bytes cross once
+
+
+def latency_steps(fam: str, n: int) -> float:
+    """Sequential message steps of the algorithm (the textbook alpha-beta model): ring
+    all_reduce 2(n-1); ring all_gather, reduce_scatter, all_to_all, gather, scatter n-1;
+    tree broadcast, reduce, barrier ceil(log2 n); p2p 1."""
+    if n <= 1:
+        return 1.0
+    if fam == "all_reduce":
+        return 2.0 * (n - 1)
+    if fam in ("all_gather", "reduce_scatter", "all_to_all", "gather_scatter"):
+        return float(n - 1)
+    if fam in ("broadcast", "barrier"):
+        return float(max(1, ceil(log2(n))))
+    return 1.0
