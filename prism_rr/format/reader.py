@@ -310,6 +310,28 @@ class Bundle:
         """Each rank's (start_ns, end_ns) of `step`, from the summaries."""
         return {r: (v[0], v[1]) for r, v in self.summaries["steps"].get(step, {}).items()}
 
+    def facts(self) -> dict:
+        """What `prism-rr info --json` prints: format, world, ranks, groups, steps, events,
+        size, dropped and lost records, and ranks whose recorder turned itself off."""
+        ranks = self.summaries["ranks"]
+        failures = _recorder_failures(self)
+        return {
+            "path": str(self.path),
+            "format_version": self.format_version,
+            "tool": self.manifest.get("tool", "unknown"),
+            "world_size": self.world_size,
+            "recorded_ranks": self.recorded_ranks,
+            "groups": len(self.groups),
+            "steps": self.steps,
+            "event_count": self.event_count,
+            "bytes": self.size,
+            "dropped": sum(int(r.get("dropped", 0) or 0) for r in ranks.values()),
+            "truncated_ranks": sorted(r for r, s in ranks.items() if s.get("truncated")),
+            "open_calls": sum(int(r.get("open", 0) or 0) for r in ranks.values()),
+            "recorder_failed_ranks": [f["rank"] for f in failures],
+            "recorder_failures": failures,
+        }
+
     # --- chunks and events ---------------------------------------------------------
 
     def chunks(self, rank: int) -> list[ChunkRef]:
@@ -473,6 +495,24 @@ class Bundle:
 
     def __repr__(self) -> str:
         return f"<Bundle {self.path.name} v{self.format_version} world={self.world_size} ranks={len(self.recorded_ranks)}>"
+
+
+def _recorder_failures(bundle: Bundle) -> list[dict]:
+    """Ranks whose recorder turned itself off: {rank, step, reason}, from the rank info
+    (a rank notes it there as well as in a `recorder_failed` marker), so no chunk is read."""
+    out = []
+    for rank in bundle.recorded_ranks:
+        f = bundle.rank_info(rank).get("recorder_failed")
+        if type(f) is not dict:
+            continue
+        step = f.get("step")
+        reason = f.get("reason")
+        out.append({
+            "rank": rank,
+            "step": step if type(step) is int else None,
+            "reason": reason[:500] if type(reason) is str else "unknown",
+        })
+    return out
 
 
 def _is_str(v) -> bool:
