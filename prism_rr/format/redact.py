@@ -15,20 +15,14 @@ stack frames beyond the file's base name and line (or all frames, with `stacks=F
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from prism_rr.errors import UsageError
 from prism_rr.format import layout
-from prism_rr.format.pack import pack
 from prism_rr.format.reader import open_bundle
 from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint
-from prism_rr.format.spool import encode_frame, spool_path
+from prism_rr.format.rewrite import Rewrite, new_output
 
 __all__ = ["redact"]
 
@@ -216,9 +210,7 @@ def _info(info: dict, scrub: _Scrubber, dropped: set) -> dict:
 def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: bool = True) -> dict:
     """Write a redacted copy of the bundle `in_path` to `out_path`; returns the `redacted`
     note stored in its manifest (what was removed, as counts and policies)."""
-    in_path, out_path = Path(in_path), Path(out_path)
-    if in_path.resolve() == out_path.resolve():
-        raise UsageError(f"{out_path}: redaction writes a new bundle; give another output path")
+    in_path, out_path = new_output(in_path, out_path, "redaction")
     scrub = _Scrubber()
     counts = {"blob_refs": 0}
     dropped_keys: set[str] = set()
@@ -235,23 +227,14 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
                 scrub.host(env["MASTER_ADDR"])
         summaries = bundle.summaries["ranks"]
         truncated = sorted(r for r in bundle.recorded_ranks if summaries.get(r, {}).get("truncated"))
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".redact-", dir=out_path.parent))
-        try:
+        with Rewrite(out_path, prefix=".redact-") as rewrite:
             for rank in bundle.recorded_ranks:
                 info = _info(infos[rank], scrub, dropped_keys)
                 info.setdefault("world_size", bundle.world_size)
                 info.setdefault("rank", rank)
-                head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
-                with open(spool_path(tmp, rank), "wb") as f:
-                    f.write(head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"))
-                    f.write(encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info))
-                    for i, ref in enumerate(bundle.chunks(rank)):
-                        records = [_record(r, scrub, stacks, counts) for r in bundle.read_chunk(ref)]
-                        f.write(encode_frame(layout.FRAME_EVENTS, rank, i + 1, records=records))
-                    if rank in truncated:
-                        # A torn frame header keeps the rank marked truncated in the new bundle.
-                        f.write(layout.FRAME_MAGIC + b"\0" * 4)
+                chunks = ([_record(r, scrub, stacks, counts) for r in bundle.read_chunk(ref)]
+                          for ref in bundle.chunks(rank))
+                rewrite.write_rank(rank, info, chunks, torn=rank in truncated)
             new_run = {k: scrub.value(v) for k, v in run.items() if k in _RUN_KEEP}
             if "command" in run:
                 new_run["command"] = scrub.argv(run["command"])
@@ -260,7 +243,6 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
             if "hostname" in run:
                 new_run["hostname"] = scrub.host(str(run["hostname"]))
             dropped_keys |= {f"run.{k}" for k in run if k not in _RUN_KEEP | {"command", "cwd", "hostname"}}
-            (tmp / "run.json").write_text(json.dumps(new_run, default=str))
             blobs = layout.SEC_BLOB_INDEX in bundle.sections and bundle.sections[layout.SEC_BLOB_INDEX].length > 0
             note = {
                 "payload_blobs": "removed" if blobs or counts["blob_refs"] else "none recorded",
@@ -277,7 +259,5 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
             }
             features = set(manifest.get("features_optional", ())) - {"blobs"}
             features |= {"summaries", "redacted"}
-            pack(tmp, out_path, manifest_extra={"redacted": note, "features_optional": sorted(features)})
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            rewrite.pack(new_run, manifest_extra={"redacted": note, "features_optional": sorted(features)})
     return note

@@ -29,8 +29,8 @@ from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
 from prism_rr.format.records import Marker, Record
 
-__all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "spool_path",
-           "still_open"]
+__all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "spool_header",
+           "spool_path", "still_open"]
 
 
 # A spool frame kind beside layout.FRAME_EVENTS and FRAME_RANK_INFO: the calls open at a
@@ -43,6 +43,12 @@ BLOB_WAIT_S = 2.0
 
 def spool_path(directory: str | os.PathLike, rank: int) -> Path:
     return Path(directory) / f"rank-{rank:05d}.spool"
+
+
+def spool_header(rank: int) -> bytes:
+    """The bytes a spool of `rank` starts with: magic, version, rank and their checksum."""
+    head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
+    return head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little")
 
 
 def encode_frame(kind: int, rank: int, index: int, records=None, info=None) -> bytes:
@@ -265,8 +271,7 @@ class SpoolWriter:
         self._open_written: frozenset = frozenset()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
-        os.write(self._fd, head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"))
+        os.write(self._fd, spool_header(rank))
         if info is not None:
             self._write(layout.FRAME_RANK_INFO, info=info)
         self._thread = threading.Thread(target=self._run, name=f"prism-rr-spool-{rank}", daemon=True)

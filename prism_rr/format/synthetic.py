@@ -24,7 +24,7 @@ from prism_rr.format.records import (
     Record,
     Step,
 )
-from prism_rr.format.spool import encode_frame, spool_path
+from prism_rr.format.spool import encode_frame, spool_header, spool_path
 
 __all__ = ["synthetic_records", "write_synthetic"]
 
@@ -143,9 +143,7 @@ def write_synthetic(
     spool_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(world) if ranks is None else ranks:
         info = {"world_size": world, "rank": rank, "backend": "gloo", "argv": ["train.py"], "synthetic": True}
-        head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
-        parts = [head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little")]
-        parts.append(encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info))
+        parts = [spool_header(rank), encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info)]
         batch: list[Record] = []
         index = 1
         for rec in synthetic_records(rank, world, events, tp=tp, seed=seed, payload=payload, spool_dir=spool_dir):

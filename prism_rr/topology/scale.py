@@ -31,32 +31,29 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
-import shutil
-import tempfile
 import time
 from math import ceil, prod
 from pathlib import Path
 from typing import Any, Callable
 
 from prism_rr.errors import UsageError
+from prism_rr.format import layout, ops
 from prism_rr.format.blobs import KEEP_SMALL, write_blob
-from prism_rr.format import layout
 from prism_rr.format.codec import pack_ranks
-from prism_rr.format.pack import pack
 from prism_rr.format.reader import open_bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, PointToPoint
-from prism_rr.format.spool import encode_frame, spool_path
-from prism_rr.topology.costmodel import CostModel, family, fit, message_bytes, samples
+from prism_rr.format.rewrite import Rewrite, new_output
+from prism_rr.topology.costmodel import CostModel, fit, message_bytes, samples
 from prism_rr.topology.roles import Mesh, derive_roles, mesh_from_groups, parse_mesh, roles_for_mesh
 
 __all__ = ["compare_transfers", "scale"]
 
 _CHUNK = 2048
-_TENSOR_GATHER = frozenset({"all_gather_into_tensor", "_allgather_base"})
-_TENSOR_SCATTER = frozenset({"reduce_scatter_tensor", "_reduce_scatter_base"})
-_LIST_OUT = frozenset({"all_gather", "gather", "all_gather_coalesced"})  # one output per member
-_LIST_IN = frozenset({"reduce_scatter", "scatter"})  # one input per member
+# The forms (format/ops.py) whose shapes follow the group size. One tensor each way: the
+# side that holds this member's shard (the other holds n of them).
+_SHARD_SIDE = {"gather_tensor": "in", "reduce_scatter_tensor": "out"}
+_LIST_OUT = frozenset({"gather_list", "gather_list_by_rank", "gather_root"})  # one output per member
+_LIST_IN = frozenset({"reduce_scatter_list", "scatter_root"})  # one input per member
 
 
 @dataclasses.dataclass(slots=True)
@@ -165,16 +162,17 @@ def _rescale_shapes(rec: Collective, n_old: int, n_new: int, layouts=None) -> tu
     """New shape and byte fields for a collective whose group changes size; (changes,
     predicted). FSDP2's gathers and scatters are exact where the recording noted their
     per-parameter layout (`fsdp_layouts` in the rank info), predicted otherwise."""
-    op = rec.op
-    if n_old == n_new:
+    op = ops.lookup(rec.op)
+    if n_old == n_new or op is None:
         return {}, False
 
     def esize(nbytes, shapes):
         numel = sum(prod(s) for s in shapes)
         return nbytes / numel if numel else 0
 
-    gather = op in _TENSOR_GATHER
-    if gather or op in _TENSOR_SCATTER:
+    side = _SHARD_SIDE.get(op.form)
+    gather = side == "in"
+    if side is not None:
         # The shard side (a gather's input, a scatter's output) and the whole n_new times it.
         shards, nbytes = (rec.in_shapes, rec.in_bytes) if gather else (rec.out_shapes, rec.out_bytes)
         if len(shards) == 1 and shards[0]:
@@ -187,15 +185,16 @@ def _rescale_shapes(rec: Collective, n_old: int, n_new: int, layouts=None) -> tu
             ins, outs = ((new,), (whole,)) if gather else ((whole,), (new,))
             return {"in_shapes": ins, "out_shapes": outs, "in_bytes": round(prod(ins[0]) * e),
                     "out_bytes": round(prod(outs[0]) * e)}, predicted
-    if op in _LIST_OUT and rec.out_shapes and len(rec.out_shapes) == n_old:
+    if op.form in _LIST_OUT and rec.out_shapes and len(rec.out_shapes) == n_old:
         per = rec.out_bytes // max(1, n_old)
         return {"out_shapes": (rec.out_shapes[0],) * n_new, "out_dtypes": (rec.out_dtypes[0],) * n_new if rec.out_dtypes else (),
                 "out_bytes": per * n_new}, False
-    if op in _LIST_IN and rec.in_shapes and len(rec.in_shapes) == n_old:
+    if op.form in _LIST_IN and rec.in_shapes and len(rec.in_shapes) == n_old:
         per = rec.in_bytes // max(1, n_old)
         return {"in_shapes": (rec.in_shapes[0],) * n_new, "in_dtypes": (rec.in_dtypes[0],) * n_new if rec.in_dtypes else (),
                 "in_bytes": per * n_new}, False
-    return {}, op.startswith("all_to_all")
+    # all_to_all: splits differ by rank, and the recorded ones stand for the new size's
+    return {}, op.same is None and not op.p2p
 
 
 class _Shift:
@@ -243,9 +242,7 @@ def scale(
     data-parallel coordinate 0); at the recorded sizes this maps a representative's records
     onto another member of its role, which is how `replay` runs a rank that was not recorded."""
     t_start = time.perf_counter()
-    in_path, out_path = Path(in_path), Path(out_path)
-    if in_path.resolve() == out_path.resolve():
-        raise UsageError(f"{out_path}: scale writes a new bundle; give another output path")
+    in_path, out_path = new_output(in_path, out_path, "scale")
     for name, v in (("dp", dp), ("tp", tp), ("pp", pp)):
         if v is not None and int(v) < 1:
             raise UsageError(f"--{name} must be 1 or more")
@@ -284,9 +281,7 @@ def scale(
         infos = {r: bundle.rank_info(r) for r in recorded}
         run = dict(bundle.manifest.get("run", {}))
         counts = {"records": 0, "rescaled_calls": 0, "predicted_shapes": 0}
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".scale-", dir=out_path.parent))
-        try:
+        with Rewrite(out_path, prefix=".scale-") as rewrite:
             reps = new_roles.representatives
             for i, rep in enumerate(reps):
                 rc = new.coords(rep)
@@ -295,10 +290,9 @@ def scale(
                 if src not in set(recorded):
                     raise UsageError(f"rank {src} (the role of new rank {rep}) was not recorded")
                 ctx = _RankMap(old, new, fams, where, group_ranks, src, rep)
-                _write_rank(bundle, ctx, infos[src], model, transfers, tmp, counts)
+                _write_rank(bundle, ctx, infos[src], model, transfers, rewrite, counts)
                 if progress:
                     progress(i + 1, len(reps))
-            (tmp / "run.json").write_text(json.dumps(run, default=str))
             groups = []
             for fam in fams:
                 n = _group_count(new, fam.dims)
@@ -325,22 +319,21 @@ def scale(
                     for f in fams if prod(old.shape[d] for d in f.dims) != prod(new.shape[d] for d in f.dims)
                 ],
                 # Only where some shape was predicted (no FSDP layout recorded for it).
-                "predicted_shape_ops": sorted(_TENSOR_GATHER | _TENSOR_SCATTER) if counts["predicted_shapes"] else [],
+                "predicted_shape_ops": sorted(o.name for o in ops.OPS.values() if o.form in _SHARD_SIDE)
+                if counts["predicted_shapes"] else [],
                 "predicted_shapes": counts["predicted_shapes"],
                 "timing": "sync collectives start at their recorded last arrival and last the modelled transfer",
                 "numerics": "synthetic: digests and payloads removed but for small point-to-point messages",
                 "batch": "per-rank batch as recorded: give the program a global batch that grows with dp",
             }
             features = set(bundle.manifest.get("features_optional", ())) - {"blobs", "digests"}
-            if (tmp / "blobs").exists():
+            if (rewrite.spool_dir / "blobs").exists():
                 features.add("blobs")
             features |= {"summaries", "roles", "scaled"}
-            pack(tmp, out_path, manifest_extra={
+            rewrite.pack(run, manifest_extra={
                 "groups": groups, "roles": new_roles.to_manifest(), "scale": note,
                 "features_optional": sorted(features),
             })
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     note["seconds"] = round(time.perf_counter() - t_start, 3)
     note["bytes"] = out_path.stat().st_size
     return note
@@ -399,7 +392,8 @@ def _copy_blobs(bundle, ids, tmp: Path) -> bool:
     return True
 
 
-def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: dict, tmp: Path, counts) -> None:
+def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: dict, rewrite: Rewrite,
+                counts) -> None:
     src, rep = ctx.src, ctx.rep
     records = list(bundle.events(src))
     # Pass 1: each collective's new start, end and time change.
@@ -458,7 +452,7 @@ def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: 
             ch["peer"] = ctx.rank(rec.peer, rec.group)
             if rec.issued_ns is not None:
                 ch["issued_ns"] = shift(rec.issued_ns)
-            if rec.nbytes is None or rec.nbytes > KEEP_SMALL or not _copy_blobs(bundle, rec.blob, tmp):
+            if rec.nbytes is None or rec.nbytes > KEEP_SMALL or not _copy_blobs(bundle, rec.blob, rewrite.spool_dir):
                 ch.update(digest=None, blob=None)
         elif cls is GroupInfo:
             if rec.group not in ctx.where:
@@ -487,12 +481,7 @@ def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: 
               ranks=list(range(ctx.new.world_size)))
     dm.setdefault("device_type", info.get("device", "cpu"))
     new_info["device_mesh"] = dm
-    head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rep, 0)
-    with open(spool_path(tmp, rep), "wb") as f:
-        f.write(head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"))
-        f.write(encode_frame(layout.FRAME_RANK_INFO, rep, 0, info=new_info))
-        for k in range(0, len(out), _CHUNK):
-            f.write(encode_frame(layout.FRAME_EVENTS, rep, 1 + k // _CHUNK, records=out[k : k + _CHUNK]))
+    rewrite.write_rank(rep, new_info, (out[k : k + _CHUNK] for k in range(0, len(out), _CHUNK)))
 
 
 def compare_transfers(predicted, recorded) -> dict:

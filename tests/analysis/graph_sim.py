@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prism_rr.format import layout, pack
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
-from prism_rr.format.spool import encode_frame, spool_path
+from prism_rr.format.spool import encode_frame, spool_header, spool_path
 
 HOST = "gpu-node-17.corp.example.com"
 HOME = "/home/alice.smith"
@@ -155,9 +155,7 @@ class SimRun:
                     "clock_offset": {"offset_ns": self.offsets[r], "error_ns": 1000, "reference_rank": 0},
                     "versions": {"torch": "2.13.0", "python": "3.12.1"}}
             info.update(info_extra or {})
-            head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, r, 0)
-            parts = [head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"),
-                     encode_frame(layout.FRAME_RANK_INFO, r, 0, info=info)]
+            parts = [spool_header(r), encode_frame(layout.FRAME_RANK_INFO, r, 0, info=info)]
             recs = self.recs[r]
             for i in range(0, len(recs), chunk_records):
                 parts.append(encode_frame(layout.FRAME_EVENTS, r, 1 + i // chunk_records, records=recs[i:i + chunk_records]))

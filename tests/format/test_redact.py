@@ -1,10 +1,13 @@
 """redact(): no host name, home path, environment value or payload survives; diagnosis does."""
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import zstandard
 
-from graph_sim import HOME, HOST, SECRET, SimRun
+sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))  # graph_sim: runs with planted problems
+from graph_sim import HOME, HOST, SECRET, SimRun  # noqa: E402
 from prism_rr.format import Collective, layout, open_bundle, pack, verify, write_blob
 from prism_rr.format.spool import encode_frame, spool_path
 from prism_rr.format.redact import redact
