@@ -17,60 +17,24 @@ the recording cannot tell, and `with_bandwidth` sets one, as `scale --bandwidth`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import ceil, log2
 
+from prism_rr.format.ops import algorithm_factor, family, latency_steps, lookup
 from prism_rr.format.records import Collective, PointToPoint
 
+# family, algorithm_factor and latency_steps live in the op table; named here for the
+# cost model's callers.
 __all__ = ["CostModel", "Fit", "Sample", "algorithm_factor", "family", "fit", "latency_steps", "message_bytes", "samples"]
 
-_FAMILY = {
-    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "allreduce": "all_reduce",
-    "all_gather": "all_gather", "all_gather_into_tensor": "all_gather", "all_gather_coalesced": "all_gather",
-    "_allgather_base": "all_gather", "allgather": "all_gather",
-    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_to_all": "all_to_all", "all_to_all_single": "all_to_all", "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all",
-    "broadcast": "broadcast", "reduce": "broadcast",
-    "scatter": "gather_scatter", "gather": "gather_scatter",
-    "barrier": "barrier", "monitored_barrier": "barrier",
-    "send": "p2p", "recv": "p2p", "isend": "p2p", "irecv": "p2p",
+# Forms (format/ops.py) with one side per member: the whole buffer is n of that side.
+_PER_MEMBER = {
+    "gather_list": "in", "gather_list_by_rank": "in", "gather_tensor": "in", "gather_root": "in",
+    "reduce_scatter_list": "out", "reduce_scatter_tensor": "out", "scatter_root": "out",
 }
 
 
-def family(op: str) -> str:
-    """The cost family of an op name (unknown ops are their own family)."""
-    return _FAMILY.get(op, op)
-
-
-def algorithm_factor(fam: str, n: int) -> float:
-    """f(n): how the bandwidth term grows with the group size for one family."""
-    if n <= 1:
-        return 0.0 if fam != "p2p" else 1.0
-    if fam == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if fam in ("all_gather", "reduce_scatter", "all_to_all", "gather_scatter"):
-        return (n - 1) / n
-    if fam == "broadcast":
-        return float(max(1, ceil(log2(n))))
-    if fam == "barrier":
-        return 0.0
-    return 1.0  # p2p and anything unknown: bytes cross once
-
-
-def latency_steps(fam: str, n: int) -> float:
-    """Sequential message steps of the algorithm (the textbook alpha-beta model): ring
-    all_reduce 2(n-1); ring all_gather, reduce_scatter, all_to_all, gather, scatter n-1;
-    tree broadcast, reduce, barrier ceil(log2 n); p2p 1."""
-    if n <= 1:
-        return 1.0
-    if fam == "all_reduce":
-        return 2.0 * (n - 1)
-    if fam in ("all_gather", "reduce_scatter", "all_to_all", "gather_scatter"):
-        return float(n - 1)
-    if fam in ("broadcast", "barrier"):
-        return float(max(1, ceil(log2(n))))
-    return 1.0
+def _moves_bytes(fam: str) -> bool:
+    """Whether a family's calls carry bytes at all (barriers do not: no bandwidth to fit)."""
+    return algorithm_factor(fam, 2) > 0
 
 
 def message_bytes(rec, n: int) -> int:
@@ -78,14 +42,13 @@ def message_bytes(rec, n: int) -> int:
     (gathered output, scattered input, reduced tensor)."""
     if isinstance(rec, PointToPoint):
         return rec.nbytes
-    fam = family(rec.op)
-    if fam == "all_gather":
+    op = lookup(rec.op)
+    side = _PER_MEMBER.get(op.form) if op is not None else None
+    if side == "in":
         return max(rec.out_bytes, rec.in_bytes * n)
-    if fam == "reduce_scatter":
+    if side == "out":
         return max(rec.in_bytes, rec.out_bytes * n)
-    if fam == "gather_scatter":
-        return max(rec.in_bytes, rec.out_bytes, rec.in_bytes * n if rec.op == "gather" else rec.out_bytes * n)
-    if fam == "barrier":
+    if op is not None and not _moves_bytes(op.family):
         return 0
     return max(rec.in_bytes, rec.out_bytes)
 
@@ -118,8 +81,7 @@ def samples(bundle, ranks=None) -> list[Sample]:
             elif cls is PointToPoint:
                 if rec.peer < 0:
                     continue
-                way = rec.op.lstrip("i")
-                src, dst = (rank, rec.peer) if way == "send" else (rec.peer, rank)
+                src, dst = (rec.peer, rank) if rec.op.endswith("recv") else (rank, rec.peer)
                 key = (rec.group, src, dst, rec.seq)
                 n = 2
             else:
@@ -185,14 +147,14 @@ class CostModel:
         if not bytes_per_s > 0:
             raise ValueError(f"bandwidth must be positive, not {bytes_per_s}")
         nspb = 1e9 / bytes_per_s
-        fits = {k: Fit(f.fam, f.alpha_ns, nspb if k != "barrier" else 0.0, f.samples, f.rmse_ns, f.mape_pct,
+        fits = {k: Fit(f.fam, f.alpha_ns, nspb if _moves_bytes(k) else 0.0, f.samples, f.rmse_ns, f.mape_pct,
                        f.r2, False, f.latency, True) for k, f in self.fits.items()}
         return CostModel(fits, nspb, self.rmse_ns, self.mape_pct, self.samples, self.latency, True, bytes_per_s)
 
     @property
     def unidentified(self) -> list[str]:
         """Families whose bandwidth the recording could not tell."""
-        return sorted(k for k, f in self.fits.items() if not f.identified and k != "barrier")
+        return sorted(k for k, f in self.fits.items() if not f.identified and _moves_bytes(k))
 
     def predict_ns(self, op_or_fam: str, nbytes: int, n: int) -> float | None:
         f = self.fits.get(family(op_or_fam))
@@ -291,19 +253,19 @@ def _fit(rows, latency: str) -> CostModel:
         ss = [r[0] for r in rs]
         xs = [r[1] for r in rs]
         ys = [r[2] for r in rs]
-        line = _line(xs, ys) if len(ss) >= 3 and fam != "barrier" else None
+        line = _line(xs, ys) if len(ss) >= 3 and _moves_bytes(fam) else None
         supported = False
         if line is not None:
             mx = sum(xs) / len(xs)
             sxx = sum((x - mx) ** 2 for x in xs)
             sse = sum((y - line[0] - line[1] * x) ** 2 for x, y in zip(xs, ys))
             supported = _supported(line[1], sxx, sse, len(xs) - 2)
-        identified = supported or fam == "barrier"
+        identified = supported or not _moves_bytes(fam)
         if line is not None and supported and line[0] >= 0:
             a, b, shared = line[0], line[1], False
         else:
-            identified = identified or (pooled_ok and fam != "barrier")
-            b = pooled if fam != "barrier" else 0.0
+            identified = identified or (pooled_ok and _moves_bytes(fam))
+            b = pooled if _moves_bytes(fam) else 0.0
             a = max(0.0, sum(ys) / len(ys) - b * sum(xs) / len(xs))
             shared = True
             if line is not None and supported and line[0] < 0:  # through the origin
