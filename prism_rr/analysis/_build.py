@@ -9,33 +9,28 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, Marker, PointToPoint, Step
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature"]
 
-# Ops whose members must all pass tensors of the same shapes and dtypes.
-_SAME_INPUT = frozenset({
-    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
-    "all_gather_coalesced", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "gather", "barrier", "monitored_barrier",
-})
-_SAME_OUTPUT = frozenset({"scatter"})  # each member receives one tensor of the same shape
 # Marker names that say something about what a bundle can show.
 _NOTABLE = frozenset({"recording_end", "recorder_failed", "call_failed", "recording_off", "records_dropped"})
 
 
 def signature(rec: Collective) -> tuple:
     """What the members of one collective must agree on: (op, shapes, dtypes, reduce op, root)."""
-    op = rec.op
-    if op in _SAME_INPUT:
+    op = ops.lookup(rec.op)
+    same = op.same if op is not None else None
+    if same == "in":
         shapes, dtypes = rec.in_shapes, rec.in_dtypes
-    elif op in _SAME_OUTPUT:
+    elif same == "out":  # scatter: only the root has inputs; each member receives alike
         shapes, dtypes = rec.out_shapes, rec.out_dtypes
     else:  # all_to_all and unknown ops: splits may differ by rank, dtypes may not
         shapes, dtypes = None, tuple(sorted(set(rec.in_dtypes)))
-    return (op, shapes, dtypes, rec.reduce_op, rec.root)
+    return (rec.op, shapes, dtypes, rec.reduce_op, rec.root)
 
 
 def _RANK(m: Member) -> int:
@@ -189,7 +184,7 @@ def _read_rank(bundle, rank, offset, steps, graph: ExecutionGraph, interned, rse
                 if end is None:
                     trace.open_calls.append(("collective", rec.group, rec.seq, m))
             else:
-                sending = not rec.op.endswith("recv")
+                sending = not ops.receives(rec.op)
                 if end is None:
                     trace.open_calls.append(("p2p", rec.group, rec.seq, m))
                 if rec.peer < 0 or rec.seq < 0:

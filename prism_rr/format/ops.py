@@ -32,7 +32,10 @@ from __future__ import annotations
 from math import ceil, log2
 from typing import NamedTuple
 
-__all__ = ["FAMILIES", "OPS", "Op", "algorithm_factor", "family", "latency_steps", "lookup"]
+__all__ = [
+    "FAMILIES", "FAMILY_NAMES", "OPS", "Op", "algorithm_factor", "family", "is_p2p", "latency_steps", "lookup",
+    "receives",
+]
 
 
 class Op(NamedTuple):
@@ -43,8 +46,13 @@ class Op(NamedTuple):
     p2p: bool = False
 
 
-# Families, in the order the TUI's legend lists them.
-FAMILIES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "gather_scatter", "barrier", "p2p")
+# Families, in the order the TUI's legend lists them, with the names people read there.
+FAMILY_NAMES = {
+    "all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+    "all_to_all": "all_to_all", "broadcast": "broadcast/reduce", "gather_scatter": "gather/scatter",
+    "barrier": "barrier", "p2p": "send/recv",
+}
+FAMILIES = tuple(FAMILY_NAMES)
 
 OPS: dict[str, Op] = {o.name: o for o in (
     Op("all_reduce", "all_reduce", "reduce_all", "in"),
@@ -82,6 +90,20 @@ def family(name: str) -> str:
     """The family of op `name`; an unknown op is a family of its own."""
     op = OPS.get(name)
     return op.family if op is not None else name
+
+
+def is_p2p(name: str) -> bool:
+    """Whether op `name` is a point-to-point call (a send or a receive)."""
+    op = OPS.get(name)
+    return op is not None and op.p2p
+
+
+_RECEIVES = frozenset({"recv", "irecv"})
+
+
+def receives(name: str) -> bool:
+    """Whether op `name` is a receive, blocking or not."""
+    return name in _RECEIVES
 
 
 def algorithm_factor(fam: str, n: int) -> float:
