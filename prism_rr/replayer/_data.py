@@ -17,6 +17,7 @@ import math
 import torch
 
 from prism_rr.errors import FormatError
+from prism_rr.format import ops
 
 __all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "host_bytes", "reduce", "reduce_counted", "write"]
 
@@ -100,66 +101,80 @@ def plausible(t: torch.Tensor, seed: int) -> None:
         write(t, torch.zeros(tuple(t.shape), dtype=t.dtype))
 
 
+def _form(op: str) -> str:
+    """How `op` fills its outputs (ops.py); ValueError for an op with no rule here."""
+    known = ops.lookup(op)
+    if known is None or known.p2p:
+        raise ValueError(f"no virtual-member rule for {op}")
+    return known.form
+
+
 def build_outputs(op: str, me: int, n: int, ins, outs, contrib, *, reduce_op=None, root=None,
                   in_splits=None, out_splits=None) -> None:
     """Fill `outs` in place for `op` at group rank `me` of `n` members."""
+    form = _form(op)
     c = [x if x is not None else list(ins) for x in contrib]
-    if op in ("all_reduce", "all_reduce_coalesced"):
-        for i, t in enumerate(outs):
-            write(t, reduce([m[i] for m in c], reduce_op))
-    elif op in ("all_gather", "all_gather_coalesced"):
-        k = len(ins)
-        for j in range(n):
-            for i in range(k):
-                # all_gather lists outputs input-major, all_gather_coalesced rank-major.
-                slot = i * n + j if op == "all_gather" else j * k + i
-                write(outs[slot], c[j][i])
-    elif op in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
-        for i, t in enumerate(outs):
-            write(t, torch.cat([m[i].reshape(-1) for m in c]))
-    elif op == "reduce_scatter":
-        for i, t in enumerate(outs):
-            write(t, reduce([m[i * n + me] for m in c], reduce_op))
-    elif op in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
-        for i, t in enumerate(outs):
-            write(t, reduce([m[i].reshape(n, -1)[me] for m in c], reduce_op))
-    elif op == "all_to_all":
-        for j in range(n):
-            write(outs[j], c[j][me])
-    elif op == "all_to_all_single":
-        out = outs[0]
-        row = math.prod(out.shape[1:]) if out.dim() else 1
-        mine = in_splits[me] if in_splits is not None else []
-        parts = []
-        for j in range(n):
-            need = out_splits[j] * row if out_splits else out.numel() // n
-            if contrib[j] is not None:
-                splits = in_splits[j] if in_splits is not None else []
-                part = _rows(contrib[j][0], splits, me, n).reshape(-1)
-            else:  # a replica sends this rank what this rank sends itself
-                part = _rows(ins[0], mine, me, n).reshape(-1)
-            if part.numel() != need:
-                part = torch.zeros(need, dtype=out.dtype)
-            parts.append(part)
-        write(out, torch.cat(parts) if parts else out)
-    elif op == "broadcast":
-        for i, t in enumerate(outs):
-            write(t, c[root][i])
-    elif op == "reduce":
-        if me == root:
+    match form:
+        case "reduce_all":
             for i, t in enumerate(outs):
                 write(t, reduce([m[i] for m in c], reduce_op))
-    elif op == "gather":
-        if me == root:
+        case "gather_list" | "gather_list_by_rank":
+            k = len(ins)
             for j in range(n):
-                write(outs[j], c[j][0])
-    elif op == "scatter":
-        if contrib[root] is not None and len(contrib[root]) == n:
-            write(outs[0], contrib[root][me])
-    elif op in ("barrier", "monitored_barrier"):
-        pass
-    else:
-        raise ValueError(f"no virtual-member rule for {op}")
+                for i in range(k):
+                    write(outs[_gathered(form, i, j, n, k)], c[j][i])
+        case "gather_tensor":
+            for i, t in enumerate(outs):
+                write(t, torch.cat([m[i].reshape(-1) for m in c]))
+        case "reduce_scatter_list":
+            for i, t in enumerate(outs):
+                write(t, reduce([m[i * n + me] for m in c], reduce_op))
+        case "reduce_scatter_tensor":
+            for i, t in enumerate(outs):
+                write(t, reduce([m[i].reshape(n, -1)[me] for m in c], reduce_op))
+        case "all_to_all":
+            for j in range(n):
+                write(outs[j], c[j][me])
+        case "all_to_all_single":
+            out = outs[0]
+            row = math.prod(out.shape[1:]) if out.dim() else 1
+            mine = in_splits[me] if in_splits is not None else []
+            parts = []
+            for j in range(n):
+                need = out_splits[j] * row if out_splits else out.numel() // n
+                if contrib[j] is not None:
+                    splits = in_splits[j] if in_splits is not None else []
+                    part = _rows(contrib[j][0], splits, me, n).reshape(-1)
+                else:  # a replica sends this rank what this rank sends itself
+                    part = _rows(ins[0], mine, me, n).reshape(-1)
+                if part.numel() != need:
+                    part = torch.zeros(need, dtype=out.dtype)
+                parts.append(part)
+            write(out, torch.cat(parts) if parts else out)
+        case "copy_root":
+            for i, t in enumerate(outs):
+                write(t, c[root][i])
+        case "reduce_root":
+            if me == root:
+                for i, t in enumerate(outs):
+                    write(t, reduce([m[i] for m in c], reduce_op))
+        case "gather_root":
+            if me == root:
+                for j in range(n):
+                    write(outs[j], c[j][0])
+        case "scatter_root":
+            if contrib[root] is not None and len(contrib[root]) == n:
+                write(outs[0], contrib[root][me])
+        case "none":
+            pass
+        case _:
+            raise ValueError(f"no virtual-member rule for {op} (form {form})")
+
+
+def _gathered(form: str, i: int, j: int, n: int, k: int) -> int:
+    """Where input i of member j goes among n members' k inputs each: all_gather lists its
+    outputs input-major, all_gather_coalesced rank-major."""
+    return i * n + j if form == "gather_list" else j * k + i
 
 
 def reduce_counted(pairs: list, op: str | None, n: int) -> torch.Tensor:
@@ -197,47 +212,49 @@ def build_grouped(op: str, me: int, n: int, ins, outs, parts, *, reduce_op=None,
     """Fill `outs` like `build_outputs`, from parts [(group ranks, inputs or None, index)]
     that cover every member once (None: each of those members is a replica of this rank;
     index: the group ranks as a long tensor, or None)."""
+    form = _form(op)
     parts = [p if len(p) == 3 else (*p, None) for p in parts]
     ps = [(pos, list(ins) if t is None else t) for pos, t, _ in parts]
     with torch.no_grad():
-        if op in ("all_reduce", "all_reduce_coalesced"):
-            for i, t in enumerate(outs):
-                write(t, reduce_counted([(m[i], len(pos)) for pos, m in ps], reduce_op, n))
-        elif op in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
-            for i, t in enumerate(outs):
-                rows, copy = _rows_of(t, n)
-                for (pos, m), (_, _, index) in zip(ps, parts):
-                    src = m[i].reshape(1, -1)
-                    if len(pos) == 1:
-                        rows[pos[0]].copy_(src[0])
-                    else:
-                        if index is None:
-                            index = torch.tensor(pos, dtype=torch.long)
-                        rows[index] = src.expand(len(pos), -1)
-                if copy:
-                    write(t, rows)
-        elif op in ("all_gather", "all_gather_coalesced"):
-            k = len(ins)
-            for pos, m in ps:
-                for j in pos:
-                    for i in range(k):
-                        write(outs[i * n + j if op == "all_gather" else j * k + i], m[i])
-        elif op == "reduce_scatter":
-            for i, t in enumerate(outs):
-                write(t, reduce_counted([(m[i * n + me], len(pos)) for pos, m in ps], reduce_op, n))
-        elif op in ("reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
-            for i, t in enumerate(outs):
-                write(t, reduce_counted([(m[i].reshape(n, -1)[me], len(pos)) for pos, m in ps], reduce_op, n))
-        elif op == "broadcast":
-            src = next(m for pos, m in ps if root in pos)
-            for i, t in enumerate(outs):
-                write(t, src[i])
-        elif op in ("barrier", "monitored_barrier"):
-            pass
-        else:  # the rest (all_to_all, gather, scatter, reduce): member by member
-            contrib = [None] * n
-            for pos, t, _ in parts:
-                for j in pos:
-                    contrib[j] = t
-            build_outputs(op, me, n, ins, outs, contrib, reduce_op=reduce_op, root=root,
-                          in_splits=in_splits, out_splits=out_splits)
+        match form:
+            case "reduce_all":
+                for i, t in enumerate(outs):
+                    write(t, reduce_counted([(m[i], len(pos)) for pos, m in ps], reduce_op, n))
+            case "gather_tensor":
+                for i, t in enumerate(outs):
+                    rows, copy = _rows_of(t, n)
+                    for (pos, m), (_, _, index) in zip(ps, parts):
+                        src = m[i].reshape(1, -1)
+                        if len(pos) == 1:
+                            rows[pos[0]].copy_(src[0])
+                        else:
+                            if index is None:
+                                index = torch.tensor(pos, dtype=torch.long)
+                            rows[index] = src.expand(len(pos), -1)
+                    if copy:
+                        write(t, rows)
+            case "gather_list" | "gather_list_by_rank":
+                k = len(ins)
+                for pos, m in ps:
+                    for j in pos:
+                        for i in range(k):
+                            write(outs[_gathered(form, i, j, n, k)], m[i])
+            case "reduce_scatter_list":
+                for i, t in enumerate(outs):
+                    write(t, reduce_counted([(m[i * n + me], len(pos)) for pos, m in ps], reduce_op, n))
+            case "reduce_scatter_tensor":
+                for i, t in enumerate(outs):
+                    write(t, reduce_counted([(m[i].reshape(n, -1)[me], len(pos)) for pos, m in ps], reduce_op, n))
+            case "copy_root":
+                src = next(m for pos, m in ps if root in pos)
+                for i, t in enumerate(outs):
+                    write(t, src[i])
+            case "none":
+                pass
+            case _:  # the rest (all_to_all, gather, scatter, reduce): member by member
+                contrib = [None] * n
+                for pos, t, _ in parts:
+                    for j in pos:
+                        contrib[j] = t
+                build_outputs(op, me, n, ins, outs, contrib, reduce_op=reduce_op, root=root,
+                              in_splits=in_splits, out_splits=out_splits)
