@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from statistics import median
 
-from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record
+from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record, ops
 
 __all__ = [
     "FAR",
@@ -27,11 +27,22 @@ FAR = 1 << 62  # the end of a call that never completed
 
 # Span codes, in painting priority: a later code wins a cell shared with an earlier one.
 IDLE, COMPUTE, MARK, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, OTHER_COLL, P2P, HANG = range(10)
-KIND_NAMES = {
-    IDLE: "idle", COMPUTE: "compute", MARK: "marker", ALL_REDUCE: "all_reduce/reduce",
-    ALL_GATHER: "all_gather/gather", REDUCE_SCATTER: "reduce_scatter", ALL_TO_ALL: "all_to_all",
-    OTHER_COLL: "broadcast/barrier/other", P2P: "send/recv", HANG: "never completed",
-}
+# The code each of the table's families (ops.FAMILIES, in its order) is painted with: one
+# colour each for the bulk collectives and p2p; the rooted ones and barriers share one.
+_FAMILY_CODE = dict(zip(ops.FAMILIES, (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL,
+                                       OTHER_COLL, OTHER_COLL, OTHER_COLL, P2P), strict=True))
+
+
+def _kind_names() -> dict[int, str]:
+    names = {IDLE: "idle", COMPUTE: "compute", MARK: "marker", HANG: "never completed"}
+    for fam, code in _FAMILY_CODE.items():
+        label = ops.FAMILY_NAMES[fam]
+        names[code] = f"{names[code]}/{label}" if code in names else label
+    names[OTHER_COLL] += "/other"  # ops this version does not know
+    return dict(sorted(names.items()))
+
+
+KIND_NAMES = _kind_names()
 
 
 def span_code(rec: Record) -> int:
@@ -43,16 +54,7 @@ def span_code(rec: Record) -> int:
         return P2P
     if isinstance(rec, Marker):
         return MARK
-    op = rec.op
-    if op.startswith("reduce_scatter"):
-        return REDUCE_SCATTER
-    if op in ("all_reduce", "reduce"):
-        return ALL_REDUCE
-    if op.startswith("all_gather") or op == "gather":
-        return ALL_GATHER
-    if op.startswith("all_to_all"):
-        return ALL_TO_ALL
-    return OTHER_COLL
+    return _FAMILY_CODE.get(ops.family(rec.op), OTHER_COLL)
 
 
 def format_ns(ns: float) -> str:
