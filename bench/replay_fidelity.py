@@ -109,7 +109,7 @@ def worker(steps: int) -> None:
 
 def _record(argv: list[str], world: int, out: Path, payload: str = "none") -> Path:
     from prism_rr.format import pack
-    from prism_rr.recorder._options import spool_dir_for
+    from prism_rr.recorder.launch import spool_dir_for
     from prism_rr.recorder.launch import record_command
 
     launch = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(world), "--timeout", "300", "--"]

@@ -9,8 +9,9 @@ from typing import Optional
 
 import typer
 
-from prism_rr._version import __version__
+from prism_rr import __version__
 from prism_rr.errors import PrismError, UsageError, exit_code_for
+from prism_rr.specs import format_ranks
 
 EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
@@ -40,6 +41,10 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _warn(message: str) -> None:
+    _say(f"warning: {message}")
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"prism-rr {__version__}")
@@ -64,7 +69,7 @@ def info(
     from prism_rr.format import open_bundle
 
     with open_bundle(bundle) as b:
-        facts = bundle_facts(b)
+        facts = b.facts()
     if as_json:
         print(json.dumps(facts))
         return
@@ -73,9 +78,9 @@ def info(
         f"bundle          {bundle}",
         f"format          {facts['format_version']} ({facts['tool']})",
         f"world size      {facts['world_size']}",
-        f"recorded ranks  {_ranges(facts['recorded_ranks'])} ({len(facts['recorded_ranks'])})",
+        f"recorded ranks  {format_ranks(facts['recorded_ranks'])} ({len(facts['recorded_ranks'])})",
         f"groups          {facts['groups']}",
-        f"steps           {_ranges(steps) if steps else 'none'}",
+        f"steps           {format_ranks(steps) if steps else 'none'}",
         f"events          {facts['event_count']:,}",
         f"size            {facts['bytes']:,} bytes"
         + (f" ({facts['bytes'] / facts['event_count']:.1f} per event)" if facts["event_count"] else ""),
@@ -83,7 +88,7 @@ def info(
     if facts["dropped"]:
         lines.append(f"dropped         {facts['dropped']:,} records (the recorder fell behind)")
     if facts["truncated_ranks"]:
-        lines.append(f"truncated       ranks {_ranges(facts['truncated_ranks'])} lost the tail of their spool")
+        lines.append(f"truncated       ranks {format_ranks(facts['truncated_ranks'])} lost the tail of their spool")
     if facts["open_calls"]:
         lines.append(f"never completed {facts['open_calls']} calls (a hang or a kill)")
     for f in facts["recorder_failures"]:
@@ -92,64 +97,16 @@ def info(
 
 
 def bundle_facts(b) -> dict:
-    """The facts `info --json` prints."""
-    ranks = b.summaries["ranks"]
-    failures = _recorder_failures(b)
-    return {
-        "path": str(b.path),
-        "format_version": b.format_version,
-        "tool": b.manifest.get("tool", "unknown"),
-        "world_size": b.world_size,
-        "recorded_ranks": b.recorded_ranks,
-        "groups": len(b.groups),
-        "steps": b.steps,
-        "event_count": b.event_count,
-        "bytes": b.size,
-        "dropped": sum(int(r.get("dropped", 0) or 0) for r in ranks.values()),
-        "truncated_ranks": sorted(r for r, s in ranks.items() if s.get("truncated")),
-        "open_calls": sum(int(r.get("open", 0) or 0) for r in ranks.values()),
-        "recorder_failed_ranks": [f["rank"] for f in failures],
-        "recorder_failures": failures,
-    }
-
-
-def _recorder_failures(b) -> list[dict]:
-    """Ranks whose recorder turned itself off: {rank, step, reason}, from the rank info
-    (a rank notes it there as well as in a `recorder_failed` marker), so no chunk is read."""
-    out = []
-    for rank in b.recorded_ranks:
-        f = b.rank_info(rank).get("recorder_failed")
-        if type(f) is not dict:
-            continue
-        step = f.get("step")
-        reason = f.get("reason")
-        out.append({
-            "rank": rank,
-            "step": step if type(step) is int else None,
-            "reason": reason[:500] if type(reason) is str else "unknown",
-        })
-    return out
-
-
-def _ranges(values: list[int]) -> str:
-    """[0,1,2,3,7] -> '0-3,7'."""
-    out = []
-    for v in sorted(values):
-        if out and v == out[-1][1] + 1:
-            out[-1][1] = v
-        else:
-            out.append([v, v])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+    """The facts `info --json` prints (kept for callers of the old name: use `Bundle.facts()`)."""
+    return b.facts()
 
 
 @app.command(epilog=EXIT_CODES)
 def verify(bundle: Path = typer.Argument(..., help="The .prism bundle to check.")) -> None:
     """Check every checksum, index entry, record and blob of a bundle."""
-    from prism_rr.format import open_bundle
-    from prism_rr.format import verify as verify_bundle
+    from prism_rr import api
 
-    with open_bundle(bundle) as b:
-        report = verify_bundle(b)
+    report = api.verify(bundle)
     _say(
         f"{bundle}: ok ({report.sections} sections, {report.chunks} chunks, "
         f"{report.events:,} records, {report.blobs} blobs)"
@@ -168,21 +125,14 @@ def pack(
     Chunks are copied as they are; a spool with a torn tail is packed up to its last
     complete frame and its rank is marked truncated.
     """
-    from prism_rr.format import pack as pack_spools
+    from prism_rr import api
 
-    target = output.with_name(output.name + ".unredacted") if redact else output
-    result = pack_spools(spool_dir, target, progress=_progress("packing ranks"))
+    result = api.pack(spool_dir, output, redact=redact, stacks=stacks, progress=_progress("packing ranks"))
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail dropped ({why})")
     if redact:
-        from prism_rr.format.redact import redact as redact_bundle
-
-        try:
-            redact_bundle(target, output, stacks=stacks)
-        finally:
-            target.unlink(missing_ok=True)
         _say(f"wrote {output} (redacted): {result.ranks} ranks, {result.events:,} records, "
-             f"{output.stat().st_size:,} bytes")
+             f"{result.bytes:,} bytes")
         return
     _say(f"wrote {output}: {result.ranks} ranks, {result.events:,} records, {result.bytes:,} bytes")
 
@@ -195,22 +145,16 @@ def repair(
 
     The removed bytes are kept beside each spool as <name>.torn.
     """
-    from prism_rr.errors import UsageError
-    from prism_rr.format import repair_spool
+    from prism_rr import api
 
-    if not spool_dir.is_dir():
-        raise UsageError(f"{spool_dir} is not a directory of spools")
-    paths = sorted(spool_dir.glob("rank-*.spool"))
-    if not paths:
-        raise UsageError(f"{spool_dir} holds no rank-*.spool files")
+    scans = api.repair(spool_dir)
     repaired = 0
-    for path in paths:
-        scan = repair_spool(path)
+    for path, scan in scans:
         if scan.torn:
             repaired += 1
             _say(f"{path.name}: kept {len(scan.frames)} frames ({scan.good_bytes:,} bytes), "
                  f"cut {scan.size - scan.good_bytes:,} bytes: {scan.problem}")
-    _say(f"{len(paths)} spools checked, {repaired} repaired")
+    _say(f"{len(scans)} spools checked, {repaired} repaired")
 
 
 @app.command(
@@ -238,70 +182,39 @@ def record(
     calls, compute gaps, steps and memory into OUTPUT.d/; when CMD ends (or crashes, or is
     interrupted) the spools are packed into OUTPUT.
     """
-    _record_run(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
-                nproc=nproc, slice_=slice_, mesh=mesh, timeout=timeout)
+    from prism_rr import api
+
+    result = api.record(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
+                        nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, warn=_warn,
+                        progress=_progress("packing ranks"))
+    _report_record(result)
 
 
-def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", ops=False,
-                memory=False, nproc=0, slice_=None, mesh=None, timeout=None) -> None:
-    from prism_rr.errors import UsageError
-    from prism_rr.format import pack as pack_spools
-    from prism_rr.recorder.launch import record_command
-    from prism_rr.recorder._options import spool_dir_for
-
-    if not cmd:
-        raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
-    if nproc < 0:
-        raise UsageError("--nproc must be 0 or more")
-    if slice_ is not None and nproc:
-        from prism_rr.topology.roles import parse_mesh
-
-        parse_mesh(mesh or "", nproc)  # a wrong layout fails now, not in every rank
-    if nproc:
-        cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
-    spool_dir = spool_dir_for(output)
-    try:
-        code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
-                              memory=memory, slice=slice_, mesh=mesh, timeout=timeout)
-    except OSError as exc:
-        _left_behind(spool_dir, output)
-        _say(f"prism-rr: error: recording into {spool_dir}/ failed: {exc}")
-        if any(spool_dir.glob("rank-*.spool")):
+def _report_record(result) -> None:
+    """What `record` (and `demo`) say of an api.RecordResult; exits as the program did."""
+    output, spool_dir, code = result.output, result.spool_dir, result.exit_code
+    if result.packed is None and code is None:
+        _say(f"prism-rr: error: recording into {spool_dir}/ failed: {result.error}")
+        if result.spools_left:
             _say_spools(spool_dir, output)
         raise typer.Exit(1)
-    if code != 0:
-        _say(f"warning: the command exited with code {code}; packing what was recorded")
-    if not any(spool_dir.glob("rank-*.spool")):
-        raise UsageError(
-            f"nothing was recorded: no rank called torch.distributed.init_process_group "
-            f"(is CMD a PyTorch distributed program? exit code {code})"
-        )
     exit_code = code if code < 128 else 1
-    try:
-        extra = None
-        if slice_ is not None:
-            from prism_rr.topology.roles import spool_roles
-            from prism_rr.recorder._options import parse_ranks
-
-            roles = spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())
-            extra = {"roles": roles} if roles is not None else None
-            if roles is None:
-                _say("warning: --slice roles: no layout was found (no DeviceMesh, and the groups form no mesh); "
-                     "every rank was recorded")
-        result = pack_spools(spool_dir, output, manifest_extra=extra, progress=_progress("packing ranks"))
-    except OSError as exc:
-        # A full disk (or a read-only one): the training's outcome and the spools are
-        # what matter now; say where they are and how to pack them elsewhere.
-        _left_behind(spool_dir, output)
+    if result.packed is None:
         outcome = (f"the command exited with code {code}" if code != 0
                    else "the command succeeded (exit code 0)")
-        _say(f"prism-rr: error: could not write {output}: {exc}; {outcome}, but no bundle was written")
+        _say(f"prism-rr: error: could not write {output}: {result.error}; {outcome}, but no bundle was written")
         _say_spools(spool_dir, output)
         raise typer.Exit(exit_code or 1)
-    for rank, why in sorted(result.torn.items()):
+    packed = result.packed
+    for rank, why in sorted(packed.torn.items()):
         _say(f"warning: rank {rank}: tail of its spool lost ({why})")
-    _say(f"wrote {output}: {result.ranks} ranks, {result.events:,} records, {result.bytes:,} bytes")
-    _say_recorder_failures(output)
+    _say(f"wrote {output}: {packed.ranks} ranks, {packed.events:,} records, {packed.bytes:,} bytes")
+    if result.readback_error is not None:
+        _say(f"warning: could not read back {output}: {result.readback_error}")
+    for f in result.recorder_failures:
+        step = "?" if f["step"] is None else f["step"]
+        _say(f"warning: rank {f['rank']}: the recorder turned itself off at step {step} ({f['reason']}); "
+             f"the training went on, the rank's records stop there")
     if code != 0:
         raise typer.Exit(exit_code)
 
@@ -309,33 +222,6 @@ def _record_run(cmd, output: Path, *, steps=None, ranks=None, payload="digest", 
 def _say_spools(spool_dir: Path, output: Path) -> None:
     _say(f"prism-rr: the spools are in {spool_dir}/; pack them elsewhere with:\n"
          f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
-
-
-def _left_behind(spool_dir: Path, output: Path) -> None:
-    """Remove the half-written files a failed write leaves: the bundle's `.partial`, and
-    `.tmp` files in the spool directory (the spools and whole blobs stay)."""
-    for path in [output.with_name(output.name + ".partial"), *spool_dir.glob("*.tmp"),
-                 *spool_dir.glob("blobs/*/*.tmp")]:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            pass
-
-
-def _say_recorder_failures(output: Path) -> None:
-    """One line per rank whose recorder turned itself off (the training went on)."""
-    from prism_rr.format import open_bundle
-
-    try:
-        with open_bundle(output) as b:
-            failures = _recorder_failures(b)
-    except Exception as exc:
-        _say(f"warning: could not read back {output}: {exc}")
-        return
-    for f in failures:
-        step = "?" if f["step"] is None else f["step"]
-        _say(f"warning: rank {f['rank']}: the recorder turned itself off at step {step} ({f['reason']}); "
-             f"the training went on, the rank's records stop there")
 
 
 @app.command(
@@ -369,34 +255,28 @@ def replay(
     The fidelity card (recorded vs replayed iteration time and peak memory) goes to stderr;
     a program that ends before making the recorded calls fails, saying how far it got.
     """
-    _replay_run(bundle, cmd=cmd, ranks=ranks, report=report, output=output,
-                output_payload=output_payload, timing=timing, comm_scale=comm_scale,
-                compute_scale=compute_scale, slow_rank=slow_rank,
-                continue_on_divergence=continue_on_divergence, timeout=timeout,
-                run_recorded_command=run_recorded)
-
-
-def _replay_run(bundle: Path, *, cmd=None, ranks="0", report=None, output=None, output_payload=None,
-                timing="live", comm_scale=1.0, compute_scale=1.0, slow_rank=None,
-                continue_on_divergence=False, timeout=None, run_recorded_command=False) -> None:
-    from prism_rr.errors import UsageError
-    from prism_rr.replayer import replay as run_replay
+    from prism_rr import api
 
     if timing not in ("live", "virtual", "none"):
         raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
-    if cmd and run_recorded_command:
+    if cmd and run_recorded:
         raise UsageError("give either -- CMD or --run-recorded-command, not both")
     if not cmd:
-        _consent_to_recorded_command(bundle, ranks, asked=run_recorded_command)
-    result = run_replay(
+        _consent_to_recorded_command(bundle, ranks, asked=run_recorded)
+    result = api.replay(
         bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
         output_payload=output_payload, timing=timing, comm_scale=comm_scale,
         compute_scale=compute_scale, slow_rank=slow_rank,
         continue_on_divergence=continue_on_divergence, timeout=timeout,
         run_recorded_command=not cmd,
     )
+    _report_replay(result, report)
+
+
+def _report_replay(result, report: Path | None) -> None:
+    """What `replay` (and `demo`) say of a ReplayResult; exits with its code."""
     for warning in result.warnings:
-        _say(f"warning: {warning}")
+        _warn(warning)
     _say(result.card)
     if report is not None:
         _say(f"wrote {report}")
@@ -416,8 +296,7 @@ def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
     them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
     import shlex
 
-    from prism_rr.errors import UsageError
-    from prism_rr.replayer.launch import recorded_commands
+    from prism_rr.api import recorded_commands
 
     refuse = _shown(f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
                     f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
@@ -428,7 +307,7 @@ def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
     for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
         shown.setdefault((_shown(shlex.join(argv)), _shown(cwd)), []).append(r)
     for (argv, cwd), rs in shown.items():
-        _say(f"{bundle.name} names this command for rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}:\n"
+        _say(f"{bundle.name} names this command for rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)}:\n"
              f"  {argv}\n  in {cwd}")
     if asked:
         return
@@ -448,30 +327,19 @@ def demo(
     """Record the embedded demo: a small GPT trained with FSDP2 x DTensor tensor parallel
     (or pipelining with --pp) on gloo, 3 steps after 1 warm-up, then replay rank 0.
     """
-    from prism_rr.errors import UsageError
-
-    if world < 1 or pp < 1 or world % pp:
-        raise UsageError("--world must be a positive multiple of --pp")
-    train = [sys.executable, "-m", "prism_rr.demo.train", "--steps", "4", "--quiet"]
-    if pp > 1:
-        train += ["--pp", str(pp)]
-        layout = f"pp{pp} x dp{world // pp}"
-    else:
-        tp = 2 if world % 2 == 0 else 1
-        train += ["--tp", str(tp)]
-        layout = f"dp{world // tp} x tp{tp} (FSDP2 x DTensor TP)"
-    _say(f"recording the demo GPT at world {world}, {layout}, steps 1-3 after 1 warm-up ...")
-    cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(world), "--timeout", "300", "--", *train]
-    _record_run(cmd, output, steps="1:4", payload="digest", memory=True, timeout=600)
+    import prism_rr.demo as embedded
     from prism_rr.format import open_bundle
 
+    plan = embedded.plan(world, pp)
+    _say(f"recording the demo GPT at world {world}, {plan.layout}, steps 1-3 after 1 warm-up ...")
+    _report_record(embedded.record(output, plan, warn=_warn, progress=_progress("packing ranks")))
     with open_bundle(output) as b:
-        facts = bundle_facts(b)
+        facts = b.facts()
     _say(f"  {facts['event_count']:,} records from {len(facts['recorded_ranks'])} ranks, "
-         f"{facts['groups']} groups, steps {_ranges(facts['steps'])}, {facts['bytes']:,} bytes")
+         f"{facts['groups']} groups, steps {format_ranks(facts['steps'])}, {facts['bytes']:,} bytes")
     if replay_too:
         _say("replaying rank 0 against virtual peers ...")
-        _replay_run(output, ranks="0", timeout=300, cmd=train)
+        _report_replay(embedded.replay(output, plan), None)
     _say("\nlook further:")
     _say(f"  prism-rr info {output}")
     _say(f"  prism-rr replay {output} --ranks 0 --run-recorded-command --report fidelity.json")
@@ -512,7 +380,7 @@ def diagnose(
     else:
         for i, f in enumerate(findings, 1):
             where = f"group {f.group} seq {f.seq}" if f.group is not None else ""
-            print(f"{i}. [{f.kind}] ranks {_ranges(list(f.ranks))} {where}".rstrip())
+            print(f"{i}. [{f.kind}] ranks {format_ranks(list(f.ranks))} {where}".rstrip())
             print(f"   {f.message}")
             if f.stack:
                 print(f"   at {' <- '.join(f.stack)}")
@@ -533,20 +401,11 @@ def export(
 
     The trace is written as it is read, so large bundles never sit in memory whole.
     """
-    from prism_rr.errors import UsageError
-    from prism_rr.format import open_bundle
-    from prism_rr.analysis import export_chrome
-    from prism_rr.recorder._options import parse_ranks, parse_steps
+    from prism_rr import api
 
     if fmt != "chrome":
         raise UsageError(f"--format must be chrome, not {fmt!r}")
-    window = parse_steps(steps)
-    if window is not None:
-        lo, hi = window
-        window = (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
-    rank_list = list(parse_ranks(ranks)) if ranks else None
-    with open_bundle(bundle) as b:
-        stats = export_chrome(b, output, ranks=rank_list, steps=window)
+    stats = api.export(bundle, output, ranks=ranks, steps=steps)
     _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
          f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")
 
@@ -617,19 +476,10 @@ def scale(
     recording. One representative per role is written, so a world of 8192 is a small file;
     replay it with `prism-rr replay big.prism --ranks 0`.
     """
-    from prism_rr.topology.scale import scale as scale_bundle
+    from prism_rr import api
 
-    if compare is not None:
-        from prism_rr.format import open_bundle
-
-        open_bundle(compare).close()  # a bad path fails before the work
-    note = scale_bundle(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency,
-                        bandwidth=None if bandwidth is None else parse_bandwidth(bandwidth),
-                        progress=_progress("writing ranks"))
-    if compare is not None:
-        from prism_rr.topology.scale import compare_transfers
-
-        note["compare"] = dict(compare_transfers(output, compare), against=str(compare))
+    note = api.scale(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency, bandwidth=bandwidth,
+                     compare=compare, progress=_progress("writing ranks"))
     if as_json:
         print(json.dumps(note, default=str))
     fit = note["model"]["fit_error"]
@@ -650,21 +500,6 @@ def scale(
             for fam, row in c["ops"].items():
                 _say(f"  {fam:<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
                      f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
-
-
-def parse_bandwidth(text: str) -> float:
-    """'50GB/s', '400Gb/s', '25e9', '1.5G' -> bytes per second (b: bits; K, M, G, T: 10^3k)."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)([bB]?)(?:/s|ps)?\s*", text)
-    if not m:
-        raise UsageError(f"a bandwidth looks like 50GB/s, 400Gb/s or 25e9, not {text!r}")
-    value = float(m.group(1)) * 1000 ** " KMGT".index(m.group(2).upper() or " ")
-    if m.group(3) == "b":
-        value /= 8
-    if value <= 0:
-        raise UsageError(f"bandwidth must be positive, not {text!r}")
-    return value
 
 
 def _progress(label: str):

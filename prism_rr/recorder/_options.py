@@ -4,66 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from prism_rr.errors import UsageError
+from prism_rr.specs import parse_ranks, parse_steps
 
-__all__ = ["ENV_VAR", "PAYLOADS", "RecordOptions", "parse_ranks", "parse_steps", "spool_dir_for"]
+__all__ = ["ENV_VAR", "PAYLOADS", "RecordOptions", "spool_dir_for"]
 
 ENV_VAR = "PRISM_RR_RECORD"
 PAYLOADS = ("none", "digest", "full")
-
-
-def parse_steps(spec) -> tuple[int | None, int | None] | None:
-    """"A:B" (B excluded, either side may be empty), "A" (one step), or a pair."""
-    if spec is None or spec == "":
-        return None
-    if isinstance(spec, (tuple, list)):
-        lo, hi = spec
-    elif isinstance(spec, int):
-        lo, hi = spec, spec + 1
-    else:
-        text = str(spec).strip()
-        try:
-            if ":" in text:
-                a, b = text.split(":", 1)
-                lo = int(a) if a.strip() else None
-                hi = int(b) if b.strip() else None
-            else:
-                lo = int(text)
-                hi = lo + 1
-        except ValueError:
-            raise UsageError(f"steps must look like A:B, not {spec!r}") from None
-    if lo is not None and lo < 0 or hi is not None and hi < 0:
-        raise UsageError(f"steps must not be negative: {spec!r}")
-    if lo is not None and hi is not None and hi <= lo:
-        raise UsageError(f"empty step window {spec!r}")
-    return (lo, hi)
-
-
-def parse_ranks(spec) -> tuple[int, ...] | None:
-    """"0,2,4-7" or an iterable of ints; None records every rank."""
-    if spec is None or spec == "":
-        return None
-    if isinstance(spec, int):
-        return (spec,)
-    if not isinstance(spec, str):
-        return tuple(sorted({int(r) for r in spec}))
-    ranks: set[int] = set()
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                a, b = part.split("-", 1)
-                ranks.update(range(int(a), int(b) + 1))
-            else:
-                ranks.add(int(part))
-    except ValueError:
-        raise UsageError(f"ranks must look like 0,2,4-7, not {spec!r}") from None
-    if any(r < 0 for r in ranks):
-        raise UsageError(f"ranks must not be negative: {spec!r}")
-    return tuple(sorted(ranks))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,9 +91,7 @@ class RecordOptions:
         )
 
 
-def spool_dir_for(out) -> "Path":
+def spool_dir_for(out) -> Path:
     """Where the spools of bundle `out` are written while recording: `<out>.d/`."""
-    from pathlib import Path
-
     out = Path(out)
     return out.with_name(out.name + ".d")

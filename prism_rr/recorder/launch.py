@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prism_rr.recorder._options import ENV_VAR, RecordOptions, spool_dir_for
 
-__all__ = ["HOOK_DIR", "hook_env", "record_command"]
+__all__ = ["HOOK_DIR", "hook_env", "record_command", "spool_dir_for"]
 
 HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the replayer
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]

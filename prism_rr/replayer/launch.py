@@ -28,14 +28,15 @@ from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle
-from prism_rr.recorder._options import spool_dir_for
+from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report
-from prism_rr.replayer._options import ENV_VAR, ReplayOptions
+from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions
 from prism_rr.replayer._session import stats_path
+from prism_rr.specs import parse_ranks, parse_slow_rank
 
-__all__ = ["HOOK_DIR", "INCOMPLETE", "ReplayResult", "parse_slow_rank", "rank_command", "recorded_commands",
-           "replay"]
+__all__ = ["HOOK_DIR", "INCOMPLETE", "TIMINGS", "ReplayResult", "parse_slow_rank", "rank_command",
+           "recorded_commands", "replay"]
 
 log = logging.getLogger("prism_rr.replayer")
 
@@ -96,7 +97,7 @@ def recorded_commands(bundle_path, ranks=(0,)) -> dict[int, tuple[list[str], str
     A rank that was not recorded (a sliced or scaled bundle) runs its role's
     representative's command. For showing to a user before they agree to run it.
     """
-    real = _parse_ranks(ranks)
+    real = parse_ranks(ranks) or ()
     out = {}
     with open_bundle(Path(bundle_path)) as bundle:
         recorded = bundle.recorded_ranks
@@ -117,16 +118,6 @@ def _representative(bundle, rank: int) -> int:
         return int(roles.representatives[roles.role(rank)])
     except Exception:
         raise UsageError(f"rank {rank} was not recorded; recorded: {bundle.recorded_ranks}") from None
-
-
-def _parse_ranks(ranks) -> tuple[int, ...]:
-    if isinstance(ranks, int):
-        return (ranks,)
-    if isinstance(ranks, str):
-        from prism_rr.recorder._options import parse_ranks
-
-        return parse_ranks(ranks) or ()
-    return tuple(sorted({int(r) for r in ranks}))
 
 
 def _read_stats(work: Path, rank: int) -> dict | None:
@@ -207,7 +198,7 @@ def replay(
     from prism_rr.localrun import kill_ranks, free_port, rank_env
 
     bundle_path = Path(bundle_path).resolve()
-    real = _parse_ranks(ranks)
+    real = parse_ranks(ranks) or ()
     if cmd and run_recorded_command:
         raise UsageError("give either a command or run_recorded_command, not both")
     if not cmd and not run_recorded_command:
@@ -369,27 +360,6 @@ def _stopped_early(progress: dict, codes: dict, stats: dict, *, timed_out: bool,
             continue
         out.append({"rank": r, "exit_code": c, "timed_out": timed_out and c != 0, **p})
     return out
-
-
-def parse_slow_rank(spec) -> tuple[tuple[int, float], ...]:
-    """{rank: factor}, pairs, or "R:F,R:F" -> sorted (rank, factor) pairs."""
-    if not spec:
-        return ()
-    if isinstance(spec, str):
-        pairs = []
-        for part in spec.split(","):
-            if not part.strip():
-                continue
-            try:
-                r, f = part.split(":")
-                pairs.append((int(r), float(f)))
-            except ValueError:
-                raise UsageError(f"slow_rank must look like R:F[,R:F], not {spec!r}") from None
-    elif isinstance(spec, dict):
-        pairs = [(int(r), float(f)) for r, f in spec.items()]
-    else:
-        pairs = [(int(r), float(f)) for r, f in spec]
-    return tuple(sorted(pairs))
 
 
 def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, commands) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from prism_rr.errors import UsageError
 from prism_rr.recorder._manifest import safe_env
-from prism_rr.recorder._options import RecordOptions, parse_ranks, parse_steps
+from prism_rr.recorder import RecordOptions
+from prism_rr.specs import parse_ranks, parse_steps
 from prism_rr.recorder.launch import HOOK_DIR, hook_env, record_command
 
 
@@ -21,7 +22,7 @@ def _python(code, env, timeout=60):
 def test_hook_does_not_import_torch(tmp_path):
     env = dict(os.environ)
     env.update(hook_env(RecordOptions.make(tmp_path / "x.prism.d")))
-    r = _python("import sys; print('torch' in sys.modules, 'prism_rr.recorder._boot' in sys.modules)", env)
+    r = _python("import sys; print('torch' in sys.modules, 'prism_rr.intercept.hook' in sys.modules)", env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True"]
 

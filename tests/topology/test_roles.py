@@ -4,7 +4,7 @@ from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle, pack
 from prism_rr.format.synthetic import write_synthetic
 from prism_rr.topology.roles import Roles, derive_roles, parse_mesh, roles_for_mesh, slice_ranks
-from prism_rr.recorder._options import RecordOptions
+from prism_rr.recorder import RecordOptions
 
 
 @pytest.mark.timeout(10)

@@ -1,0 +1,140 @@
+"""prism_rr.api as a library user calls it: results and errors, nothing printed."""
+
+import errno
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism_rr import api
+from prism_rr.errors import FormatError, UsageError
+from prism_rr.format import open_bundle
+from prism_rr.format.spool import spool_path
+from prism_rr.format.synthetic import write_synthetic
+from prism_rr.specs import format_ranks, parse_bandwidth, parse_ranks
+
+GOLDEN = Path(__file__).parent / "data" / "golden-v1.prism"
+
+
+def test_ranks_round_trip_and_bandwidth():
+    assert format_ranks(parse_ranks("7,0-3")) == "0-3,7"
+    assert parse_ranks(" ") == () and parse_ranks(None) is None
+    assert parse_bandwidth("400Gb/s") == parse_bandwidth("50GB/s") == 50e9
+    with pytest.raises(UsageError):
+        parse_bandwidth("fast")
+
+
+def test_facts_of_a_bundle():
+    with open_bundle(GOLDEN) as b:
+        facts = b.facts()
+    assert facts["world_size"] == 4 and facts["recorded_ranks"] == [0, 1, 2, 3]
+    assert facts["recorder_failures"] == [] and json.loads(json.dumps(facts)) == facts
+
+
+def test_repair_pack_verify_export(tmp_path):
+    spools = write_synthetic(tmp_path / "run.prism.d", 2, 200, chunk_records=40)
+    torn = spool_path(spools, 1)
+    torn.write_bytes(torn.read_bytes()[:-5])
+    scans = api.repair(spools)
+    assert [p.name for p, _ in scans] == ["rank-00000.spool", "rank-00001.spool"]
+    assert [scan.torn for _, scan in scans] == [False, True]
+    packed = api.pack(spools, tmp_path / "run.prism")
+    assert packed.ranks == 2 and packed.bytes == (tmp_path / "run.prism").stat().st_size
+    assert api.verify(tmp_path / "run.prism").events == packed.events
+    stats = api.export(tmp_path / "run.prism", tmp_path / "trace.json", ranks="1", steps="0:2")
+    assert stats["ranks"] == 1 and stats["events"] > 0
+    with pytest.raises(UsageError):
+        api.repair(tmp_path / "trace.json")
+
+
+def test_pack_redacted_leaves_one_file(tmp_path):
+    spools = write_synthetic(tmp_path / "run.prism.d", 2, 100)
+    packed = api.pack(spools, tmp_path / "public.prism", redact=True, stacks=False)
+    assert packed.path == tmp_path / "public.prism"
+    assert packed.bytes == (tmp_path / "public.prism").stat().st_size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["public.prism", "run.prism.d"]
+    with open_bundle(tmp_path / "public.prism") as b:
+        assert "redacted" in b.manifest
+
+
+def test_verify_damaged_raises(tmp_path):
+    bad = tmp_path / "bad.prism"
+    data = bytearray(GOLDEN.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    with pytest.raises(FormatError):
+        api.verify(bad)
+
+
+@pytest.mark.timeout(60)
+def test_scale_takes_a_bandwidth_spec(tmp_path):
+    src = tmp_path / "w4.prism"
+    api.pack(write_synthetic(tmp_path / "w4.d", 4, 200, tp=2), src)
+    note = api.scale(src, tmp_path / "big.prism", dp=8, bandwidth="400Gb/s")
+    assert note["to"]["world_size"] == 16 and note["model"]["given_bytes_per_s"] == 50e9
+    with pytest.raises(UsageError):
+        api.scale(src, tmp_path / "x.prism", dp=8, compare=tmp_path / "missing.prism")
+    assert not (tmp_path / "x.prism").exists()
+
+
+def test_record_refuses_bad_arguments(tmp_path):
+    with pytest.raises(UsageError):
+        api.record([], tmp_path / "run.prism")
+    with pytest.raises(UsageError):
+        api.record(["python"], tmp_path / "run.prism", nproc=-1)
+
+
+@pytest.mark.timeout(60)
+def test_record_of_a_program_that_records_nothing(tmp_path, capfd):
+    heard = []
+    with pytest.raises(UsageError, match="nothing was recorded"):
+        api.record([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "run.prism", warn=heard.append)
+    assert heard == ["the command exited with code 3; packing what was recorded"]
+    assert capfd.readouterr().err == ""  # the library says nothing itself
+
+
+@pytest.mark.timeout(60)
+def test_record_of_a_command_that_cannot_start(tmp_path):
+    result = api.record([str(tmp_path / "no-such-program")], tmp_path / "run.prism")
+    assert result.exit_code is None and result.packed is None
+    assert isinstance(result.error, OSError) and not result.spools_left
+    assert result.spool_dir == api.spool_dir_for(tmp_path / "run.prism")
+
+
+def test_record_on_a_full_disk_keeps_the_code_and_the_spools(tmp_path, monkeypatch):
+    import prism_rr.format
+    import prism_rr.recorder.launch
+
+    out = tmp_path / "run.prism"
+    spools = tmp_path / "run.prism.d"
+
+    def fake_record(cmd, output, **kw):
+        spools.mkdir()
+        (spools / "rank-00000.spool").write_bytes(b"x")
+        (spools / "half.tmp").write_bytes(b"x")
+        return 3
+
+    def full_disk(spool_dir, output, **kw):
+        Path(output).with_name(Path(output).name + ".partial").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(prism_rr.recorder.launch, "record_command", fake_record)
+    monkeypatch.setattr(prism_rr.format, "pack", full_disk)
+    heard = []
+    result = api.record(["train"], out, warn=heard.append)
+    assert result.exit_code == 3 and result.packed is None and result.spools_left
+    assert result.error.errno == errno.ENOSPC and result.spool_dir == spools
+    assert result.warnings == tuple(heard) == ("the command exited with code 3; packing what was recorded",)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["rank-00000.spool", "run.prism.d"]
+
+
+def test_demo_plan():
+    import prism_rr.demo as demo
+
+    plan = demo.plan(4)
+    assert plan.layout == "dp2 x tp2 (FSDP2 x DTensor TP)" and plan.train[-2:] == ["--tp", "2"]
+    assert demo.plan(4, pp=2).layout == "pp2 x dp2"
+    with pytest.raises(UsageError):
+        demo.plan(3, pp=2)
