@@ -2,7 +2,8 @@
 
 Record in-process with `with prism_rr.record("run.prism"): ...` (or `prism-rr record`),
 mark steps by hand with `prism_rr.step()`, read with `prism_rr.open(path)`; reading
-bundles needs neither torch nor a terminal UI.
+bundles needs neither torch nor a terminal UI. What the CLI does (record a command, pack,
+verify, export, replay, scale) is in `prism_rr.api`, without printing.
 """
 
 from prism_rr._version import __version__
