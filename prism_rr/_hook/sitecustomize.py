@@ -47,7 +47,7 @@ except Exception as exc:  # someone else's sitecustomize failed: say so, carry o
 if os.environ.get("PRISM_RR_REPLAY"):
     try:
         _find_prism_rr()
-        from prism_rr.replayer._boot import arm as _arm_replay
+        from prism_rr.replayer import arm as _arm_replay
 
         _arm_replay()
     except Exception as exc:
@@ -58,7 +58,7 @@ if os.environ.get("PRISM_RR_REPLAY"):
 if os.environ.get("PRISM_RR_RECORD"):
     try:
         _find_prism_rr()
-        from prism_rr.recorder._boot import arm as _arm_record
+        from prism_rr.recorder import arm as _arm_record
 
         _arm_record()
     except Exception as exc:  # recording never ends a training run

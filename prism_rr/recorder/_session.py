@@ -13,11 +13,15 @@ import weakref
 from pathlib import Path
 from time import monotonic_ns
 
+import torch
+
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.format.spool import SpoolWriter, spool_path
-from prism_rr.recorder import _payload, _signals
+from prism_rr.intercept import dispatch
+from prism_rr.intercept import payload as _payload
+from prism_rr.intercept.stack import caller_stack
+from prism_rr.recorder import _signals
 from prism_rr.recorder._options import RecordOptions
-from prism_rr.recorder._stack import caller_stack
 
 __all__ = ["Call", "Recording", "current", "step"]
 
@@ -34,7 +38,7 @@ class Call:
     """A communication call between entry and completion."""
 
     __slots__ = (
-        "p2p", "op", "group", "seq", "start", "issued", "step", "ins", "outs", "in_desc",
+        "p2p", "receives", "op", "group", "seq", "start", "issued", "step", "ins", "outs", "in_desc",
         "digest_in", "blob_in", "reduce_op", "root", "peer", "tag", "async_op", "stack",
         "mem", "done", "work", "written", "end", "error",
     )
@@ -221,9 +225,8 @@ class Recording:
 
             torch.cuda.reset_peak_memory_stats()
         if self.options.ops or self.cpu_memory is not None:
-            from prism_rr.recorder import _ops
-
-            self.ops_mode = _ops.start(self)
+            self.ops_mode = dispatch.start(self.cpu_memory, self._operator_ran if self.options.ops else None,
+                                           self.fail)
 
     def _stop_modes(self) -> None:
         if self.ops_mode is not None:
@@ -310,7 +313,7 @@ class Recording:
     # --- calls --------------------------------------------------------------------
 
     def enter(self, op, gid, seq, ins, outs, *, reduce_op=None, root=None, peer=None, tag=0,
-              async_op=False, p2p=False) -> Call | None:
+              async_op=False, p2p=False, receives=False) -> Call | None:
         """Note a call's entry; None when recording is off or fails."""
         try:
             if self.open or self.finished:
@@ -319,6 +322,7 @@ class Recording:
             start = monotonic_ns()
             call = Call()
             call.p2p = p2p
+            call.receives = receives
             call.op = op
             call.group = gid
             call.seq = seq
@@ -328,14 +332,8 @@ class Recording:
             call.ins = ins
             call.outs = outs
             call.in_desc = _payload.describe(ins)
-            if not (p2p and op.endswith("recv")):
-                mode = self._internal()
-                try:
-                    call.digest_in = _payload.digests(ins) if self.digest else None
-                    call.blob_in = self._blobs(ins)
-                finally:
-                    if mode is not None:
-                        mode.enabled = True
+            if not receives:
+                call.digest_in, call.blob_in = self.outside(self._payload, ins)
             else:
                 call.digest_in = call.blob_in = None
             call.reduce_op = reduce_op
@@ -459,35 +457,34 @@ class Recording:
     def _write(self, call: Call, read: bool = True) -> None:
         """Write a completed call's record. On the program's thread only, unless `read`
         is false: it reads the outputs' memory (digests, payloads)."""
-        mode = self._internal()
         try:
-            if not self.on:
-                return
-            end = call.end
-            self.writer.append(self._record(call, end, read))
-            error = call.error
-            if error is not None:
-                self.writer.append(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed",
-                                          value=call.seq, text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
+            if self.on:
+                self.outside(self._write_record, call, read)
         except BaseException as exc:
             self.fail(exc)
         finally:
-            if mode is not None:
-                mode.enabled = True
             call.error = None
             call.written = True
             if threading.get_ident() == self._thread:
                 self.settle(call)
 
-    def _internal(self):
-        """The recorder's own tensor work (digests, payload copies) is not the program's:
-        the per-operator mode (memory tracker, --ops) looks away, as the replayer's does
-        for its own. Returns the mode to turn back on, or None."""
-        mode = self.ops_mode
-        if mode is None or not mode.enabled:
-            return None
-        mode.enabled = False
-        return mode
+    def _write_record(self, call: Call, read: bool) -> None:
+        end = call.end
+        self.writer.append(self._record(call, end, read))
+        error = call.error
+        if error is not None:
+            self.writer.append(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed",
+                                      value=call.seq, text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
+
+    def outside(self, fn, *args):
+        """fn(*args), which is not the program's work (the backend's, or the recorder's own:
+        digests, payload copies): the per-operator mode (memory tracker, --ops) looks away,
+        as the replayer's does from its own."""
+        return dispatch.aside(self.ops_mode, fn, *args)
+
+    def _payload(self, tensors) -> tuple:
+        """(digests, blobs) of a call's inputs, as the payload option asks."""
+        return (_payload.digests(tensors) if self.digest else None), self._blobs(tensors)
 
     def settle(self, call: Call) -> None:
         """On the program's thread, once the call completed for it: its tensors were in
@@ -519,7 +516,7 @@ class Recording:
         read = read and end is not None  # the outputs hold results
         mem_alloc, mem_peak = call.mem
         if call.p2p:
-            receiving = call.op.endswith("recv")
+            receiving = call.receives
             digest = call.digest_in
             blob = call.blob_in
             if receiving and read and self._readable(call, call.outs):
@@ -563,6 +560,14 @@ class Recording:
         self.writer.append(Marker(start_ns=end, end_ns=end, step=call.step, name="payload_lost",
                                   value=call.seq, text=f"{call.op}: output storage freed before it was read"))
         return False
+
+    def _operator_ran(self, func, args, t0: int, t1: int) -> None:
+        """--ops: one Compute record per operator of the program, in the window."""
+        if self.active:
+            alloc, peak = self.memory()
+            shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+            self.writer.append(Compute(start_ns=t0, end_ns=t1, step=self.step, name=func.__name__,
+                                       shapes=shapes, mem_alloc=alloc, mem_peak=peak))
 
     def marker(self, name: str, value: int | None = None, text: str | None = None) -> None:
         if not self.on:

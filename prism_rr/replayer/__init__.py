@@ -1,5 +1,19 @@
-"""Replay: real ranks run the original program against virtual peers driven by a bundle."""
+"""Replay: real ranks run the original program against virtual peers driven by a bundle.
 
-from prism_rr.replayer.launch import ReplayResult, replay
+Importing this package is cheap (the start-up hook imports it in every replayed rank):
+`replay` and `ReplayResult` load the launcher on first use.
+"""
 
-__all__ = ["ReplayResult", "replay"]
+from __future__ import annotations
+
+from prism_rr.replayer._install import arm
+
+__all__ = ["ReplayResult", "arm", "replay"]
+
+
+def __getattr__(name: str):
+    if name in ("ReplayResult", "replay"):
+        from prism_rr.replayer import launch
+
+        return getattr(launch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,8 @@
-"""Make `init_process_group`/`new_group` build replay groups, without editing the program.
+"""The replayer's side of group creation: make `init_process_group`/`new_group` build
+replay groups (InterceptGroups with the replay policy), without editing the program.
 
-As the recorder does, we wrap torch's `_new_process_group_helper` and let it build our
-registered backend; its creator makes a ReplayGroup. Group ids count every call of the
-helper (members or not) from the world group on, as the recorder counts them, so they
-name the same groups as the bundle.
+As for the recorder, intercept/creation.py wraps torch's `_new_process_group_helper`
+and counts group ids the same way, so they name the same groups as the bundle.
 
 The env:// rendezvous is replaced: the program asks for a world of the recorded size,
 but only the real ranks exist. They meet on their own store (a TCPStore on the replay's
@@ -15,40 +14,91 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import weakref
 from datetime import timedelta
 
-from prism_rr.replayer._options import ReplayOptions
+from prism_rr.intercept.creation import GroupCreation, Plan, fix_books
+from prism_rr.intercept.hook import on_import
+from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 
-__all__ = ["BACKEND", "install"]
+__all__ = ["BACKEND", "arm", "install", "step"]
 
 BACKEND = "prism_rr_replay"
 log = logging.getLogger("prism_rr.replayer")
 
 
-class _State:
+class _Replayer:
+    """The replayer's answers to GroupCreation: every group is taken."""
+
+    backend = BACKEND
+
     def __init__(self):
         self.options: ReplayOptions | None = None
-        self.original = None
-        self.signature = None
-        self.registered = False
-        self.next_gid = 0
         self.session = None
-        self.pending = threading.local()
+
+    def plan(self, gid: int, a: dict, is_world: bool) -> Plan:
+        if is_world and self.session is None:
+            from prism_rr.errors import ReplayError
+            from prism_rr.replayer._session import ReplaySession
+
+            try:
+                self.session = ReplaySession(self.options, int(a["group_rank"]), int(a["group_size"]))
+            except ReplayError as exc:  # another world size, a rank not recorded: the launcher says it once
+                _refuse(self.options, int(a["group_rank"]), str(exc))
+            if self.options.output:
+                _record_replay(self.session, "gloo")
+        backend = str(a["backend"]).lower()
+        real_name = "gloo" if backend in ("undefined", "none", "") else backend
+        members = list(a["global_ranks_in_group"] or [])
+        return Plan(gid, members or list(range(int(a["group_size"]))), real_name)
+
+    def untaken(self, result, is_world: bool) -> None:
+        pass  # every group is taken
+
+    def create(self, plan: Plan, dist_opts, backend_options):
+        from torch.distributed import PrefixStore, ProcessGroupGloo
+
+        from prism_rr.intercept.group import InterceptGroup
+        from prism_rr.recorder import current_observer
+        from prism_rr.replayer._policy import Absent, ReplayPolicy
+
+        session = self.session
+        ranks = plan.ranks
+        real = [g for g in ranks if g in set(session.real)]
+        real_pg = None
+        if len(real) > 1:
+            store = PrefixStore("prism_rr_real/", dist_opts.store)
+            real_pg = ProcessGroupGloo(store, real.index(session.rank), len(real), timeout=dist_opts.timeout)
+        all_real = len(real) == len(ranks) and real_pg is not None
+        policy = ReplayPolicy(session, plan.gid, ranks, real_pg=real_pg, all_real=all_real)
+        session.groups.append(weakref.ref(policy))
+        return InterceptGroup({"cpu": real_pg if all_real else Absent()}, dist_opts.group_rank,
+                              dist_opts.group_size, gid=plan.gid, ranks=ranks, policy=policy,
+                              observer=current_observer(), backend_name=plan.real_name)
+
+    def created(self, pg, plan: Plan, is_world: bool) -> None:
+        fix_books(pg, plan.real_name)
+        _check_group(self.session, plan.gid, pg.ranks)
+        if pg.observer is not None:
+            pg.observer.group_created(plan.gid, pg.ranks, pg.getGroupName(), pg.getGroupDesc(), plan.real_name)
 
 
-_state = _State()
+_state = _Replayer()
+_creation = GroupCreation(_state)
 
 
 def install(options: ReplayOptions) -> None:
     import torch.distributed.rendezvous as rdzv
 
-    from prism_rr.recorder._install import patch_group_creation
-
     _state.options = options
-    patch_group_creation(_state, BACKEND, _create, _helper)
+    _creation.install()
     rdzv._rendezvous_handlers["env"] = _env_rendezvous
+
+
+def arm() -> None:
+    """From the start-up hook: read PRISM_RR_REPLAY and wait for torch.distributed."""
+    options = ReplayOptions.from_json(os.environ[ENV_VAR])
+    on_import("torch.distributed.distributed_c10d", lambda _module: install(options))
 
 
 def step() -> None:
@@ -80,47 +130,6 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
     raise RuntimeError("prism-rr replay: cannot re-rendezvous")
 
 
-def _helper(*args, **kwargs):
-    st = _state
-    bound = st.signature.bind(*args, **kwargs)
-    a = bound.arguments
-    members = list(a["global_ranks_in_group"] or [])
-    is_world = not members
-    if is_world:
-        st.next_gid = 0
-        if st.session is None:
-            from prism_rr.errors import ReplayError
-            from prism_rr.replayer._session import ReplaySession
-
-            try:
-                st.session = ReplaySession(st.options, int(a["group_rank"]), int(a["group_size"]))
-            except ReplayError as exc:  # another world size, a rank not recorded: the launcher says it once
-                _refuse(st.options, int(a["group_rank"]), str(exc))
-            if st.options.output:
-                _record_replay(st.session, "gloo")
-    gid = st.next_gid
-    st.next_gid += 1
-    backend = str(a["backend"]).lower()
-    real_name = "gloo" if backend in ("undefined", "none", "") else backend
-    st.pending.value = (gid, members or list(range(int(a["group_size"]))), real_name)
-    a["backend"] = BACKEND
-    try:
-        result = st.original(*bound.args, **bound.kwargs)
-    finally:
-        st.pending.value = None
-    from prism_rr.recorder._install import _fix_books
-    from prism_rr.replayer._group import ReplayGroup
-
-    pg = result[0]
-    if isinstance(pg, ReplayGroup):
-        _fix_books(pg, real_name)
-        _check_group(st.session, gid, pg._ranks)
-        rec = st.session.rec
-        if rec is not None:
-            rec.group_created(gid, pg._ranks, pg.getGroupName(), pg.getGroupDesc(), real_name)
-    return result
-
-
 def _refuse(options: ReplayOptions, rank: int, why: str) -> None:
     """End this rank before its program goes on: the replay cannot be what it asks for.
     The launcher reads `why` and prints it once for all real ranks."""
@@ -139,39 +148,14 @@ def _refuse(options: ReplayOptions, rank: int, why: str) -> None:
 
 def _record_replay(session, backend: str) -> None:
     """-o: record this rank's calls as they happen in the replay, in the recorder's format."""
-    from prism_rr.recorder import _manifest
-    from prism_rr.recorder._options import RecordOptions
-    from prism_rr.recorder._session import Recording
+    from prism_rr.recorder import record_replay
 
     opts = session.options
-    options = RecordOptions.make(opts.output, payload=opts.payload)
-    info = _manifest.rank_info(options, session.rank, session.bundle.world_size, backend, "cpu")
-    info["replay_of"] = {"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing}
-    rec = Recording(options, session.rank, info)
-    rec.start()
-    session.rec = rec
+    record_replay(opts.output, payload=opts.payload, rank=session.rank, world_size=session.bundle.world_size,
+                  backend=backend, replay_of={"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing})
 
 
 def _check_group(session, gid: int, ranks) -> None:
     recorded = session.schedule.groups.get(gid)
     if recorded is not None and tuple(recorded) != tuple(ranks):
         session.diverge(gid, -1, "new_group", "ranks", list(recorded), list(ranks))
-
-
-def _create(dist_opts, backend_options):
-    from torch.distributed import PrefixStore, ProcessGroupGloo
-
-    from prism_rr.replayer._group import ReplayGroup
-
-    gid, ranks, real_name = _state.pending.value
-    session = _state.session
-    real = [g for g in ranks if g in set(session.real)]
-    real_pg = None
-    if len(real) > 1:
-        store = PrefixStore("prism_rr_real/", dist_opts.store)
-        real_pg = ProcessGroupGloo(store, real.index(session.rank), len(real), timeout=dist_opts.timeout)
-    group = ReplayGroup(session, dist_opts.group_rank, dist_opts.group_size, gid=gid, ranks=ranks,
-                        real_pg=real_pg, all_real=len(real) == len(ranks) and real_pg is not None,
-                        backend_name=real_name)
-    session.groups.append(weakref.ref(group))
-    return group

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import weakref
-from contextlib import contextmanager
 from pathlib import Path
 from time import monotonic_ns
 
@@ -83,23 +82,6 @@ def sleep_until(t_ns: int) -> None:
             time.sleep((left - _SPIN_NS) / 1e9)
 
 
-class _MemoryShim:
-    """What the recorder's dispatch mode needs to run its CPU memory tracker for us."""
-
-    def __init__(self):
-        from types import SimpleNamespace
-
-        from prism_rr.recorder._memory import CpuMemoryTracker
-
-        self.options = SimpleNamespace(ops=False)
-        self.cpu_memory = CpuMemoryTracker()
-        self.active = False
-        self.cuda = False
-
-    def fail(self, exc) -> None:
-        log.warning("prism-rr: replay memory tracking is off: %s", exc)
-
-
 class ReplaySession:
     """The replay state of this process (one real rank)."""
 
@@ -133,7 +115,6 @@ class ReplaySession:
         self._factor = options.compute_scale if self.virtual else 1.0
         self._pad = options.compute_scale if self.live else 1.0
         self.calibration: float | None = None
-        self.rec = None  # the replay's own recording (-o), a recorder Recording
         self.trace: list | None = [] if os.environ.get("PRISM_RR_REPLAY_TRACE") else None
         self.alarm = _Alarm()
         self.divergences: list[Divergence] = []
@@ -152,17 +133,17 @@ class ReplaySession:
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
         self._pacer = None
         self._manual_steps = False
-        self.groups: list = []  # weakrefs to this process's ReplayGroups
+        self.groups: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
         self.exiting = False
         self._memory_mode = None
         self._written = False
         info = self.bundle.rank_info(rank)
         if info.get("memory") and info.get("device", "cpu") == "cpu":
-            from prism_rr.recorder import _ops
+            from prism_rr.intercept import dispatch
+            from prism_rr.intercept.memory import CpuMemoryTracker
 
-            shim = _MemoryShim()
-            self._memory = shim.cpu_memory
-            self._memory_mode = _ops.start(shim)
+            self._memory = CpuMemoryTracker()
+            self._memory_mode = dispatch.start(self._memory, on_error=self._memory_failed)
         else:
             self._memory = None
         import torch.optim.optimizer as optim
@@ -258,27 +239,17 @@ class ReplaySession:
 
         return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs)
 
-    def complete_at(self, t_ns: int, value):
-        """A Work whose future is complete (coalesced ends, monitored barriers)."""
-        import torch
-        from torch._C._distributed_c10d import _create_work_from_future
+    def aside(self, fn, *args):
+        """fn(*args): replay work inside a call, not the program's memory."""
+        if self._memory_mode is None:
+            return fn(*args)
+        from prism_rr.intercept.dispatch import aside
 
-        fut = torch.futures.Future()
-        fut.set_result(value)
-        return _create_work_from_future(fut)
+        return aside(self._memory_mode, fn, *args)
 
-    @contextmanager
-    def internal(self):
-        """Replay work inside a call: not the program's memory."""
-        mode = self._memory_mode
-        if mode is None or not mode.enabled:
-            yield
-            return
-        mode.enabled = False
-        try:
-            yield
-        finally:
-            mode.enabled = True
+    @staticmethod
+    def _memory_failed(exc) -> None:
+        log.warning("prism-rr: replay memory tracking is off: %s", exc)
 
     # --- divergence -------------------------------------------------------------
 
@@ -372,10 +343,10 @@ class ReplaySession:
     def _at_exit(self) -> None:
         self.exiting = True  # the program is done: its results stand (see launch)
         for ref in self.groups:
-            group = ref()
-            if group is not None:
+            policy = ref()
+            if policy is not None:
                 try:
-                    group.release()
+                    policy.release()
                 except Exception:
                     pass
         try:

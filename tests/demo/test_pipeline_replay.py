@@ -5,7 +5,7 @@ warm-up vote (stage 0 sends stage 1 its vote, stage 1 sends the product back: 1 
 stages' shapes are given, skip metadata inference) happens in step 0, outside the
 window, so the bundle has no data for it; the replay made up zeros, the replayed stage 0
 took the inference path the recording never took and failed there. A virtual peer now
-answers such a control message the way the handshake does (see ReplayGroup._echo).
+answers such a control message the way the handshake does (see ReplayPolicy._echo).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from prism_rr.replayer import replay
 from prism_rr.replayer._data import write
-from prism_rr.replayer._group import ReplayGroup
+from prism_rr.replayer._policy import ReplayPolicy
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "replayer"))
 from replay_helpers import record, stderr_of  # noqa: E402
@@ -51,9 +51,9 @@ def test_received_data_keeps_the_programs_strides():
 
 
 def test_a_virtual_peer_echoes_control_messages_only():
-    group = types.SimpleNamespace(_sent={}, _ECHO_BYTES=ReplayGroup._ECHO_BYTES)
-    note = ReplayGroup._note_sent.__get__(group)
-    echo = ReplayGroup._echo.__get__(group)
+    group = types.SimpleNamespace(_sent={}, _ECHO_BYTES=ReplayPolicy._ECHO_BYTES)
+    note = ReplayPolicy._note_sent.__get__(group)
+    echo = ReplayPolicy._echo.__get__(group)
     vote = torch.tensor([1], dtype=torch.int32)
     note(1, [vote])
     vote.zero_()  # the program reuses its buffer: the echo is what was sent

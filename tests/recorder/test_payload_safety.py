@@ -128,7 +128,7 @@ def _on_thread(fn) -> None:
 def test_a_backend_thread_reads_no_tensor(tmp_path, monkeypatch, payload):
     """A completion seen on another thread notes the time only; the program's thread
     writes the record, with the outputs as they are when it does."""
-    from prism_rr.recorder import _payload
+    from prism_rr.intercept import payload as _payload
 
     rec = _recording(tmp_path, payload)
     program = threading.get_ident()
@@ -183,7 +183,7 @@ def test_a_storage_freed_before_the_record_is_written_is_said_not_read(tmp_path)
 def test_a_wait_writes_the_record_a_callback_left(tmp_path):
     """torch wakes waiters before it runs done callbacks: the record of a call is written
     where the program's wait() returns, whichever came first."""
-    from prism_rr.recorder._group import _TimedWork
+    from prism_rr.recorder._policy import TimedWork as _TimedWork
 
     class Inner:
         def wait(self, timeout=None):

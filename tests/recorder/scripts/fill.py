@@ -15,7 +15,7 @@ gen = torch.Generator().manual_seed(rank)
 total = torch.zeros(64 * 1024)
 for step in range(20):
     if step == 2 and rank == broken:
-        from prism_rr.recorder import _payload
+        from prism_rr.intercept import payload as _payload
 
         def _broken(*args):
             raise RuntimeError("planted failure")

@@ -1,28 +1,29 @@
-"""Per-operator Compute records and the CPU memory tracker, from one dispatch mode."""
+"""The per-operator dispatch mode: feeds the CPU memory tracker and per-operator records.
+
+Both sides run one while the program runs (the recorder with `--memory` or `--ops`, the
+replayer where the recording tracked CPU memory); each looks away (`aside`) while it does
+work of its own inside a call, which is not the program's.
+"""
 
 from __future__ import annotations
 
 import threading
 from time import monotonic_ns
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from prism_rr.format.records import Compute
-
-__all__ = ["start"]
+__all__ = ["OpsMode", "aside", "start"]
 
 
-def _shapes(args) -> tuple:
-    return tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+class OpsMode(TorchDispatchMode):
+    """Counts every operator's tensors in `tracker` and tells `on_op(func, args, t0, t1)`;
+    the first error turns it off and goes to `on_error`."""
 
-
-class _OpsMode(TorchDispatchMode):
-    def __init__(self, rec):
+    def __init__(self, tracker=None, on_op=None, on_error=None):
         super().__init__()
-        self.rec = rec
-        self.per_op = rec.options.ops
-        self.tracker = rec.cpu_memory
+        self.tracker = tracker
+        self.on_op = on_op
+        self.on_error = on_error
         self.enabled = True
         # The program's thread. A backend's worker thread (gloo's) runs its work under the
         # thread-local state of the call that queued it, this mode included: what it does
@@ -35,19 +36,17 @@ class _OpsMode(TorchDispatchMode):
         t0 = monotonic_ns()
         out = func(*args, **(kwargs or {}))
         t1 = monotonic_ns()
-        rec = self.rec
         try:
             tracker = self.tracker
             if tracker is not None:
                 tracker.track(args)
                 tracker.track(out)
-            if self.per_op and rec.active:
-                alloc, peak = rec.memory() if tracker is not None or rec.cuda else (None, None)
-                rec.writer.append(Compute(start_ns=t0, end_ns=t1, step=rec.step, name=func.__name__,
-                                          shapes=_shapes(args), mem_alloc=alloc, mem_peak=peak))
+            if self.on_op is not None:
+                self.on_op(func, args, t0, t1)
         except BaseException as exc:
             self.enabled = False
-            rec.fail(exc)
+            if self.on_error is not None:
+                self.on_error(exc)
         return out
 
     def stop(self) -> None:
@@ -61,7 +60,18 @@ class _OpsMode(TorchDispatchMode):
             pass
 
 
-def start(rec) -> _OpsMode:
-    mode = _OpsMode(rec)
+def start(tracker=None, on_op=None, on_error=None) -> OpsMode:
+    mode = OpsMode(tracker, on_op, on_error)
     mode.__enter__()
     return mode
+
+
+def aside(mode: OpsMode | None, fn, *args):
+    """fn(*args) with `mode` looking away: the backend's or our own work, not the program's."""
+    if mode is None or not mode.enabled:
+        return fn(*args)
+    mode.enabled = False
+    try:
+        return fn(*args)
+    finally:
+        mode.enabled = True

@@ -1,11 +1,12 @@
-"""A few frames of the user's code that led to a call, cheaply (no traceback module)."""
+"""The stack of a call: a few frames of the user's code that led to it (cheaply, no traceback
+module), and whether torch made it as a blocking send or recv."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-__all__ = ["caller_stack", "p2p_api"]
+__all__ = ["blocking_p2p", "caller_stack"]
 
 _LIB_DIRS: tuple[str, ...] = ()
 _is_user: dict[object, bool] = {}  # code object -> does it belong to user code
@@ -67,20 +68,23 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
 
 
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
+# torch.distributed's point-to-point functions (their names, not op names), and the blocking ones
+_P2P_API = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+_BLOCKING = ("send", "recv")
 
 
-def p2p_api(skip: int = 2) -> str:
-    """The outermost torch.distributed function on the stack: dist.send calls dist.isend,
-    so "send" there means a blocking call."""
+def blocking_p2p(skip: int = 2) -> bool:
+    """Whether the outermost torch.distributed function on the stack is a blocking send or
+    recv: dist.send calls dist.isend, so isend's caller tells."""
     try:
         frame = sys._getframe(skip)
     except ValueError:
-        return ""
+        return False
     name = ""
     hops = 0
     while frame is not None and hops < 12 and frame.f_code.co_filename.endswith(_C10D_FILES):
-        if frame.f_code.co_name in ("send", "recv", "isend", "irecv", "batch_isend_irecv"):
+        if frame.f_code.co_name in _P2P_API:
             name = frame.f_code.co_name
         frame = frame.f_back
         hops += 1
-    return name
+    return name in _BLOCKING

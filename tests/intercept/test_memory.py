@@ -4,7 +4,7 @@ import threading
 
 import torch
 
-from prism_rr.recorder._memory import CpuMemoryTracker
+from prism_rr.intercept.memory import CpuMemoryTracker
 
 MB = 2**20
 

@@ -1,10 +1,9 @@
-"""The replay process group: a real rank's view of a group whose other members may be virtual.
+"""The replay policy: a real rank's view of a group whose other members may be virtual.
 
-It subclasses the recorder's RecordingGroup, so every torch entry point (classic API,
-functional collectives, DDP, FSDP2) reaches the same two generic paths with the same op
-names and the same sequence numbering as in the recording; only those paths differ.
-For each call the group finds the recorded call of this rank at (group, seq), checks it,
-builds the result and completes it when the live timing model says so:
+Every torch entry point reaches it through the InterceptGroup with the same op names and
+sequence numbers as in the recording. For each call the policy finds the recorded call
+of this rank at (group, seq), checks it, builds the result and completes it when the live
+timing model says so:
 
 - a group whose members are all real forwards to a real gloo group, as in production;
 - otherwise the real members exchange their inputs over a gloo group of just them, the
@@ -18,22 +17,23 @@ from __future__ import annotations
 import torch
 from torch._C._distributed_c10d import AllgatherOptions
 
-from prism_rr.format.blobs import blob_id
 from prism_rr.errors import DivergenceError
+from prism_rr.format import ops
+from prism_rr.format.blobs import blob_id
 from prism_rr.format.records import PointToPoint
-from prism_rr.recorder._group import ForwardingWork, RecordingGroup
-from prism_rr.recorder._payload import describe, digests
-from prism_rr.recorder._stack import p2p_api
+from prism_rr.intercept.group import Policy, completed_work
+from prism_rr.intercept.payload import describe, digests
 from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, host_bytes, plausible, write
+from prism_rr.replayer._install import BACKEND
 
-__all__ = ["ReplayGroup"]
+__all__ = ["Absent", "ReplayPolicy"]
 
 
-class _Absent:
+class Absent:
     """Stands for the real backend of a group with virtual members: nothing is forwarded."""
 
     def name(self) -> str:
-        return "prism_rr_replay"  # no backend type: nothing is registered with torch for it
+        return BACKEND  # no backend type: nothing is registered with torch for it
 
     def __getattr__(self, attr):
         def absent(*args, **kwargs):
@@ -42,55 +42,28 @@ class _Absent:
         return absent
 
 
-class _FromPeer(ForwardingWork):
-    """A receive's work that names its sender (a receive from any source)."""
-
-    def __init__(self, inner, group_src: int):
-        super().__init__(inner)
-        self._src = group_src
-
-    def source_rank(self) -> int:
-        return self._src
-
-    def _source_rank(self) -> int:
-        return self._src
-
-
 def _shapes(x) -> tuple:
     return tuple(tuple(s) for s in x)
 
 
-class ReplayGroup(RecordingGroup):
-    """A group of the recorded world as one real rank replays it."""
+class ReplayPolicy(Policy):
+    """One group of the recorded world as one real rank replays it."""
 
-    def __init__(self, session, rank: int, size: int, *, gid: int, ranks, real_pg, all_real: bool,
-                 backend_name: str = "gloo"):
-        real = real_pg if all_real else _Absent()
-        super().__init__({"cpu": real}, rank, size, gid=gid, ranks=ranks, rec=None)
+    def __init__(self, session, gid: int, ranks, *, real_pg, all_real: bool):
         self._session = session
         self._real_pg = real_pg  # gloo among the real members, or None when this rank is alone
         self._all_real = all_real
-        self._backend_name = backend_name
         real_ranks = set(session.real)
-        self._real_members = [g for g in self._ranks if g in real_ranks]  # global ranks, group order
+        self._real_members = [g for g in ranks if g in real_ranks]  # global ranks, group order
         self._sub = {g: i for i, g in enumerate(self._real_members)}  # global rank -> rank in real_pg
-        self._coalesced: list | None = None
-        self._peers = _peer_classes(session, gid, self._ranks, real_ranks)
+        self._peers = _peer_classes(session, gid, ranks, real_ranks)
         self._single = all(len(c.positions) == 1 for c in self._peers)
         self._srcs = {c.key: c.src for c in self._peers if c.key != c.src}  # timing key -> clock of
         # The last small non-floating message this rank sent each virtual peer, by
         # (peer, dtypes, shapes): a handshake's answer when the bundle lacks it (_echo).
         self._sent: dict[tuple, list] = {}
 
-    def getBackendName(self) -> str:
-        # Torch's C++ side (DDP's logger) looks a backend up by this name: only an all-real
-        # group has one registered under the real name.
-        return self._backend_name if self._all_real else "prism_rr_replay"
-
-    def name(self) -> str:
-        return self._backend_name
-
-    def shutdown(self) -> None:
+    def shutdown(self, group) -> None:
         if self._real_pg is not None and hasattr(self._real_pg, "shutdown"):
             self._real_pg.shutdown()
         self.release()
@@ -108,27 +81,38 @@ class ReplayGroup(RecordingGroup):
             except Exception:
                 pass
 
-    def abort(self) -> None:
+    def abort(self, group) -> None:
         if self._real_pg is not None and hasattr(self._real_pg, "abort"):
             self._real_pg.abort()
 
-    # --- checking -----------------------------------------------------------------
+    # --- every call ---------------------------------------------------------------
 
-    def _check(self, own, seq, op, live: dict, ins) -> bool:
+    def run(self, group, call):
+        s = self._session
+        entry = s.enter()
+        try:
+            if call.p2p:
+                return s.aside(self._p2p, group, call, entry)
+            return s.aside(self._collective, group, call, entry)
+        finally:
+            s.returned()
+
+    def _check(self, group, call, own, live: dict) -> bool:
         """Compare with the recorded call; True when the inputs are known to match."""
         s = self._session
+        gid, seq, op = group.gid, call.seq, call.op
         if own is None:
             if s.schedule.windowed.get(s.rank, False):
                 return False
-            s.diverge(self._gid, seq, op, "call", "no such call (the recording ends before it)", op)
+            s.diverge(gid, seq, op, "call", "no such call (the recording ends before it)", op)
             return False
         if own.op != op:
-            s.diverge(self._gid, seq, op, "op", own.op, op)
+            s.diverge(gid, seq, op, "op", own.op, op)
             return False
         # `scale` predicted this call's shapes (FSDP2 pads each parameter's dim 0 to a
         # multiple of the group size, which the recording cannot tell): the live shapes
         # stand, the call is counted and its differences reported.
-        predicted = s.schedule.shape_predicted(self._gid, own.op)
+        predicted = s.schedule.shape_predicted(gid, own.op)
         diffs = []
         for name, got in live.items():
             want = getattr(own, name)
@@ -141,14 +125,14 @@ class ReplayGroup(RecordingGroup):
             elif isinstance(want, list):
                 want = tuple(want)
             if want != got:
-                s.diverge(self._gid, seq, op, name, want, got)
+                s.diverge(gid, seq, op, name, want, got)
                 return False
         if predicted:
-            s.shapes_predicted(self._gid, op, seq, diffs)
+            s.shapes_predicted(gid, op, seq, diffs)
             if diffs:
                 return False
         if isinstance(own, PointToPoint):
-            if own.op.endswith("recv"):
+            if call.receives:
                 return True  # what arrives is checked by the sender's side
             dig, blobs = own.digest, own.blob
         else:
@@ -157,69 +141,57 @@ class ReplayGroup(RecordingGroup):
             # Data made up for virtual peers has flowed into this rank's numerics since:
             # its tensors can no longer match the recorded digests, only shapes can.
             return True
+        ins = call.ins
         if dig is not None:
             got = digests(ins)
             if tuple(got) != tuple(dig):
-                s.diverge(self._gid, seq, op, "digest_in", _hex(dig), _hex(got))
+                s.diverge(gid, seq, op, "digest_in", _hex(dig), _hex(got))
                 return False
         if blobs is not None:
             got = tuple(blob_id(host_bytes(t)) for t in ins)
             if got != tuple(blobs):
-                s.diverge(self._gid, seq, op, "payload_in", _hex(blobs), _hex(got))
+                s.diverge(gid, seq, op, "payload_in", _hex(blobs), _hex(got))
                 return False
         return True
 
     # --- collectives --------------------------------------------------------------
 
-    def _collective(self, op, ins, outs, fn, args, *, reduce_op=None, root=None, async_op=False):
-        seq = self._seq
-        self._seq = seq + 1
+    def _collective(self, group, call, entry):
         s = self._session
-        rec = s.rec
-        call = None
-        if rec is not None and rec.active:
-            call = rec.enter(op, self._gid, seq, ins, outs, reduce_op=reduce_op, root=root, async_op=async_op)
-        entry = s.enter()
-        try:
-            with s.internal():
-                own = s.schedule.collective(s.rank, self._gid, seq)
-                s.clock.anchor(entry, own)
-                in_shapes, in_dtypes, _ = describe(ins)
-                out_shapes, out_dtypes, _ = describe(outs)
-                live = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "out_shapes": out_shapes,
-                        "out_dtypes": out_dtypes, "reduce_op": reduce_op, "root": root}
-                matched = self._check(own, seq, op, live, ins)
-                if self._all_real:
-                    work = self._real_call(fn, args, entry, own, outs, async_op)
-                else:
-                    work = self._virtual(op, seq, entry, own, matched, ins, outs, args, reduce_op, root, async_op)
-        finally:
-            s.returned()
-        return self._track(rec, call, work) if call is not None else work
+        own = s.schedule.collective(s.rank, group.gid, call.seq)
+        s.clock.anchor(entry, own)
+        in_shapes, in_dtypes, _ = describe(call.ins)
+        out_shapes, out_dtypes, _ = describe(call.outs)
+        live = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "out_shapes": out_shapes,
+                "out_dtypes": out_dtypes, "reduce_op": call.reduce_op, "root": call.root}
+        matched = self._check(group, call, own, live)
+        if self._all_real:
+            return self._real_call(group, call, entry)
+        return self._virtual(group, call, entry, own, matched)
 
-    def _real_call(self, fn, args, entry, own, outs, async_op):
+    def _real_call(self, group, call, entry):
         """A group of real ranks only: the real backend, in real time; with virtual timing
         the call completes on the virtual clock at the latest member's entry plus the
         recorded transfer."""
         s = self._session
         if not s.virtual:
-            return fn(*args)
+            return call.fn(*call.args)
         mine = torch.tensor([entry], dtype=torch.int64)
         entries = [torch.empty_like(mine) for _ in self._real_members]
         self._real_pg.allgather([entries], [mine], AllgatherOptions()).wait()
-        fn(*args).wait()
-        seq = self._seq - 1
-        records = {g: s.schedule.collective(g, self._gid, seq) for g in self._real_members}
+        call.fn(*call.args).wait()
+        records = {g: s.schedule.collective(g, group.gid, call.seq) for g in self._real_members}
         done = s.clock.completion(records, {g: int(e) for g, e in zip(self._real_members, entries)})[s.rank]
-        return s.work(done, list(outs), blocking=not async_op)
+        return s.work(done, list(call.outs), blocking=not call.async_op)
 
-    def _virtual(self, op, seq, entry, own, matched, ins, outs, args, reduce_op, root, async_op):
+    def _virtual(self, group, call, entry, own, matched):
         """A group with virtual members. They come in classes (`_Peers`): each virtual rank
         of a recorded bundle on its own; in a sliced or scaled bundle, all virtual ranks of
         one role, which replay the representative's records, enter together and send the
         same data: the work per call grows with the roles in the group, not its size."""
         s = self._session
-        n = self._size
+        op, seq, ins, outs = call.op, call.seq, call.ins, call.outs
+        gid, me, n = group.gid, group.rank(), group.size()
         sched, clock = s.schedule, s.clock
         vrecs, ventry = {}, {}
         for c in self._peers:
@@ -228,21 +200,21 @@ class ReplayGroup(RecordingGroup):
             ventry[c.key] = clock.entry(c.key, rec, c.src)
         vmax = max((e for e in ventry.values() if e is not None), default=0)
         in_splits = out_splits = None
-        if op == "all_to_all_single":
-            out_splits, mine = list(args[2]), list(args[3])
+        if ops.OPS[op].form == "all_to_all_single":
+            out_splits, mine = list(call.args[2]), list(call.args[3])
             in_splits = [None] * n
-            in_splits[self._rank] = mine
+            in_splits[me] = mine
         # (group ranks, their inputs or None: replicas of ours, the ranks as an index tensor)
-        parts: list = [([self._rank], list(ins), None)]
+        parts: list = [([me], list(ins), None)]
         entries = [entry]
         if self._real_pg is not None:
-            got = self._exchange(entry, vmax, ins, in_splits[self._rank] if in_splits else [],
+            got = self._exchange(entry, vmax, ins, in_splits[me] if in_splits else [],
                                  n if in_splits is not None else 0)
             entries = [m[0] for m, _ in got]
             vmax = max(m[1] for m, _ in got)
             for g, (meta, data) in zip(self._real_members, got):
-                j = self._peer_map[g]
-                if j != self._rank:
+                j = group.position[g]
+                if j != me:
                     parts.append(([j], _decode(data, ins), None))
                 if in_splits is not None:
                     in_splits[j] = meta[4 : 4 + meta[3]]
@@ -257,19 +229,19 @@ class ReplayGroup(RecordingGroup):
             for t, b, dt, shape in zip(outs, own.blob_out, own.out_dtypes, own.out_shapes):
                 write(t, from_blob(s.bundle, b, dt, shape))
         else:
-            root_j = self._peer_map[root] if root is not None else None
+            root_j = group.position[call.root] if call.root is not None else None
             if self._single:
                 contrib: list = [None] * n
                 for pos, tensors, _ in parts:
                     contrib[pos[0]] = tensors
-                build_outputs(op, self._rank, n, ins, outs, contrib, reduce_op=reduce_op, root=root_j,
+                build_outputs(op, me, n, ins, outs, contrib, reduce_op=call.reduce_op, root=root_j,
                               in_splits=in_splits, out_splits=out_splits)
             else:
-                build_grouped(op, self._rank, n, ins, outs, parts, reduce_op=reduce_op, root=root_j,
+                build_grouped(op, me, n, ins, outs, parts, reduce_op=call.reduce_op, root=root_j,
                               in_splits=in_splits, out_splits=out_splits)
             if not known and outs:
                 s.synthetic = True
-        records = {g: sched.collective(g, self._gid, seq) for g in self._real_members}
+        records = {g: sched.collective(g, gid, seq) for g in self._real_members}
         records.update(vrecs)
         arrivals = dict(zip(self._real_members, entries)) if len(entries) > 1 else {s.rank: entry}
         arrivals.update({k: e for k, e in ventry.items() if e is not None})
@@ -280,8 +252,8 @@ class ReplayGroup(RecordingGroup):
         for c in self._peers:
             clock.completed(c.key, vrecs[c.key], ventry[c.key], finish.get(c.key, done))
         if s.trace is not None:
-            s.trace.append([self._gid, seq, entries, ventry, done])
-        return s.work(done, list(outs), blocking=not async_op, inputs=list(ins))
+            s.trace.append([gid, seq, entries, ventry, done])
+        return s.work(done, list(outs), blocking=not call.async_op, inputs=list(ins))
 
     def _exchange(self, entry: int, vmax: int, ins, splits, width: int) -> list:
         """Every real member's (meta, input bytes): meta = [entry, vmax, nbytes, nsplits, *splits],
@@ -304,59 +276,30 @@ class ReplayGroup(RecordingGroup):
         pg.allgather([bufs], [mine], AllgatherOptions()).wait()
         return [(m, bytes(b[: m[2]].numpy())) for m, b in zip(metas, bufs)]
 
-    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        def real_barrier(*_):
-            if timeout is None:
-                self._real_pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
-            else:
-                self._real_pg.monitored_barrier(timeout, wait_all_ranks)
-            return self._session.complete_at(0, [])
-
-        self._collective("monitored_barrier", [], [], real_barrier, ()).wait()
-
     # --- point to point -----------------------------------------------------------
 
-    def _p2p(self, op, tensors, group_peer, tag, fn, args, async_op=None):
-        peer = self._ranks[group_peer]
-        key = (op, peer)
-        seq = self._p2p_seq.get(key, 0)
-        self._p2p_seq[key] = seq + 1
-        if async_op is None:
-            async_op = p2p_api(3) not in ("send", "recv")
-        name = ("i" + op) if async_op else op
-        s = self._session
-        rec = s.rec
-        call = None
-        if rec is not None and rec.active:
-            call = rec.enter(name, self._gid, seq, tensors, tensors, peer=peer, tag=tag,
-                             async_op=async_op, p2p=True)
-        entry = s.enter()
-        try:
-            with s.internal():
-                own = s.schedule.p2p(s.rank, self._gid, op, peer, seq)
-                s.clock.anchor(entry, own)
-                shapes, dtypes, _ = describe(tensors)
-                live = {"shapes": shapes, "dtypes": dtypes, "tag": tag}
-                matched = self._check(own, seq, name, live, tensors)
-                if self._all_real:
-                    work = fn(*args)
-                elif peer in self._sub:
-                    real = self._real_pg.send if op == "send" else self._real_pg.recv
-                    work = real(tensors, self._sub[peer], tag)
-                else:
-                    work = self._virtual_p2p(op, seq, entry, own, matched, tensors, peer, async_op)
-        finally:
-            s.returned()
-        if call is not None:
-            work = self._track(rec, call, work)
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
+    # The schedule keys a point-to-point call by its direction, "send" or "recv".
 
-    def _virtual_p2p(self, op, seq, entry, own, matched, tensors, peer, async_op):
+    def _p2p(self, group, call, entry):
         s = self._session
-        other = s.schedule.p2p(peer, self._gid, "recv" if op == "send" else "send", s.rank, seq)
-        if op == "send":
+        peer, tensors = call.peer, call.ins
+        own = s.schedule.p2p(s.rank, group.gid, "recv" if call.receives else "send", peer, call.seq)
+        s.clock.anchor(entry, own)
+        shapes, dtypes, _ = describe(tensors)
+        live = {"shapes": shapes, "dtypes": dtypes, "tag": call.tag}
+        matched = self._check(group, call, own, live)
+        if self._all_real:
+            return call.fn(*call.args)
+        if peer in self._sub:
+            real = self._real_pg.recv if call.receives else self._real_pg.send
+            return real(tensors, self._sub[peer], call.tag)
+        return self._virtual_p2p(group, call, entry, own, matched)
+
+    def _virtual_p2p(self, group, call, entry, own, matched):
+        s = self._session
+        gid, seq, peer, tensors = group.gid, call.seq, call.peer, call.ins
+        other = s.schedule.p2p(peer, gid, "send" if call.receives else "recv", s.rank, seq)
+        if not call.receives:
             self._note_sent(peer, tensors)
         else:
             blobs = own.blob if own is not None and matched else None
@@ -372,13 +315,13 @@ class ReplayGroup(RecordingGroup):
                     if echo is not None:
                         write(t, echo[i])
                     else:
-                        plausible(t, hash((self._gid, peer, seq, i)))
+                        plausible(t, hash((gid, peer, seq, i)))
         start = s.clock.entry(peer, other)
         arrivals = {s.rank: entry} if start is None else {s.rank: entry, peer: start}
         finish = s.clock.completion({s.rank: own, peer: other}, arrivals)
         done = finish[s.rank]
         s.clock.completed(peer, other, start, finish.get(peer, done))
-        return s.work(done, list(tensors), blocking=not async_op)
+        return s.work(done, list(tensors), blocking=not call.async_op)
 
     # Control messages the bundle lacks (sent before a --steps window, or recorded with
     # --payload none) steer the program: pipelining's warm-up vote, which stage 0 sends
@@ -405,48 +348,38 @@ class ReplayGroup(RecordingGroup):
         key = (peer, tuple(str(t.dtype) for t in tensors), tuple(tuple(t.shape) for t in tensors))
         return self._sent.get(key)
 
-    def recv_anysource(self, tensors, tag=0):
+    def anysource(self, group) -> int:
         """A receive from any source takes the message the recording says came next: from
         the peer whose next recorded receive on this group started first. The recorded
         arrival order is kept (real and virtual peers alike), and the work names the
         sender as production's did."""
-        group_src = self._anysource_peer()
-        if group_src is None:
-            s = self._session
-            s.diverge(self._gid, -1, "recv", "call", "a receive the recording has (it has none left "
+        s = self._session
+        best = None
+        for g, peer in enumerate(group.ranks):
+            if peer == s.rank:
+                continue
+            rec = s.schedule.p2p(s.rank, group.gid, "recv", peer, group.next_p2p_seq(True, peer))
+            if rec is not None and (best is None or rec.start_ns < best[0]):
+                best = (rec.start_ns, g)
+        if best is None:
+            s.diverge(group.gid, -1, "recv", "call", "a receive the recording has (it has none left "
                       "on this group)", "a receive from any source")
             raise DivergenceError(s.stopped.paragraph() if s.stopped is not None else
                                   "prism-rr replay: no recorded receive is left for a receive from any source")
-        async_op = p2p_api(2) != "recv"
-        real = self._backend_for(tensors)
-        work = self._p2p("recv", tensors, group_src, tag, real.recv, (tensors, group_src, tag), async_op=async_op)
-        return _FromPeer(work, group_src)
-
-    def _anysource_peer(self) -> int | None:
-        s = self._session
-        best = None
-        for g, peer in enumerate(self._ranks):
-            if peer == s.rank:
-                continue
-            rec = s.schedule.p2p(s.rank, self._gid, "recv", peer, self._p2p_seq.get(("recv", peer), 0))
-            if rec is not None and (best is None or rec.start_ns < best[0]):
-                best = (rec.start_ns, g)
-        return None if best is None else best[1]
+        return best[1]
 
     # --- coalescing ---------------------------------------------------------------
 
-    def _start_coalescing(self, device):
+    def start_coalescing(self, group, device) -> None:
         if self._all_real:
-            return super()._start_coalescing(device)
-        self._coalesced = []
+            super().start_coalescing(group, device)
 
-    def _end_coalescing(self, device):
+    def end_coalescing(self, group, device, works: list):
         if self._all_real:
-            return super()._end_coalescing(device)
-        works, self._coalesced = self._coalesced or [], None
+            return super().end_coalescing(group, device, works)
         for w in works:
             w.wait()
-        return self._session.complete_at(0, [])
+        return completed_work()
 
 
 class _Peers:

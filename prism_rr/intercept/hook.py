@@ -1,17 +1,19 @@
-"""Arm the recorder in a fresh process: patch torch.distributed when it is imported."""
+"""The start-up import hook: run a function right after a module is imported.
+
+The start-up hook (sitecustomize) arms the recorder or the replayer before the program
+imports torch; they patch torch.distributed from here once the program imports it.
+Importing this module imports nothing heavy.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from importlib.abc import Loader, MetaPathFinder
 
-from prism_rr.recorder._options import ENV_VAR, RecordOptions
+__all__ = ["on_import"]
 
-__all__ = ["arm", "on_import"]
-
-log = logging.getLogger("prism_rr.recorder")
+log = logging.getLogger("prism_rr")
 _callbacks: dict[str, list] = {}
 
 
@@ -29,7 +31,7 @@ class _Loader(Loader):
             try:
                 fn(module)
             except Exception as exc:
-                log.warning("prism-rr: recording is off: %s: %s", type(exc).__name__, exc)
+                log.warning("prism-rr: could not patch %s: %s: %s", self._name, type(exc).__name__, exc)
 
 
 class _Finder(MetaPathFinder):
@@ -66,14 +68,3 @@ def on_import(name: str, fn) -> None:
 def _initializing(module) -> bool:
     return bool(getattr(module.__spec__, "_initializing", False))
 
-
-def arm() -> None:
-    """From the start-up hook: read PRISM_RR_RECORD and wait for torch.distributed."""
-    options = RecordOptions.from_json(os.environ[ENV_VAR])
-
-    def install(_module):
-        from prism_rr.recorder import _install
-
-        _install.install(options)
-
-    on_import("torch.distributed.distributed_c10d", install)

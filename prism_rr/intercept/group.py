@@ -1,10 +1,17 @@
-"""The recording process group: a Python ProcessGroup that wraps the real backend.
+"""The one process group: every torch entry point normalised into a `Call` for a policy.
 
-Every method forwards its arguments unchanged to the real backend (gloo, NCCL) and
-returns the real Work where it has a future (completion is taken from a future
-callback), or a thin Work that notes completion at wait() where it has none (gloo's
-send, recv and reduce_scatter_tensor). Outside the step window a call costs one
-counter increment and one attribute test.
+torch reaches a Python ProcessGroup through many entry points (the classic API,
+functional collectives, DDP's reducer, FSDP2). Each becomes one `Call`: the op name the
+recorder writes, the group id, its sequence number (per group for collectives, per
+direction and peer for point-to-point, counted here and nowhere else), inputs, outputs,
+reduce op, root, peer, tag, and the real backend's function and arguments. A `Policy`
+turns the call into a Work: the recorder's forwards it to the real backend, the
+replayer's checks it against a bundle and builds its results. An observer (the
+recording), when there is one, sees every call whichever policy runs it:
+
+    observer.enter(call) -> token, or None to look away from this call
+    observer.failed(token, exc)  # the policy raised
+    observer.track(token, work, group) -> the Work the program gets
 """
 
 from __future__ import annotations
@@ -29,9 +36,9 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-from prism_rr.recorder._stack import p2p_api
+from prism_rr.intercept.stack import blocking_p2p
 
-__all__ = ["ForwardingWork", "RecordingGroup"]
+__all__ = ["Call", "ForwardingWork", "FromPeer", "InterceptGroup", "Policy", "completed_work"]
 
 _BACKEND_TYPES = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
@@ -51,20 +58,6 @@ def _op_name(op) -> str:
         return op.op.name if isinstance(op, ReduceOp) else ReduceOp(op).op.name
     except Exception:
         return str(op)
-
-
-def _forward(rec, fn, args):
-    """Call the real backend. What it allocates on this thread (gloo's staging buffers)
-    is the backend's, not the program's: the memory tracker and per-operator records skip
-    it, as the replayer skips its own work."""
-    mode = getattr(rec, "ops_mode", None)
-    if mode is None or not mode.enabled:
-        return fn(*args)
-    mode.enabled = False
-    try:
-        return fn(*args)
-    finally:
-        mode.enabled = True
 
 
 def _flat(lists) -> list:
@@ -112,42 +105,18 @@ class ForwardingWork(Work):
         return self._inner.get_future_result()
 
 
-class _TimedWork(ForwardingWork):
-    """The real Work, noting completion at wait() (or at its future's callback, if sooner).
+class FromPeer(ForwardingWork):
+    """A receive's work that names its sender (a receive from any source)."""
 
-    A future callback needs the GIL, which a busy main thread holds for up to the
-    switch interval (5 ms), so a blocking call's completion is taken where wait()
-    returns; an async call's at whichever comes first. Either way the record, which
-    reads the outputs, is written here, where the program's wait() returns and its
-    outputs are alive and final (a callback only notes the time).
-    """
-
-    def __init__(self, inner, rec, call, anysource_group=None):
+    def __init__(self, inner, group_src: int):
         super().__init__(inner)
-        self._rec = rec
-        self._call = call
-        self._anysource = anysource_group
+        self._src = group_src
 
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        try:
-            ok = self._inner.wait(timeout)
-        except BaseException as exc:
-            self._rec.complete(self._call, exc)
-            self._rec.write_finished(self._call)
-            raise
-        call = self._call
-        if not call.done:
-            peer = None
-            if self._anysource is not None:
-                try:
-                    peer = self._anysource._count_anysource(self._inner._source_rank(), call)
-                except Exception:
-                    peer = None
-            self._rec.complete(call, None, peer)
-        elif not call.written:
-            self._rec.write_finished(call)
-        self._rec.settle(call)
-        return ok
+    def source_rank(self) -> int:
+        return self._src
+
+    def _source_rank(self) -> int:
+        return self._src
 
 
 class _JoinedWork(Work):
@@ -182,29 +151,99 @@ def _join(works):
     return _create_work_from_future(torch.futures.collect_all(futs))
 
 
-class RecordingGroup(ProcessGroup):
-    """A process group that forwards to `real` and records every call in `rec`."""
+def completed_work(value=None):
+    """A Work that is already complete, with `value` as its future's result."""
+    fut = torch.futures.Future()
+    fut.set_result([] if value is None else value)
+    return _create_work_from_future(fut)
 
-    def __init__(self, real: dict, rank: int, size: int, *, gid: int, ranks, rec):
+
+class Call:
+    """One call of the program on a group, as every entry point is normalised."""
+
+    __slots__ = ("op", "gid", "seq", "ins", "outs", "reduce_op", "root", "peer", "tag", "async_op",
+                 "p2p", "receives", "fn", "args")
+
+    def __init__(self, op: str, gid: int, seq: int, ins, outs, fn, args, *, reduce_op=None, root=None,
+                 peer=None, tag=0, async_op=False, p2p=False, receives=False):
+        self.op = op  # the name the recorder writes (format/ops.py)
+        self.gid = gid
+        self.seq = seq  # -1: a receive from any source, counted once its sender is known
+        self.ins = ins
+        self.outs = outs
+        self.reduce_op = reduce_op
+        self.root = root  # global rank
+        self.peer = peer  # global rank; None: any source
+        self.tag = tag
+        self.async_op = async_op
+        self.p2p = p2p
+        self.receives = receives  # a point-to-point receive
+        self.fn = fn  # the real backend's method, and its arguments
+        self.args = args
+
+
+class Policy:
+    """What a group does with its calls. This one forwards every call to the real backend."""
+
+    def run(self, group: InterceptGroup, call: Call):
+        return call.fn(*call.args)
+
+    def anysource(self, group: InterceptGroup) -> int | None:
+        """The group rank a receive from any source takes its message from, when known before
+        it arrives; None: the real backend finds out."""
+        return None
+
+    def start_coalescing(self, group: InterceptGroup, device) -> None:
+        group.backend_for_device(device)._start_coalescing()
+
+    def end_coalescing(self, group: InterceptGroup, device, works: list):
+        """`works`: the point-to-point calls made since `start_coalescing`."""
+        return group.backend_for_device(device)._end_coalescing()
+
+    def shutdown(self, group: InterceptGroup) -> None:
+        for b in group.backends.values():
+            if hasattr(b, "shutdown"):
+                b.shutdown()
+
+    def abort(self, group: InterceptGroup) -> None:
+        for b in group.backends.values():
+            if hasattr(b, "abort"):
+                b.abort()
+
+
+class InterceptGroup(ProcessGroup):
+    """A process group of `size` (this rank `rank`) that hands every call to `policy`.
+
+    `backends`: device type -> real backend (gloo, NCCL), or a stand-in for one where
+    there is none; `ranks`: group rank -> global rank; `gid`: the group's id, counted
+    from the world group (0) on by every rank alike."""
+
+    def __init__(self, backends: dict, rank: int, size: int, *, gid: int, ranks, policy: Policy,
+                 observer=None, backend_name: str | None = None):
         super().__init__(rank, size)
-        self._real_by_device = real  # device type -> real Backend
-        self._real = next(iter(real.values()))
+        self.backends = backends
+        self._real = next(iter(backends.values()))
         self._rank = rank
         self._size = size
-        self._gid = gid
-        self._ranks = tuple(ranks)  # group rank -> global rank
-        self._peer_map = {g: i for i, g in enumerate(self._ranks)}
-        self._rec = rec
+        self.gid = gid
+        self.ranks = tuple(ranks)
+        self.position = {g: i for i, g in enumerate(self.ranks)}  # global rank -> group rank
+        self.policy = policy
+        self.observer = observer
         self._seq = 0
-        self._p2p_seq: dict[tuple[str, int], int] = {}
+        self._p2p_seq: dict[tuple[bool, int], int] = {}  # (receives, global peer) -> next seq
+        self._coalesced: list | None = None
         self._name = ""
         self._desc = ""
+        self._backend_name = backend_name or self._real.name()
         # C++ code that asks for the backend by type (DDP's logger, ...) finds the real
         # one. Calls it makes there bypass us; the tests check no collective does.
-        for device, backend in real.items():
+        self._registered = False
+        for device, backend in backends.items():
             kind = _BACKEND_TYPES.get(backend.name())
             if kind is not None:
                 self._register_backend(torch.device(device), kind, backend)
+                self._registered = True
         kind = _BACKEND_TYPES.get(self._real.name())
         if kind is not None:
             self._set_default_backend(kind)
@@ -212,7 +251,9 @@ class RecordingGroup(ProcessGroup):
     # --- identity -----------------------------------------------------------------
 
     def getBackendName(self) -> str:
-        return self._real.name()
+        # Torch's C++ side (DDP's logger) looks a backend up by this name: only a group
+        # with a real backend registered names it.
+        return self._backend_name if self._registered else self._real.name()
 
     def getRank(self) -> int:
         return self._rank
@@ -241,74 +282,65 @@ class RecordingGroup(ProcessGroup):
         return self._desc
 
     def name(self) -> str:
-        return self._real.name()
+        return self._backend_name
 
     def abort(self) -> None:
-        for b in self._real_by_device.values():
-            if hasattr(b, "abort"):
-                b.abort()
+        self.policy.abort(self)
 
     def shutdown(self) -> None:
-        for b in self._real_by_device.values():
-            if hasattr(b, "shutdown"):
-                b.shutdown()
+        self.policy.shutdown(self)
+
+    def backend_for_device(self, device):
+        return self.backends.get(torch.device(device).type, self._real)
 
     def _backend_for(self, tensors):
-        if len(self._real_by_device) > 1 and tensors:
-            return self._real_by_device.get(tensors[0].device.type, self._real)
+        if len(self.backends) > 1 and tensors:
+            return self.backends.get(tensors[0].device.type, self._real)
         return self._real
 
     # --- the generic path ---------------------------------------------------------
 
+    def _run(self, call: Call):
+        observer = self.observer
+        token = observer.enter(call) if observer is not None else None
+        if token is None:
+            return self.policy.run(self, call)
+        try:
+            work = self.policy.run(self, call)
+        except BaseException as exc:
+            observer.failed(token, exc)
+            raise
+        return observer.track(token, work, self)
+
     def _collective(self, op, ins, outs, fn, args, *, reduce_op=None, root=None, async_op=False):
         seq = self._seq
         self._seq = seq + 1
-        rec = self._rec
-        if not rec.active:
-            return _forward(rec, fn, args)
-        call = rec.enter(op, self._gid, seq, ins, outs, reduce_op=reduce_op, root=root, async_op=async_op)
-        if call is None:
-            return _forward(rec, fn, args)
-        try:
-            work = _forward(rec, fn, args)
-        except BaseException as exc:
-            rec.complete(call, exc)
-            raise
-        return self._track(rec, call, work)
+        return self._run(Call(op, self.gid, seq, ins, outs, fn, args, reduce_op=reduce_op, root=root,
+                              async_op=async_op))
 
-    def _track(self, rec, call, work, anysource=False):
-        rec.issued(call)
-        if anysource:
-            return _TimedWork(work, rec, call, anysource_group=self)
-        try:
-            fut = work.get_future()
-        except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor
-            fut = None
-        if fut is not None:
-            call.work = fut
-            fut.add_done_callback(lambda f: _done(rec, call, f))
-        return _TimedWork(work, rec, call)
-
-    def _p2p(self, op, tensors, group_peer, tag, fn, args):
-        peer = self._ranks[group_peer]
-        key = (op, peer)
+    def _p2p(self, op, receives, tensors, group_peer, tag, fn, args, async_op):
+        peer = self.ranks[group_peer]
+        key = (receives, peer)
         seq = self._p2p_seq.get(key, 0)
         self._p2p_seq[key] = seq + 1
-        rec = self._rec
-        if not rec.active:
-            return _forward(rec, fn, args)
-        async_op = p2p_api(3) not in ("send", "recv")
-        name = ("i" + op) if async_op else op
-        call = rec.enter(name, self._gid, seq, tensors, tensors, peer=peer, tag=tag,
-                         async_op=async_op, p2p=True)
-        if call is None:
-            return _forward(rec, fn, args)
-        try:
-            work = _forward(rec, fn, args)
-        except BaseException as exc:
-            rec.complete(call, exc)
-            raise
-        return self._track(rec, call, work)
+        work = self._run(Call(op, self.gid, seq, tensors, tensors, fn, args, peer=peer, tag=tag,
+                              async_op=async_op, p2p=True, receives=receives))
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def next_p2p_seq(self, receives: bool, peer: int) -> int:
+        """The sequence number the next message with global rank `peer` will have."""
+        return self._p2p_seq.get((receives, peer), 0)
+
+    def sourced(self, group_src: int) -> tuple[int, int]:
+        """A receive from any source learnt its sender: count it as `_p2p` would have;
+        (global peer, seq)."""
+        peer = self.ranks[group_src]
+        key = (True, peer)
+        seq = self._p2p_seq.get(key, 0)
+        self._p2p_seq[key] = seq + 1
+        return peer, seq
 
     # --- collectives --------------------------------------------------------------
 
@@ -405,27 +437,27 @@ class RecordingGroup(ProcessGroup):
         opts = _opts(opts, BroadcastOptions, "rootRank")
         real = self._backend_for(tensors)
         return self._collective("broadcast", tensors, tensors, real.broadcast, (tensors, opts),
-                                root=self._ranks[opts.rootRank], async_op=opts.asyncOp)
+                                root=self.ranks[opts.rootRank], async_op=opts.asyncOp)
 
     def reduce(self, tensors, opts=None):
         opts = _opts(opts, ReduceOptions)
         real = self._backend_for(tensors)
         return self._collective("reduce", tensors, tensors, real.reduce, (tensors, opts),
-                                reduce_op=_op_name(opts.reduceOp), root=self._ranks[opts.rootRank],
+                                reduce_op=_op_name(opts.reduceOp), root=self.ranks[opts.rootRank],
                                 async_op=opts.asyncOp)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = _opts(opts, GatherOptions)
         real = self._backend_for(input_tensors)
         return self._collective("gather", input_tensors, _flat(output_tensors), real.gather,
-                                (output_tensors, input_tensors, opts), root=self._ranks[opts.rootRank],
+                                (output_tensors, input_tensors, opts), root=self.ranks[opts.rootRank],
                                 async_op=opts.asyncOp)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _opts(opts, ScatterOptions)
         real = self._backend_for(output_tensors)
         return self._collective("scatter", _flat(input_tensors), output_tensors, real.scatter,
-                                (output_tensors, input_tensors, opts), root=self._ranks[opts.rootRank],
+                                (output_tensors, input_tensors, opts), root=self.ranks[opts.rootRank],
                                 async_op=opts.asyncOp)
 
     def barrier(self, opts=None):
@@ -433,72 +465,51 @@ class RecordingGroup(ProcessGroup):
         return self._collective("barrier", [], [], self._real.barrier, (opts,), async_op=opts.asyncOp)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        seq = self._seq
-        self._seq = seq + 1
-        rec = self._rec
-        call = rec.enter("monitored_barrier", self._gid, seq, [], []) if rec.active else None
-        try:
+        real = self._real
+
+        def barrier():
             if timeout is None:
-                self._real.monitored_barrier(wait_all_ranks=wait_all_ranks)
+                real.monitored_barrier(wait_all_ranks=wait_all_ranks)
             else:
-                self._real.monitored_barrier(timeout, wait_all_ranks)
-        except BaseException as exc:
-            if call is not None:
-                rec.complete(call, exc)
-            raise
-        if call is not None:
-            rec.issued(call)
-            rec.complete(call)
+                real.monitored_barrier(timeout, wait_all_ranks)
+            return completed_work()
+
+        self._collective("monitored_barrier", [], [], barrier, ()).wait()
 
     # --- point to point -----------------------------------------------------------
 
+    # dist.send calls isend: the outermost torch function (3 frames up) says blocking or not.
+
     def send(self, tensors, dst, tag=0):
         real = self._backend_for(tensors)
-        return self._p2p("send", tensors, dst, tag, real.send, (tensors, dst, tag))
+        async_op = not blocking_p2p(2)
+        return self._p2p("isend" if async_op else "send", False, tensors, dst, tag, real.send,
+                         (tensors, dst, tag), async_op)
 
     def recv(self, tensors, src, tag=0):
         real = self._backend_for(tensors)
-        return self._p2p("recv", tensors, src, tag, real.recv, (tensors, src, tag))
+        async_op = not blocking_p2p(2)
+        return self._p2p("irecv" if async_op else "recv", True, tensors, src, tag, real.recv,
+                         (tensors, src, tag), async_op)
 
     def recv_anysource(self, tensors, tag=0):
         real = self._backend_for(tensors)
-        rec = self._rec
-        if not rec.active:
-            return _forward(rec, real.recv_anysource, (tensors, tag))
-        async_op = p2p_api(2) != "recv"
-        # The peer, and so the per-peer sequence number, is known only at completion.
-        call = rec.enter("irecv" if async_op else "recv", self._gid, -1, tensors, tensors,
-                         peer=None, tag=tag, async_op=async_op, p2p=True)
-        if call is None:
-            return _forward(rec, real.recv_anysource, (tensors, tag))
-        try:
-            work = _forward(rec, real.recv_anysource, (tensors, tag))
-        except BaseException as exc:
-            rec.complete(call, exc)
-            raise
-        return self._track(rec, call, work, anysource=True)
+        async_op = not blocking_p2p(2)
+        op = "irecv" if async_op else "recv"
+        src = self.policy.anysource(self)
+        if src is not None:
+            work = self._p2p(op, True, tensors, src, tag, real.recv, (tensors, src, tag), async_op)
+            return FromPeer(work, src)
+        # The peer, and so the per-peer sequence number, is known only at completion (`sourced`).
+        return self._run(Call(op, self.gid, -1, tensors, tensors, real.recv_anysource, (tensors, tag),
+                              tag=tag, async_op=async_op, p2p=True, receives=True))
 
-    def _count_anysource(self, group_src: int, call) -> int:
-        peer = self._ranks[group_src]
-        key = ("recv", peer)
-        call.seq = self._p2p_seq.get(key, 0)
-        self._p2p_seq[key] = call.seq + 1
-        return peer
-
-    # --- coalescing (the old per-call style: forward to the real backend) ---------
+    # --- coalescing (the old per-call style) ----------------------------------------
 
     def _start_coalescing(self, device):
-        self._real_by_device.get(torch.device(device).type, self._real)._start_coalescing()
+        self._coalesced = []
+        self.policy.start_coalescing(self, device)
 
     def _end_coalescing(self, device):
-        return self._real_by_device.get(torch.device(device).type, self._real)._end_coalescing()
-
-
-def _done(rec, call, fut) -> None:
-    """A backend thread's future callback: note when, read no tensor (see complete)."""
-    error = None
-    try:
-        fut.value()
-    except BaseException as exc:  # the call failed: still record when
-        error = exc
-    rec.complete(call, error, backend=True)
+        works, self._coalesced = self._coalesced or [], None
+        return self.policy.end_coalescing(self, device, works)

@@ -1,0 +1,50 @@
+"""Interception: the start-up import hook, the group-creation patch, and the one process
+group that turns every torch entry point into a call for a policy.
+
+Both the recorder (`recorder/`, the recording policy) and the replayer (`replayer/`, the
+replay policy) build on this package; so do the tensor facts they share (payload digests,
+the caller's stack, the per-operator dispatch mode, the CPU memory tracker).
+
+Modules: `hook` (on_import), `creation` (GroupCreation), `group` (InterceptGroup, Call,
+Policy), `payload`, `stack`, `dispatch`, `memory`. Importing this package imports no
+torch; the names below load their module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "Call",
+    "CpuMemoryTracker",
+    "ForwardingWork",
+    "FromPeer",
+    "GroupCreation",
+    "InterceptGroup",
+    "OpsMode",
+    "Plan",
+    "Policy",
+    "completed_work",
+    "on_import",
+]
+
+_HOME = {
+    "Call": "group",
+    "CpuMemoryTracker": "memory",
+    "ForwardingWork": "group",
+    "FromPeer": "group",
+    "GroupCreation": "creation",
+    "InterceptGroup": "group",
+    "OpsMode": "dispatch",
+    "Plan": "creation",
+    "Policy": "group",
+    "completed_work": "group",
+    "on_import": "hook",
+}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -1,0 +1,113 @@
+"""The recording policy and the recording observer of an InterceptGroup.
+
+The policy forwards every call unchanged to the real backend (gloo, NCCL). The observer
+records it: it notes the entry, and returns the real Work wrapped in a `TimedWork` that
+notes completion at wait() (or at the real future's callback, if sooner; gloo's send, recv
+and reduce_scatter_tensor have no future). A replay that records itself (`replay -o`)
+runs the replay policy with this observer. Outside the step window a call costs one
+attribute test here.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from prism_rr.intercept.dispatch import aside
+from prism_rr.intercept.group import ForwardingWork, Policy
+
+__all__ = ["RecordingObserver", "RecordingPolicy", "TimedWork"]
+
+
+class RecordingPolicy(Policy):
+    """Forward to the real backend. What it allocates on this thread (gloo's staging
+    buffers) is the backend's, not the program's: the memory tracker and per-operator
+    records look away, as the replayer's do from its own work."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+    def run(self, group, call):
+        return aside(self.rec.ops_mode, call.fn, *call.args)
+
+
+class RecordingObserver:
+    """Records the calls of a group into `rec` (a Recording)."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+    def enter(self, call):
+        rec = self.rec
+        if not rec.active:
+            return None
+        return rec.enter(call.op, call.gid, call.seq, call.ins, call.outs, reduce_op=call.reduce_op,
+                         root=call.root, peer=call.peer, tag=call.tag, async_op=call.async_op,
+                         p2p=call.p2p, receives=call.receives)
+
+    def failed(self, token, exc: BaseException) -> None:
+        self.rec.complete(token, exc)
+
+    def track(self, token, work, group):
+        rec = self.rec
+        rec.issued(token)
+        if token.p2p and token.peer is None:  # a receive from any source: its sender comes at wait()
+            return TimedWork(work, rec, token, sourced=group.sourced)
+        try:
+            fut = work.get_future()
+        except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor
+            fut = None
+        if fut is not None:
+            token.work = fut
+            fut.add_done_callback(lambda f: _done(rec, token, f))
+        return TimedWork(work, rec, token)
+
+    def group_created(self, gid: int, ranks, name: str, desc: str, backend: str) -> None:
+        self.rec.group_created(gid, ranks, name, desc, backend)
+
+
+class TimedWork(ForwardingWork):
+    """The real Work, noting completion at wait() (or at its future's callback, if sooner).
+
+    A future callback needs the GIL, which a busy main thread holds for up to the
+    switch interval (5 ms), so a blocking call's completion is taken where wait()
+    returns; an async call's at whichever comes first. Either way the record, which
+    reads the outputs, is written here, where the program's wait() returns and its
+    outputs are alive and final (a callback only notes the time).
+    """
+
+    def __init__(self, inner, rec, call, sourced=None):
+        super().__init__(inner)
+        self._rec = rec
+        self._call = call
+        self._sourced = sourced  # group rank of the sender -> (global peer, seq)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        try:
+            ok = self._inner.wait(timeout)
+        except BaseException as exc:
+            self._rec.complete(self._call, exc)
+            self._rec.write_finished(self._call)
+            raise
+        call = self._call
+        if not call.done:
+            peer = None
+            if self._sourced is not None:
+                try:
+                    peer, call.seq = self._sourced(self._inner._source_rank())
+                except Exception:
+                    peer = None
+            self._rec.complete(call, None, peer)
+        elif not call.written:
+            self._rec.write_finished(call)
+        self._rec.settle(call)
+        return ok
+
+
+def _done(rec, call, fut) -> None:
+    """A backend thread's future callback: note when, read no tensor (see complete)."""
+    error = None
+    try:
+        fut.value()
+    except BaseException as exc:  # the call failed: still record when
+        error = exc
+    rec.complete(call, error, backend=True)
