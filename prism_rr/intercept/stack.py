@@ -68,23 +68,37 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
 
 
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
-# torch.distributed's point-to-point functions (their names, not op names), and the blocking ones
-_P2P_API = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-_BLOCKING = ("send", "recv")
+_blocking: frozenset | None = None  # code objects of torch.distributed's send and recv
+
+
+def _blocking_codes() -> frozenset:
+    global _blocking
+    if _blocking is None:
+        import torch.distributed.distributed_c10d as c10d
+
+        codes = set()
+        for fn in (c10d.send, c10d.recv):
+            while getattr(fn, "__wrapped__", None) is not None:  # c10d_logger's wrapper is shared
+                fn = fn.__wrapped__
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                codes.add(code)
+        _blocking = frozenset(codes)
+    return _blocking
 
 
 def blocking_p2p(skip: int = 2) -> bool:
-    """Whether the outermost torch.distributed function on the stack is a blocking send or
-    recv: dist.send calls dist.isend, so isend's caller tells."""
+    """Whether torch.distributed's blocking send or recv made the call (they call isend and
+    irecv, which reach the group): the frames from `skip` out, while they are torch's."""
     try:
         frame = sys._getframe(skip)
     except ValueError:
         return False
-    name = ""
+    codes = _blocking_codes()
     hops = 0
     while frame is not None and hops < 12 and frame.f_code.co_filename.endswith(_C10D_FILES):
-        if frame.f_code.co_name in _P2P_API:
-            name = frame.f_code.co_name
+        if frame.f_code in codes:
+            return True
         frame = frame.f_back
         hops += 1
-    return name in _BLOCKING
+    return False
