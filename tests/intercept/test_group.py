@@ -1,0 +1,111 @@
+"""InterceptGroup: every entry point becomes one Call, numbered in one place, for a policy."""
+
+import torch
+from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
+
+from prism_rr.format import ops
+from prism_rr.intercept.group import InterceptGroup, Policy, completed_work
+
+
+class _Backend:
+    """No real backend: the policies below never forward."""
+
+    def name(self) -> str:
+        return "none"
+
+    def __getattr__(self, attr):
+        return lambda *args: None
+
+
+class _Keep(Policy):
+    def __init__(self):
+        self.calls = []
+
+    def run(self, group, call):
+        self.calls.append(call)
+        return completed_work(call.outs)
+
+
+class _Observer:
+    def __init__(self):
+        self.seen, self.tracked = [], []
+
+    def enter(self, call):
+        self.seen.append(call.op)
+        return call
+
+    def failed(self, token, exc):
+        raise AssertionError(exc)
+
+    def track(self, token, work, group):
+        self.tracked.append(token)
+        return work
+
+
+def _group(observer=None):
+    policy = _Keep()
+    # group rank 1 of 3; global ranks 4, 5, 6
+    return InterceptGroup({"cpu": _Backend()}, 1, 3, gid=2, ranks=[4, 5, 6], policy=policy,
+                          observer=observer), policy
+
+
+def test_collectives_are_numbered_per_group_with_the_recorders_names():
+    group, policy = _group()
+    x = torch.ones(4)
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.MAX
+    group.allreduce([x], opts).wait()
+    b = BroadcastOptions()
+    b.rootRank = 2
+    group.broadcast([x], b).wait()
+    group.barrier().wait()
+    group.monitored_barrier()
+    names = [c.op for c in policy.calls]
+    assert names == ["all_reduce", "broadcast", "barrier", "monitored_barrier"]
+    assert all(n in ops.OPS for n in names)
+    assert [c.seq for c in policy.calls] == [0, 1, 2, 3] and {c.gid for c in policy.calls} == {2}
+    assert policy.calls[0].reduce_op == "MAX" and policy.calls[1].root == 6  # a global rank
+
+
+def test_point_to_point_is_numbered_per_direction_and_peer():
+    group, policy = _group()
+    x = torch.ones(2)
+    for _ in range(2):
+        group.send([x], 0)
+    group.recv([x], 0)
+    group.send([x], 2)
+    got = [(c.op, c.peer, c.seq, c.receives) for c in policy.calls]
+    # not called from torch.distributed.send/recv: non-blocking
+    assert got == [("isend", 4, 0, False), ("isend", 4, 1, False), ("irecv", 4, 0, True), ("isend", 6, 0, False)]
+    assert group.next_p2p_seq(False, 4) == 2 and group.next_p2p_seq(True, 4) == 1
+    assert group.sourced(0) == (4, 1) and group.next_p2p_seq(True, 4) == 2
+
+
+def test_the_observer_sees_every_call_whichever_policy_runs_it():
+    observer = _Observer()
+    group, policy = _group(observer)
+    x = torch.ones(2)
+    group.allreduce([x]).wait()
+    group.send([x], 0)
+    assert observer.seen == ["all_reduce", "isend"] and observer.tracked == policy.calls
+
+
+def test_coalesced_point_to_point_reaches_the_policy_at_the_end():
+    class Coalescing(_Keep):
+        def start_coalescing(self, group, device):
+            self.started = True
+
+        def end_coalescing(self, group, device, works):
+            self.works = works
+            return completed_work()
+
+    policy = Coalescing()
+    group = InterceptGroup({"cpu": _Backend()}, 0, 2, gid=0, ranks=[0, 1], policy=policy)
+    x = torch.ones(2)
+    group._start_coalescing(torch.device("cpu"))
+    group.send([x], 1)
+    group.recv([x], 1)
+    group._end_coalescing(torch.device("cpu")).wait()
+    assert policy.started and len(policy.works) == 2
+    group.send([x], 1)  # outside: not collected
+    assert len(policy.works) == 2
