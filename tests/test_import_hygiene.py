@@ -1,4 +1,6 @@
-"""The layering rules of ARCHITECTURE.md, checked in a fresh interpreter."""
+"""Reading a bundle needs neither torch nor a terminal UI (README.md, "Layout"): the
+package, the format and `info`, imported in a fresh interpreter. The rules between
+subpackages are tests/test_layering.py's."""
 
 import json
 import subprocess

@@ -7,7 +7,7 @@ from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, 
 from prism_rr.analysis._chrome import export_chrome
 from prism_rr.analysis._diagnose import KINDS, Finding, diagnose, diagnosis_json
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
-from prism_rr.analysis._steps import CriticalPath, Segment, StepAnalysis, analyze_step
+from prism_rr.analysis._steps import CriticalPath, Segment, StepAnalysis, analyze_step, step_durations
 
 __all__ = [
     "CriticalPath",
@@ -29,4 +29,5 @@ __all__ = [
     "diagnosis_json",
     "export_chrome",
     "signature",
+    "step_durations",
 ]

@@ -9,7 +9,15 @@ from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
 from prism_rr.analysis._build import clock_offsets
 
-__all__ = ["CriticalPath", "Segment", "StepAnalysis", "analyze_step"]
+__all__ = ["CriticalPath", "Segment", "StepAnalysis", "analyze_step", "step_durations"]
+
+
+def step_durations(bundle, step: int) -> dict[int, int]:
+    """Each rank's time for `step` (ns): its Step record's end - start, as the summaries
+    hold it; ranks that did not finish the step are left out. `bundle`: a Bundle, or
+    anything that carries its `summaries` (the TUI's timeline model)."""
+    per_rank = bundle.summaries["steps"].get(step, {})
+    return {r: v[1] - v[0] for r, v in per_rank.items() if v[1] is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,8 @@ def analyze_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None) -
     arrivals: dict[tuple, dict[int, int]] = {}  # call key -> rank -> entry
     p2p_sends: dict[tuple, int] = {}
     offsets = clock_offsets(bundle, ranks)
+    durations = step_durations(bundle, step)
+    out.iteration_ns = {r: durations[r] for r in ranks if r in durations}
     for rank in ranks:
         off = offsets[rank]
         items: list[_Item] = []
@@ -103,7 +113,6 @@ def analyze_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None) -
                 out.start_ns[rank] = start
                 if end is not None:
                     out.end_ns[rank] = end
-                    out.iteration_ns[rank] = end - start
                 continue
             if end is None:
                 if cls is Collective:

@@ -76,15 +76,8 @@ def _pack_when_all_closed(spool_dir: Path, out: Path) -> None:
     if rank != 0:
         return
     try:
-        import prism_rr.format as fmt
-    except Exception:
-        return
-    pack = getattr(fmt, "pack", None)
-    if pack is None:
-        # TODO(lead): prism_rr.format.pack does not exist yet; the spools stay in spool_dir.
-        log.warning("prism-rr: spools left in %s (no prism_rr.format.pack yet)", spool_dir)
-        return
-    try:
+        from prism_rr.format import pack
+
         pack(spool_dir, out)
     except Exception as exc:
         log.warning("prism-rr: packing %s failed: %s", out, exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
 
 __all__ = ["card", "fidelity_report", "how_far"]
@@ -40,15 +41,15 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
     rec_peak = rep_peak = None
     compute_by_step: dict[int, list[int]] = {}
     for step in bundle.steps:
-        times = bundle.step_times(step)
+        recorded = step_durations(bundle, step)
         peaks = bundle.summaries["steps"].get(step, {})
         rec_s, rep_s = [], []
         step_rec_peak = step_rep_peak = None
         for r in ranks:
-            if r not in times or times[r][1] is None or step not in replayed.get(r, {}):
+            if r not in recorded or step not in replayed.get(r, {}):
                 continue
             _, start, end, compute, peak = replayed[r][step]
-            rec_s.append((times[r][1] - times[r][0]) / 1e9)
+            rec_s.append(recorded[r] / 1e9)
             rep_s.append((end - start) / 1e9)
             compute_by_step.setdefault(step, [0, 0])
             compute_by_step[step][0] += recorded_compute.get((r, step), 0)

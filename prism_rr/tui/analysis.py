@@ -1,7 +1,6 @@
 """What the collectives, diagnosis and compare screens show; imports no UI.
 
-Diagnosis comes from `prism_rr.analysis` (its public functions only) when it is there.
-A group's calls are matched here from the timeline model's spans, so the screen reads
+Diagnosis is `prism_rr.analysis.diagnose`, named here for the screens. A group's calls are matched here from the timeline model's spans, so the screen reads
 only that group's members, and shares their cached spans with the timeline.
 """
 
@@ -11,34 +10,11 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Callable
 
+from prism_rr.analysis import Finding, diagnose, step_durations
 from prism_rr.format import Bundle, Collective, PointToPoint
 from prism_rr.tui.model import FAR, TimelineModel
 
 __all__ = ["CallRow", "Finding", "compare_bundles", "diagnose", "group_calls"]
-
-
-@dataclass(slots=True)
-class Finding:
-    kind: str
-    message: str
-    ranks: tuple[int, ...] = ()
-    group: int | None = None
-    seq: int | None = None
-
-
-def diagnose(bundle: Bundle) -> list[Finding] | None:
-    """The analysis's findings, or None when this build has no `prism_rr.analysis.diagnose`."""
-    try:
-        from prism_rr.analysis import diagnose as graph_diagnose
-    except ImportError:
-        return None
-    out = []
-    for f in graph_diagnose(bundle):
-        get = f.get if isinstance(f, dict) else lambda k, d=None, f=f: getattr(f, k, d)
-        ranks = get("ranks", ()) or ()
-        out.append(Finding(kind=str(get("kind", "")), message=str(get("message", "")),
-                           ranks=tuple(ranks), group=get("group"), seq=get("seq")))
-    return out
 
 
 @dataclass(slots=True)
@@ -114,17 +90,17 @@ def group_calls(tm: TimelineModel, group: int, *, progress: Callable[[int, int],
 def _step_medians(bundle: Bundle) -> dict[int, float]:
     out = {}
     for s in bundle.steps:
-        d = [v[1] - v[0] for v in bundle.step_times(s).values() if v[1] is not None]
+        d = step_durations(bundle, s)
         if d:
-            out[s] = median(d)
+            out[s] = median(d.values())
     return out
 
 
 def _rank_means(bundle: Bundle, ranks) -> dict[int, float]:
     out = {}
-    steps = bundle.summaries["steps"]
+    per_step = [step_durations(bundle, s) for s in bundle.steps]
     for r in ranks:
-        d = [v[1] - v[0] for per in steps.values() if (v := per.get(r)) and v[1] is not None]
+        d = [durations[r] for durations in per_step if r in durations]
         if d:
             out[r] = sum(d) / len(d)
     return out

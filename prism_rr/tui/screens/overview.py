@@ -143,12 +143,9 @@ class OverviewScreen(Screen):
         self.app.call_from_thread(self._show_findings, found)
 
     def _show_findings(self, found) -> None:
-        self.app.findings = found or []
+        self.app.findings = found
         table = self.query_one("#findings", DataTable)
         table.clear()
-        if found is None:
-            self._note("no analysis module in this build (prism_rr.analysis.diagnose)")
-            return
         self._note(f"{len(found)} finding(s)" + ("; j or enter jumps to one" if found else ": nothing stands out"))
         for i, f in enumerate(found):
             ranks = ",".join(map(str, f.ranks[:6])) + ("…" if len(f.ranks) > 6 else "")
