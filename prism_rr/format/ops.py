@@ -33,7 +33,7 @@ from math import ceil, log2
 from typing import NamedTuple
 
 __all__ = [
-    "FAMILIES", "FAMILY_NAMES", "OPS", "Op", "algorithm_factor", "family", "is_p2p", "latency_steps", "lookup",
+    "FAMILIES", "FAMILY_NAMES", "FORMS", "OPS", "Op", "algorithm_factor", "family", "is_p2p", "latency_steps", "lookup",
     "receives",
 ]
 
@@ -53,6 +53,12 @@ FAMILY_NAMES = {
     "barrier": "barrier", "p2p": "send/recv",
 }
 FAMILIES = tuple(FAMILY_NAMES)
+# Forms, as the module's docstring lists them.
+FORMS = (
+    "reduce_all", "reduce_root", "copy_root", "gather_list", "gather_list_by_rank", "gather_root",
+    "gather_tensor", "reduce_scatter_list", "reduce_scatter_tensor", "scatter_root", "all_to_all",
+    "all_to_all_single", "none", "p2p",
+)
 
 OPS: dict[str, Op] = {o.name: o for o in (
     Op("all_reduce", "all_reduce", "reduce_all", "in"),

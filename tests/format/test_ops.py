@@ -18,11 +18,7 @@ PACKAGE = Path(ops.__file__).resolve().parents[1]
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 # torch's own method names for the same calls, which the old copies also listed
 ALIASES = frozenset({"allreduce", "allgather", "_allgather_base", "_reduce_scatter_base", "alltoall", "alltoall_base"})
-FORMS = frozenset({
-    "reduce_all", "reduce_root", "copy_root", "gather_list", "gather_list_by_rank", "gather_root",
-    "gather_tensor", "reduce_scatter_list", "reduce_scatter_tensor", "scatter_root", "all_to_all",
-    "all_to_all_single", "none", "p2p",
-})
+FORMS = frozenset(ops.FORMS)
 
 
 def _rel(path: Path) -> str:
@@ -46,7 +42,8 @@ def test_table_is_consistent():
     assert {n for n in ops.OPS if ops.receives(n)} == {"recv", "irecv"}
     assert ops.lookup("frobnicate") is None and ops.family("frobnicate") == "frobnicate"
     assert not ops.is_p2p("frobnicate") and not ops.receives("frobnicate")
-    assert {op.form for op in ops.OPS.values()} == FORMS  # every documented form is used
+    assert {op.form for op in ops.OPS.values()} == FORMS  # every form is used
+    assert all(f'"{form}"' in ops.__doc__ for form in ops.FORMS)  # and documented
 
 
 # --- the modules that read records ask it ------------------------------------------------
