@@ -121,7 +121,7 @@ def _op_params() -> dict[str, set]:
 
 def _names_in(expr, assigned: dict, seen=frozenset()):
     """(line, name) for each op name `expr` can evaluate to, following local assignments;
-    `"i" + op` (a non-blocking send or receive) counts as the names `op` may be."""
+    `"i" + op` or f"i{op}" (a non-blocking send or receive) counts as the names `op` may be."""
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         yield expr.lineno, expr.value
     elif isinstance(expr, ast.IfExp):
@@ -130,6 +130,9 @@ def _names_in(expr, assigned: dict, seen=frozenset()):
     elif isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add) \
             and isinstance(expr.left, ast.Constant) and expr.left.value == "i":
         yield from (((line, "i" + name) for line, name in _names_in(expr.right, assigned, seen)))
+    elif isinstance(expr, ast.JoinedStr) and len(expr.values) == 2 and isinstance(expr.values[1], ast.FormattedValue) \
+            and getattr(expr.values[0], "value", None) == "i":  # f"i{op}"
+        yield from (((line, "i" + name) for line, name in _names_in(expr.values[1].value, assigned, seen)))
     elif isinstance(expr, ast.Name) and expr.id not in seen:
         for value in assigned.get(expr.id, ()):
             yield from _names_in(value, assigned, seen | {expr.id})
