@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import build_graph
@@ -109,7 +110,7 @@ def export_chrome(
                                 "bytes": rec.in_bytes, "reduce_op": rec.reduce_op, "root": rec.root,
                                 "async": rec.async_op}
                     else:
-                        sending = not rec.op.endswith("recv")
+                        sending = not ops.receives(rec.op)
                         key = (rec.group, rank, rec.peer, rec.seq) if sending else (rec.group, rec.peer, rank, rec.seq)
                         name = f"{rec.op} {'to' if sending else 'from'} {rec.peer}"
                         args = {"group": rec.group, "seq": rec.seq, "peer": rec.peer, "step": rec.step,

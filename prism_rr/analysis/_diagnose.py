@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import ExecutionGraph, build_graph
@@ -161,7 +162,7 @@ def _describe_record(rec) -> str:
     if cls is Collective:
         return f"{rec.op} (group {rec.group}, seq {rec.seq})"
     if cls is PointToPoint:
-        direction = "from" if rec.op.endswith("recv") else "to"
+        direction = "from" if ops.receives(rec.op) else "to"
         return f"{rec.op} {direction} rank {rec.peer} (group {rec.group}, message {rec.seq})"
     if cls is Compute:
         return f"compute{' ' + rec.name if rec.name else ''}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
 from prism_rr.analysis._build import clock_offsets
@@ -131,7 +132,7 @@ def analyze_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None) -
                     items.append(_Item(start, end, "comm", rec.op, key))
                     out.comm_ns[rank] = out.comm_ns.get(rank, 0) + end - start
             elif cls is PointToPoint and rec.peer >= 0:
-                sending = not rec.op.endswith("recv")
+                sending = not ops.receives(rec.op)
                 key = (rec.group, rank, rec.peer, rec.seq) if sending else (rec.group, rec.peer, rank, rec.seq)
                 if sending:
                     p2p_sends[key] = start

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prism_rr.format.ops import algorithm_factor, family, latency_steps, lookup
+from prism_rr.format.ops import algorithm_factor, family, latency_steps, lookup, receives
 from prism_rr.format.records import Collective, PointToPoint
 
 # family, algorithm_factor and latency_steps live in the op table; named here for the
@@ -81,7 +81,7 @@ def samples(bundle, ranks=None) -> list[Sample]:
             elif cls is PointToPoint:
                 if rec.peer < 0:
                     continue
-                src, dst = (rec.peer, rank) if rec.op.endswith("recv") else (rank, rec.peer)
+                src, dst = (rec.peer, rank) if receives(rec.op) else (rank, rec.peer)
                 key = (rec.group, src, dst, rec.seq)
                 n = 2
             else:
