@@ -333,7 +333,7 @@ class Recording:
             call.outs = outs
             call.in_desc = _payload.describe(ins)
             if not receives:
-                call.digest_in, call.blob_in = self.outside(self._payload, ins)
+                call.digest_in, call.blob_in = self.outside(self._payload_of, ins)
             else:
                 call.digest_in = call.blob_in = None
             call.reduce_op = reduce_op
@@ -482,7 +482,7 @@ class Recording:
         as the replayer's does from its own."""
         return dispatch.aside(self.ops_mode, fn, *args)
 
-    def _payload(self, tensors) -> tuple:
+    def _payload_of(self, tensors) -> tuple:
         """(digests, blobs) of a call's inputs, as the payload option asks."""
         return (_payload.digests(tensors) if self.digest else None), self._blobs(tensors)
 
