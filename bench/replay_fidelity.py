@@ -132,15 +132,11 @@ def _replay(bundle: Path, argv: list[str], work: Path, **kw) -> dict:
 
 
 def _recorded_times(bundle: Path, rank: int = 0) -> list[float]:
+    from prism_rr.analysis import step_durations
     from prism_rr.format import open_bundle
 
     with open_bundle(bundle) as b:
-        out = []
-        for s in b.steps:
-            t = b.step_times(s).get(rank)
-            if t is not None and t[1] is not None:
-                out.append((t[1] - t[0]) / 1e9)
-        return out
+        return [d[rank] / 1e9 for d in (step_durations(b, s) for s in b.steps) if rank in d]
 
 
 def _spread(a: list[float], b: list[float]) -> float:

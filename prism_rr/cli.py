@@ -96,11 +96,6 @@ def info(
     print("\n".join(lines))
 
 
-def bundle_facts(b) -> dict:
-    """The facts `info --json` prints (kept for callers of the old name: use `Bundle.facts()`)."""
-    return b.facts()
-
-
 @app.command(epilog=EXIT_CODES)
 def verify(bundle: Path = typer.Argument(..., help="The .prism bundle to check.")) -> None:
     """Check every checksum, index entry, record and blob of a bundle."""

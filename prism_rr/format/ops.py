@@ -33,8 +33,8 @@ from math import ceil, log2
 from typing import NamedTuple
 
 __all__ = [
-    "FAMILIES", "FAMILY_NAMES", "FORMS", "OPS", "Op", "algorithm_factor", "family", "is_p2p", "latency_steps", "lookup",
-    "receives",
+    "FAMILIES", "FAMILY_NAMES", "FORMS", "OPS", "Op", "algorithm_factor", "family", "is_p2p", "joined", "latency_steps",
+    "lookup", "receives", "shard_side",
 ]
 
 
@@ -59,6 +59,26 @@ FORMS = (
     "gather_tensor", "reduce_scatter_list", "reduce_scatter_tensor", "scatter_root", "all_to_all",
     "all_to_all_single", "none", "p2p",
 )
+
+# Per form, the side that holds one member's share, the other side holding all n shares:
+# a gather's input, a scatter's output.
+_SHARD_SIDE = {
+    "gather_list": "in", "gather_list_by_rank": "in", "gather_root": "in", "gather_tensor": "in",
+    "reduce_scatter_list": "out", "reduce_scatter_tensor": "out", "scatter_root": "out",
+}
+
+
+def shard_side(form: str) -> str | None:
+    """"in" or "out": the side of a call of this form that holds one member's share (the
+    other side holds n of them, as a list or, where `joined`, end to end); else None."""
+    return _SHARD_SIDE.get(form)
+
+
+def joined(form: str) -> bool:
+    """Whether the n shares of this form are one tensor end to end (the *_tensor forms),
+    rather than a list of n tensors."""
+    return form in ("gather_tensor", "reduce_scatter_tensor")
+
 
 OPS: dict[str, Op] = {o.name: o for o in (
     Op("all_reduce", "all_reduce", "reduce_all", "in"),

@@ -6,7 +6,7 @@ replay policy) build on this package; so do the tensor facts they share (payload
 the caller's stack, the per-operator dispatch mode, the CPU memory tracker).
 
 Modules: `hook` (on_import), `creation` (GroupCreation), `group` (InterceptGroup, Call,
-Policy), `payload`, `stack`, `dispatch`, `memory`. Importing this package imports no
+Policy), `payload`, `stack`, `dispatch`, `memory`, `steps` (OptimizerSteps). Importing this package imports no
 torch; the names below load their module on first use.
 """
 
@@ -22,6 +22,7 @@ __all__ = [
     "GroupCreation",
     "InterceptGroup",
     "OpsMode",
+    "OptimizerSteps",
     "Plan",
     "Policy",
     "completed_work",
@@ -36,6 +37,7 @@ _HOME = {
     "GroupCreation": "creation",
     "InterceptGroup": "group",
     "OpsMode": "dispatch",
+    "OptimizerSteps": "steps",
     "Plan": "creation",
     "Policy": "group",
     "completed_work": "group",

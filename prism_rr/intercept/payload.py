@@ -18,7 +18,7 @@ import torch
 
 from prism_rr.format.blobs import KEEP_SMALL, BlobWriter
 
-__all__ = ["KEEP_SMALL", "alive", "describe", "digests", "blobs", "small"]
+__all__ = ["KEEP_SMALL", "alive", "blobs", "describe", "digests", "host_bytes", "small"]
 
 _SMALL = 4096  # bytes; below this BLAKE2b on the host bytes is as cheap as a torch call
 _PACK = struct.Struct("<qqQ")
@@ -49,7 +49,8 @@ def alive(tensors) -> bool:
     return True
 
 
-def _host_bytes(t: torch.Tensor):
+def host_bytes(t: torch.Tensor):
+    """The tensor's bytes in host memory, as a flat uint8 array (a view where it can be)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -62,7 +63,7 @@ def _host_bytes(t: torch.Tensor):
 def _digest(t: torch.Tensor) -> int:
     nbytes = t.numel() * t.element_size()
     if nbytes <= _SMALL:
-        return int.from_bytes(hashlib.blake2b(_host_bytes(t), digest_size=8).digest(), "little")
+        return int.from_bytes(hashlib.blake2b(host_bytes(t), digest_size=8).digest(), "little")
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     words = nbytes // 8
     try:
@@ -70,7 +71,7 @@ def _digest(t: torch.Tensor) -> int:
     except RuntimeError:  # storage offset not 8-aligned: copy once
         v = flat[: words * 8].clone().view(torch.int64)
     sums = torch.stack((v.sum(), v[::61].sum())).tolist()
-    tail = bytes(_host_bytes(flat[words * 8 :])) if nbytes % 8 else b""
+    tail = bytes(host_bytes(flat[words * 8 :])) if nbytes % 8 else b""
     h = hashlib.blake2b(_PACK.pack(sums[0], sums[1], nbytes) + tail, digest_size=8)
     return int.from_bytes(h.digest(), "little")
 
@@ -95,7 +96,7 @@ def blobs(writer: BlobWriter, tensors) -> tuple[bytes, ...]:
     if writer.error is not None:
         raise writer.error
     _check_room(writer.spool_dir, sum(t.numel() * t.element_size() for t in tensors) + writer.pending)
-    return tuple(writer.put(bytes(_host_bytes(t))) for t in tensors)
+    return tuple(writer.put(bytes(host_bytes(t))) for t in tensors)
 
 
 def _check_room(spool_dir, nbytes: int) -> None:

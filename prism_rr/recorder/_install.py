@@ -40,12 +40,6 @@ class _Recorder:
 
         return _session.current()
 
-    @rec.setter
-    def rec(self, value) -> None:
-        from prism_rr.recorder import _session
-
-        _session._current = value
-
     def plan(self, gid: int, a: dict, is_world: bool) -> Plan | None:
         options = self.options
         if options is None:

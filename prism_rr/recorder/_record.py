@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -20,12 +19,9 @@ def step() -> None:
     """Mark a training step boundary by hand (optimizer steps then no longer do). Under
     `prism-rr replay` the replayer follows the same boundaries (and so does the replay's
     own recording, with `-o`)."""
-    replay = sys.modules.get("prism_rr.replayer._install")
-    if replay is not None:
-        replay.step()
-    session = sys.modules.get("prism_rr.recorder._session")
-    if session is not None:
-        session.step()
+    from prism_rr.intercept.steps import by_hand
+
+    by_hand()
 
 
 @contextmanager
@@ -40,7 +36,7 @@ def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=
                                  ops=ops, memory=memory)
     import torch.distributed as dist
 
-    from prism_rr.recorder import _install
+    from prism_rr.recorder import _install, _session
 
     if dist.is_available() and dist.is_initialized():
         log.warning("prism-rr: record() entered after init_process_group; "
@@ -49,11 +45,10 @@ def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=
     try:
         yield Path(options.spool_dir)
     finally:
-        rec = _install._state.rec
+        rec = _session.current()
         _install.uninstall()
-        _install._state.rec = None
         if rec is not None:
-            rec.close("record() exit")
+            rec.close("record() exit")  # and the process holds no current recording
         if pack:
             _pack_when_all_closed(Path(options.spool_dir), Path(path))
 

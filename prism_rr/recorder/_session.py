@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import weakref
 from pathlib import Path
 from time import monotonic_ns
 
@@ -20,6 +19,7 @@ from prism_rr.format.spool import SpoolWriter, spool_path
 from prism_rr.intercept import dispatch
 from prism_rr.intercept import payload as _payload
 from prism_rr.intercept.stack import caller_stack
+from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.recorder import _signals
 from prism_rr.recorder._options import RecordOptions
 
@@ -93,10 +93,8 @@ class Recording:
         self.ops_mode = None
         self._lock = threading.Lock()
         self._thread = threading.get_ident()  # the program's thread
-        self._manual_steps = False
-        self._pacer = None  # weakref to the optimizer whose steps mark boundaries
+        self._steps = OptimizerSteps(self.mark_step)
         self._closed = False
-        self._hook_handle = None
         self.slice_pending = options.slice_later
         self._groups: list[dict] = []  # every group created: what a layout is found from
 
@@ -105,9 +103,7 @@ class Recording:
     def start(self) -> None:
         global _current
         _current = self
-        import torch.optim.optimizer as optim
-
-        self._hook_handle = optim.register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._steps.start()
         atexit.register(self.close, "exit")
         _signals.install(self)
         if self.active:
@@ -152,8 +148,7 @@ class Recording:
         if _current is self:
             _current = None
         try:
-            if self._hook_handle is not None:
-                self._hook_handle.remove()
+            self._steps.stop()
             self._stop_modes()
             t = monotonic_ns()
             with self._lock:
@@ -173,19 +168,9 @@ class Recording:
 
     # --- steps --------------------------------------------------------------------
 
-    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
-        if self._manual_steps:
-            return
-        pacer = self._pacer() if self._pacer is not None else None
-        if pacer is None:
-            self._pacer = weakref.ref(optimizer)
-        elif pacer is not optimizer:
-            return  # the other optimizers of a multi-optimizer step
-        self.mark_step()
-
     def mark_step(self, manual: bool = False) -> None:
         if manual:
-            self._manual_steps = True
+            self._steps.manual = True
         if not self.on:
             self.step += 1
             return
@@ -581,10 +566,3 @@ class Recording:
             t = monotonic_ns()
             self.writer.append(Memory(start_ns=t, end_ns=t, step=self.step, mem_alloc=alloc,
                                       mem_peak=peak, name=name))
-
-
-def step() -> None:
-    """Mark a step boundary by hand (then optimizer steps no longer mark them)."""
-    rec = _current
-    if rec is not None:
-        rec.mark_step(manual=True)

@@ -19,14 +19,7 @@ import torch
 from prism_rr.errors import FormatError
 from prism_rr.format import ops
 
-__all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "host_bytes", "reduce", "reduce_counted", "write"]
-
-
-def host_bytes(t: torch.Tensor):
-    t = t.detach().contiguous()
-    if t.numel() == 0:
-        return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+__all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "reduce", "reduce_counted", "write"]
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:

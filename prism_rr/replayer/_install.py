@@ -21,7 +21,7 @@ from prism_rr.intercept.creation import GroupCreation, Plan, fix_books
 from prism_rr.intercept.hook import on_import
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 
-__all__ = ["BACKEND", "arm", "install", "step"]
+__all__ = ["BACKEND", "arm", "install"]
 
 BACKEND = "prism_rr_replay"
 log = logging.getLogger("prism_rr.replayer")
@@ -99,13 +99,6 @@ def arm() -> None:
     """From the start-up hook: read PRISM_RR_REPLAY and wait for torch.distributed."""
     options = ReplayOptions.from_json(os.environ[ENV_VAR])
     on_import("torch.distributed.distributed_c10d", lambda _module: install(options))
-
-
-def step() -> None:
-    """`prism_rr.step()` in the replayed program: a step boundary by hand."""
-    session = _state.session
-    if session is not None:
-        session.mark_step(manual=True)
 
 
 def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):

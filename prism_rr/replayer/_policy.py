@@ -22,8 +22,8 @@ from prism_rr.format import ops
 from prism_rr.format.blobs import blob_id
 from prism_rr.format.records import PointToPoint
 from prism_rr.intercept.group import Policy, completed_work
-from prism_rr.intercept.payload import describe, digests
-from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, host_bytes, plausible, write
+from prism_rr.intercept.payload import describe, digests, host_bytes
+from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, plausible, write
 from prism_rr.replayer._install import BACKEND
 
 __all__ = ["Absent", "ReplayPolicy"]

@@ -7,14 +7,15 @@ that direction between the rank and its peer (FORMAT.md, key 6).
 
 from __future__ import annotations
 
+from prism_rr.format import ops
 from prism_rr.format.records import Collective, PointToPoint
 
 __all__ = ["Schedule", "direction"]
 
 
 def direction(op: str) -> str:
-    """isend -> send, irecv -> recv."""
-    return op[1:] if op.startswith("i") else op
+    """isend, send -> send; irecv, recv -> recv (a schedule's p2p key)."""
+    return "recv" if ops.receives(op) else "send"
 
 
 class Schedule:

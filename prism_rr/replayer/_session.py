@@ -15,12 +15,12 @@ import os
 import sys
 import threading
 import time
-import weakref
 from pathlib import Path
 from time import monotonic_ns
 
 from prism_rr.errors import DivergenceError, ReplayError
 from prism_rr.format import open_bundle
+from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._options import ReplayOptions
 from prism_rr.replayer._schedule import Schedule
@@ -131,8 +131,7 @@ class ReplaySession:
         self.last_return: int | None = t0
         self.compute_ns = 0
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
-        self._pacer = None
-        self._manual_steps = False
+        self._steps = OptimizerSteps(self.mark_step)
         self.groups: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
         self.exiting = False
         self._memory_mode = None
@@ -146,9 +145,7 @@ class ReplaySession:
             self._memory_mode = dispatch.start(self._memory, on_error=self._memory_failed)
         else:
             self._memory = None
-        import torch.optim.optimizer as optim
-
-        optim.register_optimizer_step_post_hook(self._optimizer_stepped)
+        self._steps.start()
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
         atexit.register(self._at_exit)
@@ -276,21 +273,11 @@ class ReplaySession:
 
     # --- steps --------------------------------------------------------------------
 
-    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
-        if self._manual_steps:
-            return
-        pacer = self._pacer() if self._pacer is not None else None
-        if pacer is None:
-            self._pacer = weakref.ref(optimizer)
-        elif pacer is not optimizer:
-            return
-        self.mark_step()
-
     def mark_step(self, manual: bool = False) -> None:
         """A step boundary: an optimizer step, or `prism_rr.step()` (after which optimizer
         steps no longer are, as when recording)."""
         if manual:
-            self._manual_steps = True
+            self._steps.manual = True
         t = monotonic_ns()
         if self.last_return is not None and t > self.last_return:
             self.compute_ns += t - self.last_return

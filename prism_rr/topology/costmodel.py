@@ -18,18 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prism_rr.format.ops import algorithm_factor, family, latency_steps, lookup, receives
+from prism_rr.format.ops import algorithm_factor, family, latency_steps, lookup, receives, shard_side
 from prism_rr.format.records import Collective, PointToPoint
 
 # family, algorithm_factor and latency_steps live in the op table; named here for the
 # cost model's callers.
 __all__ = ["CostModel", "Fit", "Sample", "algorithm_factor", "family", "fit", "latency_steps", "message_bytes", "samples"]
-
-# Forms (format/ops.py) with one side per member: the whole buffer is n of that side.
-_PER_MEMBER = {
-    "gather_list": "in", "gather_list_by_rank": "in", "gather_tensor": "in", "gather_root": "in",
-    "reduce_scatter_list": "out", "reduce_scatter_tensor": "out", "scatter_root": "out",
-}
 
 
 def _moves_bytes(fam: str) -> bool:
@@ -43,7 +37,7 @@ def message_bytes(rec, n: int) -> int:
     if isinstance(rec, PointToPoint):
         return rec.nbytes
     op = lookup(rec.op)
-    side = _PER_MEMBER.get(op.form) if op is not None else None
+    side = shard_side(op.form) if op is not None else None
     if side == "in":
         return max(rec.out_bytes, rec.in_bytes * n)
     if side == "out":

@@ -49,11 +49,6 @@ from prism_rr.topology.roles import Mesh, derive_roles, mesh_from_groups, parse_
 __all__ = ["compare_transfers", "scale"]
 
 _CHUNK = 2048
-# The forms (format/ops.py) whose shapes follow the group size. One tensor each way: the
-# side that holds this member's shard (the other holds n of them).
-_SHARD_SIDE = {"gather_tensor": "in", "reduce_scatter_tensor": "out"}
-_LIST_OUT = frozenset({"gather_list", "gather_list_by_rank", "gather_root"})  # one output per member
-_LIST_IN = frozenset({"reduce_scatter_list", "scatter_root"})  # one input per member
 
 
 @dataclasses.dataclass(slots=True)
@@ -170,9 +165,9 @@ def _rescale_shapes(rec: Collective, n_old: int, n_new: int, layouts=None) -> tu
         numel = sum(prod(s) for s in shapes)
         return nbytes / numel if numel else 0
 
-    side = _SHARD_SIDE.get(op.form)
+    side = ops.shard_side(op.form)  # "in": a gather's input; "out": a scatter's output
     gather = side == "in"
-    if side is not None:
+    if side is not None and ops.joined(op.form):
         # The shard side (a gather's input, a scatter's output) and the whole n_new times it.
         shards, nbytes = (rec.in_shapes, rec.in_bytes) if gather else (rec.out_shapes, rec.out_bytes)
         if len(shards) == 1 and shards[0]:
@@ -185,11 +180,11 @@ def _rescale_shapes(rec: Collective, n_old: int, n_new: int, layouts=None) -> tu
             ins, outs = ((new,), (whole,)) if gather else ((whole,), (new,))
             return {"in_shapes": ins, "out_shapes": outs, "in_bytes": round(prod(ins[0]) * e),
                     "out_bytes": round(prod(outs[0]) * e)}, predicted
-    if op.form in _LIST_OUT and rec.out_shapes and len(rec.out_shapes) == n_old:
+    if side == "in" and rec.out_shapes and len(rec.out_shapes) == n_old:
         per = rec.out_bytes // max(1, n_old)
         return {"out_shapes": (rec.out_shapes[0],) * n_new, "out_dtypes": (rec.out_dtypes[0],) * n_new if rec.out_dtypes else (),
                 "out_bytes": per * n_new}, False
-    if op.form in _LIST_IN and rec.in_shapes and len(rec.in_shapes) == n_old:
+    if side == "out" and rec.in_shapes and len(rec.in_shapes) == n_old:
         per = rec.in_bytes // max(1, n_old)
         return {"in_shapes": (rec.in_shapes[0],) * n_new, "in_dtypes": (rec.in_dtypes[0],) * n_new if rec.in_dtypes else (),
                 "in_bytes": per * n_new}, False
@@ -319,7 +314,7 @@ def scale(
                     for f in fams if prod(old.shape[d] for d in f.dims) != prod(new.shape[d] for d in f.dims)
                 ],
                 # Only where some shape was predicted (no FSDP layout recorded for it).
-                "predicted_shape_ops": sorted(o.name for o in ops.OPS.values() if o.form in _SHARD_SIDE)
+                "predicted_shape_ops": sorted(o.name for o in ops.OPS.values() if ops.joined(o.form))
                 if counts["predicted_shapes"] else [],
                 "predicted_shapes": counts["predicted_shapes"],
                 "timing": "sync collectives start at their recorded last arrival and last the modelled transfer",

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from statistics import median
 
+from prism_rr.analysis import step_durations
 from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record, ops
 
 __all__ = [
@@ -234,8 +235,7 @@ class TimelineModel:
         return best
 
     def step_durations(self, step: int) -> dict[int, int]:
-        return {r: v[1] - v[0] for r, v in self.summaries["steps"].get(step, {}).items()
-                if v[1] is not None}
+        return step_durations(self, step)
 
     def step_stats(self) -> list[dict]:
         """Per step: ranks, min, median and max iteration time, and the slowest rank."""
@@ -251,11 +251,7 @@ class TimelineModel:
         return out
 
     def rank_step_times(self, rank: int) -> list[int | None]:
-        out = []
-        for s in self.steps:
-            v = self.summaries["steps"].get(s, {}).get(rank)
-            out.append(None if v is None or v[1] is None else v[1] - v[0])
-        return out
+        return [step_durations(self, s).get(rank) for s in self.steps]
 
     def initial_window(self) -> tuple[int, int]:
         """The first two steps of rank 0 (or of the first recorded rank), else everything."""

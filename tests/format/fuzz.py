@@ -462,7 +462,6 @@ def _patch_content_size(frame: bytes, size: int) -> bytes:
 
 
 def _open_and_facts(path, scratch):
-    from prism_rr.cli import bundle_facts
     from prism_rr.format import open_bundle
 
     with open_bundle(path) as b:
@@ -472,7 +471,7 @@ def _open_and_facts(path, scratch):
             b.rank_summary(r)
         for s in b.steps[:64]:
             b.step_times(s)
-        json.dumps(bundle_facts(b))
+        json.dumps(b.facts())
 
 
 def _events(path, scratch):

@@ -70,7 +70,6 @@ def _complete(bundle) -> dict[int, int]:
 
 @pytest.mark.timeout(120 + 60 * RUNS)
 def test_fsdp_tp_sp_full_payload_runs_alike_and_replays_bitwise(tmp_path):
-    from prism_rr.cli import bundle_facts
 
     if RUNS > 2:  # a soak also checks the training against a run without the recorder
         plain = subprocess.run([sys.executable, "-m", "prism_rr.localrun", "--nproc", "4", "--timeout", "100",
@@ -84,7 +83,7 @@ def test_fsdp_tp_sp_full_payload_runs_alike_and_replays_bitwise(tmp_path):
         assert got.returncode == 0, f"run {i}: exit {got.returncode}\n{got.stderr[-3000:]}"
         assert "recorder turned itself off" not in got.stderr and "recording stopped" not in got.stderr, got.stderr
         with open_bundle(out) as b:
-            facts = bundle_facts(b)
+            facts = b.facts()
             assert facts["recorder_failed_ranks"] == [] and facts["dropped"] == 0 and facts["open_calls"] == 0
             assert b.recorded_ranks == [0, 1, 2, 3]
             counts.append(_complete(b))

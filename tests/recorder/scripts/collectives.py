@@ -57,6 +57,11 @@ if want("all_gather"):
     outs = [torch.empty(3) for _ in range(world)]
     dist.all_gather(outs, t)
     note("all_gather", 0, [t], outs)
+if want("all_gather_coalesced"):
+    ts = [x(2), x(3, 2)]
+    lists = [[torch.empty(2), torch.empty(3, 2)] for _ in range(world)]
+    dist.all_gather_coalesced(lists, ts)
+    note("all_gather_coalesced", 0, ts, [t for per_rank in lists for t in per_rank])
 if want("all_gather_into_tensor"):
     t = x(2, 2)
     o = torch.empty(2 * world, 2)
