@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "prism_rr"
 LIGHT = ("format", "analysis", "topology")  # the subpackages that read bundles anywhere
-HEAVY = frozenset({"torch", "textual", "rich"})
+HEAVY = frozenset({"torch", "textual", "rich", "typer", "numpy"})
 # prism_rr's own modules that run torch or a UI: a light subpackage imports none of them.
 HEAVY_OWN = frozenset({"api", "cli", "demo", "intercept", "localrun", "recorder", "replayer", "tui"})
 

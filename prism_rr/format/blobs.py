@@ -78,7 +78,7 @@ class BlobWriter:
     is not (a rank killed in between loses the records, not their payloads).
     """
 
-    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.04):
+    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03):
         self.spool_dir = Path(spool_dir)
         self.max_pending = max_pending
         self.max_delay_s = max_delay_s

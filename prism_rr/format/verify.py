@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prism_rr.errors import FormatError
-from prism_rr.format import codec, layout
+from prism_rr.format import layout
 from prism_rr.format.reader import Bundle
 
 __all__ = ["VerifyReport", "verify"]

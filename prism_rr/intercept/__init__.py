@@ -12,8 +12,6 @@ torch; the names below load their module on first use.
 
 from __future__ import annotations
 
-import importlib
-
 __all__ = [
     "Call",
     "CpuMemoryTracker",
@@ -49,4 +47,17 @@ def __getattr__(name: str):
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    # each module by its own import statement: nothing here imports by a computed name
+    if home == "creation":
+        from prism_rr.intercept import creation as module
+    elif home == "dispatch":
+        from prism_rr.intercept import dispatch as module
+    elif home == "group":
+        from prism_rr.intercept import group as module
+    elif home == "hook":
+        from prism_rr.intercept import hook as module
+    elif home == "memory":
+        from prism_rr.intercept import memory as module
+    else:
+        from prism_rr.intercept import steps as module
+    return getattr(module, name)

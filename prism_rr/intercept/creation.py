@@ -41,7 +41,9 @@ class GroupCreation:
     - `side.plan(gid, args, is_world) -> Plan | None`: take this group (None: torch builds
       it as it would, and `side.untaken(result, is_world)` hears of it);
     - `side.create(plan, dist_opts, backend_options) -> InterceptGroup`: torch's creator;
-    - `side.created(pg, plan, is_world)`: the group is made and torch's books are fixed.
+    - `side.created(pg, plan, is_world)`: the group is made and torch's books are fixed;
+    - `side.unreadable(exc)`: torch's arguments could not be read (another torch): the
+      recorder lets torch build the group, the replayer refuses.
     """
 
     def __init__(self, side):
@@ -79,9 +81,13 @@ class GroupCreation:
             import torch.distributed.distributed_c10d as c10d
 
             original = c10d._new_process_group_helper
-        bound = self.signature.bind(*args, **kwargs)
-        a = bound.arguments
-        is_world = not (a["global_ranks_in_group"] or [])
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+            a = bound.arguments
+            is_world = not (a["global_ranks_in_group"] or [])
+        except Exception as exc:  # a torch whose helper takes other arguments
+            self.side.unreadable(exc)
+            return original(*args, **kwargs)
         if is_world:
             self.next_gid = 0
         gid = self.next_gid

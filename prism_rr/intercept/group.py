@@ -9,6 +9,7 @@ turns the call into a Work: the recorder's forwards it to the real backend, the
 replayer's checks it against a bundle and builds its results. An observer (the
 recording), when there is one, sees every call whichever policy runs it:
 
+    observer.live  # False: it looks away from every call now (outside a step window)
     observer.enter(call) -> token, or None to look away from this call
     observer.failed(token, exc)  # the policy raised
     observer.track(token, work, group) -> the Work the program gets
@@ -119,6 +120,25 @@ class FromPeer(ForwardingWork):
         return self._src
 
 
+class _SourcedWork(ForwardingWork):
+    """A receive from any source that no one records: its sender is counted at wait(), so
+    the calls after it keep the sequence numbers production gave them."""
+
+    def __init__(self, inner, group: InterceptGroup):
+        super().__init__(inner)
+        self._group = group
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        ok = self._inner.wait(timeout)
+        group, self._group = self._group, None
+        if group is not None:
+            try:
+                group.sourced(self._inner._source_rank())
+            except Exception:
+                pass
+        return ok
+
+
 class _JoinedWork(Work):
     """Several real works that make one recorded call (coalesced ops looped on gloo)."""
 
@@ -185,8 +205,15 @@ class Call:
 class Policy:
     """What a group does with its calls. This one forwards every call to the real backend."""
 
+    # Every call is only forwarded (`forward`): while no observer looks, the group builds
+    # no Call at all (the recorder outside its step window costs a counter and two tests).
+    forwards = True
+
+    def forward(self, fn, args):
+        return fn(*args)
+
     def run(self, group: InterceptGroup, call: Call):
-        return call.fn(*call.args)
+        return self.forward(call.fn, call.args)
 
     def anysource(self, group: InterceptGroup) -> int | None:
         """The group rank a receive from any source takes its message from, when known before
@@ -315,16 +342,30 @@ class InterceptGroup(ProcessGroup):
     def _collective(self, op, ins, outs, fn, args, *, reduce_op=None, root=None, async_op=False):
         seq = self._seq
         self._seq = seq + 1
+        policy = self.policy
+        if policy.forwards:
+            observer = self.observer
+            if observer is None or not observer.live:
+                return policy.forward(fn, args)
         return self._run(Call(op, self.gid, seq, ins, outs, fn, args, reduce_op=reduce_op, root=root,
                               async_op=async_op))
 
-    def _p2p(self, op, receives, tensors, group_peer, tag, fn, args, async_op):
+    def _p2p(self, receives, tensors, group_peer, tag, fn, args):
+        """`send`, `recv` and a receive whose sender is known: called by them (the frame
+        depth tells torch's blocking send and recv from isend and irecv)."""
         peer = self.ranks[group_peer]
         key = (receives, peer)
         seq = self._p2p_seq.get(key, 0)
         self._p2p_seq[key] = seq + 1
-        work = self._run(Call(op, self.gid, seq, tensors, tensors, fn, args, peer=peer, tag=tag,
-                              async_op=async_op, p2p=True, receives=receives))
+        policy = self.policy
+        observer = self.observer
+        if policy.forwards and (observer is None or not observer.live):
+            work = policy.forward(fn, args)
+        else:
+            async_op = not blocking_p2p(3)
+            op = ("irecv" if async_op else "recv") if receives else ("isend" if async_op else "send")
+            work = self._run(Call(op, self.gid, seq, tensors, tensors, fn, args, peer=peer, tag=tag,
+                                  async_op=async_op, p2p=True, receives=receives))
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -478,28 +519,28 @@ class InterceptGroup(ProcessGroup):
 
     # --- point to point -----------------------------------------------------------
 
-    # dist.send calls isend: the outermost torch function (3 frames up) says blocking or not.
+    # torch's blocking send and recv call isend and irecv, which reach the group: the
+    # caller's frames say which the program used (stack.blocking_p2p).
 
     def send(self, tensors, dst, tag=0):
         real = self._backend_for(tensors)
-        async_op = not blocking_p2p(2)
-        return self._p2p("isend" if async_op else "send", False, tensors, dst, tag, real.send,
-                         (tensors, dst, tag), async_op)
+        return self._p2p(False, tensors, dst, tag, real.send, (tensors, dst, tag))
 
     def recv(self, tensors, src, tag=0):
         real = self._backend_for(tensors)
-        async_op = not blocking_p2p(2)
-        return self._p2p("irecv" if async_op else "recv", True, tensors, src, tag, real.recv,
-                         (tensors, src, tag), async_op)
+        return self._p2p(True, tensors, src, tag, real.recv, (tensors, src, tag))
 
     def recv_anysource(self, tensors, tag=0):
         real = self._backend_for(tensors)
-        async_op = not blocking_p2p(2)
-        op = "irecv" if async_op else "recv"
         src = self.policy.anysource(self)
         if src is not None:
-            work = self._p2p(op, True, tensors, src, tag, real.recv, (tensors, src, tag), async_op)
-            return FromPeer(work, src)
+            return FromPeer(self._p2p(True, tensors, src, tag, real.recv, (tensors, src, tag)), src)
+        policy = self.policy
+        observer = self.observer
+        if policy.forwards and (observer is None or not observer.live):
+            return _SourcedWork(policy.forward(real.recv_anysource, (tensors, tag)), self)
+        async_op = not blocking_p2p(2)
+        op = "irecv" if async_op else "recv"
         # The peer, and so the per-peer sequence number, is known only at completion (`sourced`).
         return self._run(Call(op, self.gid, -1, tensors, tensors, real.recv_anysource, (tensors, tag),
                               tag=tag, async_op=async_op, p2p=True, receives=True))

@@ -1,14 +1,22 @@
 """Capture: the recording policy, steps, memory, and the launcher hook.
 
-Importing this package is cheap (no torch): `record` and `step` load the rest on use.
+Importing this package is cheap (no torch, no interception): `record` and `step` load
+the rest on use, and so do the names below that `_install` holds.
 The replayer reaches the recorder only through this face: `record_replay` starts the
 recording of a replayed rank (`replay -o`) and `current_observer` lets its groups record.
 """
 
 from __future__ import annotations
 
-from prism_rr.recorder._install import arm, current_observer, record_replay
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._record import record, step
 
 __all__ = ["RecordOptions", "arm", "current_observer", "record", "record_replay", "step"]
+
+
+def __getattr__(name: str):
+    if name in ("arm", "current_observer", "record_replay"):
+        from prism_rr.recorder import _install
+
+        return getattr(_install, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,6 +66,10 @@ class _Recorder:
             log.warning("prism-rr: not recording this process group: %s: %s", type(exc).__name__, exc)
             return None
 
+    def unreadable(self, exc: Exception) -> None:
+        """torch's group-creation arguments could not be read: build the group as torch would."""
+        log.warning("prism-rr: not recording this process group: %s: %s", type(exc).__name__, exc)
+
     def untaken(self, result, is_world: bool) -> None:
         if is_world:
             _sync_clock(result[0], None)
@@ -81,35 +85,35 @@ class _Recorder:
                               policy=RecordingPolicy(rec), observer=RecordingObserver(rec))
 
     def created(self, pg, plan: Plan, is_world: bool) -> None:
-        rec = pg.policy.rec
+        rec = pg.observer.rec
         try:
             fix_books(pg, plan.real_name)
-            rec.group_created(plan.gid, plan.ranks, pg.getGroupName(), pg.getGroupDesc(),
-                              ",".join(sorted(set(plan.devices.values()))))
+            pg.observer.group_created(plan.gid, plan.ranks, pg.getGroupName(), pg.getGroupDesc(),
+                                      ",".join(sorted(set(plan.devices.values()))))
             if is_world:
                 _sync_clock(pg, rec)
         except Exception as exc:
             rec.fail(exc)
 
 
-_state = _Recorder()
-_creation = GroupCreation(_state)
+_recorder = _Recorder()
+_creation = GroupCreation(_recorder)
 
 
 def installed_options() -> RecordOptions | None:
-    return _state.options
+    return _recorder.options
 
 
 def install(options: RecordOptions) -> None:
     """Register the backend and patch group creation (idempotent)."""
-    _state.options = options
+    _recorder.options = options
     _creation.install()
 
 
 def uninstall() -> None:
     """Stop wrapping new groups; groups already made keep forwarding."""
     _creation.uninstall()
-    _state.options = None
+    _recorder.options = None
 
 
 def arm() -> None:
@@ -139,7 +143,7 @@ def record_replay(output, *, payload: str, rank: int, world_size: int, backend: 
 def current_observer():
     """An observer (intercept/group.py) that records calls into this process's Recording, or
     None when nothing records."""
-    rec = _state.rec
+    rec = _recorder.rec
     if rec is None:
         return None
     from prism_rr.recorder._policy import RecordingObserver
@@ -150,7 +154,7 @@ def current_observer():
 def _start_recording(options: RecordOptions, rank: int, world_size: int, dmap: dict) -> None:
     from prism_rr.recorder._session import Recording
 
-    if _state.rec is not None and _state.rec.on:
+    if _recorder.rec is not None and _recorder.rec.on:
         return
     names = sorted(set(dmap.values()))
     backend = names[0] if len(names) == 1 else ",".join(f"{d}:{b}" for d, b in dmap.items())
@@ -214,7 +218,7 @@ def _note_fsdp_layout(kind: str, fsdp_params, group) -> None:
     all-gather input, whose size at group size N is sum(ceil(d / N) * w); "rs": the same
     for the reduce-scatter output (gradients, padded on dim 0). Keyed "N:size" by the
     recorded size, so `scale` finds a call's layout by its shape."""
-    rec = _state.rec
+    rec = _recorder.rec
     if rec is None or not rec.on or group is None:
         return
     try:
@@ -258,7 +262,7 @@ def _patch_device_mesh(dm) -> None:
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        rec = _state.rec
+        rec = _recorder.rec
         if rec is not None and rec.on:
             try:
                 info = _manifest.mesh_info(self)

@@ -4,8 +4,8 @@ The policy forwards every call unchanged to the real backend (gloo, NCCL). The o
 records it: it notes the entry, and returns the real Work wrapped in a `TimedWork` that
 notes completion at wait() (or at the real future's callback, if sooner; gloo's send, recv
 and reduce_scatter_tensor have no future). A replay that records itself (`replay -o`)
-runs the replay policy with this observer. Outside the step window a call costs one
-attribute test here.
+runs the replay policy with this observer. Outside the step window the observer is not
+`live`, and the group forwards a call without building one (InterceptGroup._collective).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class RecordingPolicy(Policy):
     def __init__(self, rec):
         self.rec = rec
 
-    def run(self, group, call):
-        return aside(self.rec.ops_mode, call.fn, *call.args)
+    def forward(self, fn, args):
+        return aside(self.rec.ops_mode, fn, *args)
 
 
 class RecordingObserver:
@@ -35,6 +35,10 @@ class RecordingObserver:
 
     def __init__(self, rec):
         self.rec = rec
+
+    @property
+    def live(self) -> bool:
+        return self.rec.active
 
     def enter(self, call):
         rec = self.rec

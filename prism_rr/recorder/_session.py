@@ -23,7 +23,7 @@ from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.recorder import _signals
 from prism_rr.recorder._options import RecordOptions
 
-__all__ = ["Call", "Recording", "current", "step"]
+__all__ = ["Call", "Recording", "current"]
 
 log = logging.getLogger("prism_rr.recorder")
 
@@ -168,9 +168,8 @@ class Recording:
 
     # --- steps --------------------------------------------------------------------
 
-    def mark_step(self, manual: bool = False) -> None:
-        if manual:
-            self._steps.manual = True
+    def mark_step(self) -> None:
+        """A step boundary (OptimizerSteps says when)."""
         if not self.on:
             self.step += 1
             return

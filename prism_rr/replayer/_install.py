@@ -52,6 +52,11 @@ class _Replayer:
         members = list(a["global_ranks_in_group"] or [])
         return Plan(gid, members or list(range(int(a["group_size"]))), real_name)
 
+    def unreadable(self, exc: Exception) -> None:
+        """torch's group-creation arguments could not be read: no replay can follow."""
+        _refuse(self.options, int(os.environ.get("RANK", "0")),
+                f"this torch's process-group creation is not one prism-rr knows ({type(exc).__name__}: {exc})")
+
     def untaken(self, result, is_world: bool) -> None:
         pass  # every group is taken
 
@@ -71,7 +76,7 @@ class _Replayer:
             real_pg = ProcessGroupGloo(store, real.index(session.rank), len(real), timeout=dist_opts.timeout)
         all_real = len(real) == len(ranks) and real_pg is not None
         policy = ReplayPolicy(session, plan.gid, ranks, real_pg=real_pg, all_real=all_real)
-        session.groups.append(weakref.ref(policy))
+        session.policies.append(weakref.ref(policy))
         return InterceptGroup({"cpu": real_pg if all_real else Absent()}, dist_opts.group_rank,
                               dist_opts.group_size, gid=plan.gid, ranks=ranks, policy=policy,
                               observer=current_observer(), backend_name=plan.real_name)
@@ -83,14 +88,14 @@ class _Replayer:
             pg.observer.group_created(plan.gid, pg.ranks, pg.getGroupName(), pg.getGroupDesc(), plan.real_name)
 
 
-_state = _Replayer()
-_creation = GroupCreation(_state)
+_replayer = _Replayer()
+_creation = GroupCreation(_replayer)
 
 
 def install(options: ReplayOptions) -> None:
     import torch.distributed.rendezvous as rdzv
 
-    _state.options = options
+    _replayer.options = options
     _creation.install()
     rdzv._rendezvous_handlers["env"] = _env_rendezvous
 
@@ -107,7 +112,7 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
 
     from urllib.parse import parse_qs, urlparse
 
-    opts = _state.options
+    opts = _replayer.options
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     asked = parse_qs(urlparse(url).query).get("world_size")  # init_process_group(world_size=N)

@@ -49,6 +49,8 @@ def _shapes(x) -> tuple:
 class ReplayPolicy(Policy):
     """One group of the recorded world as one real rank replays it."""
 
+    forwards = False  # every call is checked against the bundle
+
     def __init__(self, session, gid: int, ranks, *, real_pg, all_real: bool):
         self._session = session
         self._real_pg = real_pg  # gloo among the real members, or None when this rank is alone

@@ -1,4 +1,4 @@
-"""The recorded calls a replay needs, keyed the way a replay group counts its calls.
+"""The recorded calls a replay needs, keyed the way an InterceptGroup counts its calls.
 
 A collective is found by (rank, group, seq); a point-to-point call by (rank, group,
 direction, peer, seq), where direction is "send" or "recv" and seq counts messages in

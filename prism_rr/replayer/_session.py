@@ -20,6 +20,7 @@ from time import monotonic_ns
 
 from prism_rr.errors import DivergenceError, ReplayError
 from prism_rr.format import open_bundle
+from prism_rr.intercept import dispatch
 from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._options import ReplayOptions
@@ -132,13 +133,12 @@ class ReplaySession:
         self.compute_ns = 0
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
         self._steps = OptimizerSteps(self.mark_step)
-        self.groups: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
+        self.policies: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
         self.exiting = False
         self._memory_mode = None
         self._written = False
         info = self.bundle.rank_info(rank)
         if info.get("memory") and info.get("device", "cpu") == "cpu":
-            from prism_rr.intercept import dispatch
             from prism_rr.intercept.memory import CpuMemoryTracker
 
             self._memory = CpuMemoryTracker()
@@ -238,11 +238,7 @@ class ReplaySession:
 
     def aside(self, fn, *args):
         """fn(*args): replay work inside a call, not the program's memory."""
-        if self._memory_mode is None:
-            return fn(*args)
-        from prism_rr.intercept.dispatch import aside
-
-        return aside(self._memory_mode, fn, *args)
+        return dispatch.aside(self._memory_mode, fn, *args)
 
     @staticmethod
     def _memory_failed(exc) -> None:
@@ -273,11 +269,9 @@ class ReplaySession:
 
     # --- steps --------------------------------------------------------------------
 
-    def mark_step(self, manual: bool = False) -> None:
+    def mark_step(self) -> None:
         """A step boundary: an optimizer step, or `prism_rr.step()` (after which optimizer
-        steps no longer are, as when recording)."""
-        if manual:
-            self._steps.manual = True
+        steps no longer are, as when recording; OptimizerSteps says when)."""
         t = monotonic_ns()
         if self.last_return is not None and t > self.last_return:
             self.compute_ns += t - self.last_return
@@ -329,7 +323,7 @@ class ReplaySession:
 
     def _at_exit(self) -> None:
         self.exiting = True  # the program is done: its results stand (see launch)
-        for ref in self.groups:
+        for ref in self.policies:
             policy = ref()
             if policy is not None:
                 try:

@@ -18,6 +18,8 @@ class _Backend:
 
 
 class _Keep(Policy):
+    forwards = False  # it handles every call itself
+
     def __init__(self):
         self.calls = []
 
@@ -27,6 +29,8 @@ class _Keep(Policy):
 
 
 class _Observer:
+    live = True
+
     def __init__(self):
         self.seen, self.tracked = [], []
 
@@ -109,3 +113,53 @@ def test_coalesced_point_to_point_reaches_the_policy_at_the_end():
     assert policy.started and len(policy.works) == 2
     group.send([x], 1)  # outside: not collected
     assert len(policy.works) == 2
+
+
+def test_a_forwarding_policy_with_no_one_looking_builds_no_call_but_counts():
+    """The recorder outside its step window: calls go straight to the real backend, and
+    the numbering goes on, so the window's first call has the number production gave it."""
+
+    class Real(_Backend):
+        def __init__(self):
+            self.called = []
+
+        def __getattr__(self, attr):
+            return lambda *args: self.called.append(attr) or completed_work()
+
+    observer = _Observer()
+    observer.live = False
+    real = Real()
+    group = InterceptGroup({"cpu": real}, 0, 2, gid=0, ranks=[0, 1], policy=Policy(), observer=observer)
+    x = torch.ones(2)
+    group.allreduce([x]).wait()
+    group.send([x], 1)
+    group.recv([x], 1)
+    assert real.called == ["allreduce", "send", "recv"] and observer.seen == []
+    observer.live = True
+    group.allreduce([x]).wait()
+    group.send([x], 1)
+    assert observer.seen == ["all_reduce", "isend"]
+    assert group.next_p2p_seq(False, 1) == 2 and group.next_p2p_seq(True, 1) == 1
+
+
+def test_a_receive_from_any_source_no_one_records_still_counts_its_sender():
+    from torch._C._distributed_c10d import Work
+
+    class FromRank1(Work):
+        def wait(self, timeout=None):
+            return True
+
+        def _source_rank(self):
+            return 1
+
+    class Real(_Backend):
+        def recv_anysource(self, tensors, tag):
+            return FromRank1()
+
+    observer = _Observer()
+    observer.live = False
+    group = InterceptGroup({"cpu": Real()}, 0, 2, gid=0, ranks=[0, 1], policy=Policy(), observer=observer)
+    work = group.recv_anysource([torch.ones(2)])
+    work.wait()
+    work.wait()  # counted once
+    assert work._source_rank() == 1 and group.next_p2p_seq(True, 1) == 1

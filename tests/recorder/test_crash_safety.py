@@ -110,6 +110,7 @@ def test_sigkill_during_full_payload_leaves_a_whole_bundle(tmp_path):
     from prism_rr.format import verify
 
     rng = random.Random(int(os.environ.get("PRISM_RR_SEED", "0")) or None)
+    oldest = []
     for i in range(max(2, KILLS // 3)):
         delay = rng.uniform(0.0, 0.5)
         calls, death, out = _kill_once(tmp_path / f"kill{i}", delay, "bigloop", payload="full")
@@ -119,8 +120,12 @@ def test_sigkill_during_full_payload_leaves_a_whole_bundle(tmp_path):
             assert big and all(c.blob_out for c in big)
             for c in big[-2:]:
                 assert len(b.blob(c.blob_out[0], expected=8 << 20)) == 8 << 20
-        old = [(seq, age) for seq, age in _lost(calls, 1, death) if age > MARGIN_NS]
+        lost = _lost(calls, 1, death)
+        old = [(seq, age) for seq, age in lost if age > MARGIN_NS]
         assert not old, f"kill {i} at +{delay:.3f}s: calls older than 100 ms are missing: {old}"
+        oldest.append(max((a for _, a in lost), default=0) / 1e6)
+    print(f"\nfull payload, {len(oldest)} kills: oldest lost call per kill (ms): "
+          + " ".join(f"{x:.1f}" for x in oldest))
 
 
 def _dead_rank_holds_survivors_older_calls(calls, dead, death_ns):

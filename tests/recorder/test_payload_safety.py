@@ -182,7 +182,7 @@ def test_a_storage_freed_before_the_record_is_written_is_said_not_read(tmp_path)
 def test_a_wait_writes_the_record_a_callback_left(tmp_path):
     """torch wakes waiters before it runs done callbacks: the record of a call is written
     where the program's wait() returns, whichever came first."""
-    from prism_rr.recorder._policy import TimedWork as _TimedWork
+    from prism_rr.recorder._policy import TimedWork
 
     class Inner:
         def wait(self, timeout=None):
@@ -192,7 +192,7 @@ def test_a_wait_writes_the_record_a_callback_left(tmp_path):
     x = torch.ones(4)
     call = rec.enter("all_reduce", 0, 0, [x], [x])
     rec.issued(call)
-    work = _TimedWork(Inner(), rec, call)
+    work = TimedWork(Inner(), rec, call)
     _on_thread(lambda: rec.complete(call, backend=True))
     assert not call.written
     work.wait()
