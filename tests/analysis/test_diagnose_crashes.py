@@ -18,8 +18,8 @@ import pytest
 from prism_rr.format import open_bundle, pack
 from prism_rr.analysis import diagnose, diagnosis_json
 from prism_rr.localrun import free_port, rank_env
-from prism_rr.recorder._options import RecordOptions, spool_dir_for
-from prism_rr.recorder.launch import hook_env
+from prism_rr.recorder import RecordOptions
+from prism_rr.recorder.launch import hook_env, spool_dir_for
 
 SCRIPTS = Path(__file__).parents[1] / "recorder" / "scripts"
 WORLD = 2

@@ -10,7 +10,7 @@ import pytest
 
 from prism_rr.format import open_bundle, pack
 from prism_rr.analysis import diagnose
-from prism_rr.recorder._options import spool_dir_for
+from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.recorder.launch import record_command
 
 SCRIPT = Path(__file__).parent / "scripts" / "faults.py"

@@ -12,8 +12,8 @@ from prism_rr.localrun import free_port, rank_env, run_local
 from prism_rr.format import layout
 from prism_rr.format.records import Collective, GroupInfo, PointToPoint
 from prism_rr.format.spool import frame_info, frame_records, read_spool
-from prism_rr.recorder._options import RecordOptions, spool_dir_for
-from prism_rr.recorder.launch import hook_env
+from prism_rr.recorder import RecordOptions
+from prism_rr.recorder.launch import hook_env, spool_dir_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

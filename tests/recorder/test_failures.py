@@ -7,7 +7,7 @@ import time
 import pytest
 
 from prism_rr.format.records import Marker
-from prism_rr.recorder._options import spool_dir_for
+from prism_rr.recorder.launch import spool_dir_for
 
 from recorder_helpers import Spools, start_ranks
 

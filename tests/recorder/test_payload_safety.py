@@ -18,7 +18,7 @@ import torch
 
 from prism_rr.format import open_bundle
 from prism_rr.format.records import Collective, Marker, PointToPoint
-from prism_rr.recorder._options import RecordOptions
+from prism_rr.recorder import RecordOptions
 from prism_rr.recorder._session import Recording
 
 from recorder_helpers import SCRIPTS, Spools

@@ -4,8 +4,7 @@ import sys
 from pathlib import Path
 
 from prism_rr.format import pack
-from prism_rr.recorder._options import spool_dir_for
-from prism_rr.recorder.launch import record_command
+from prism_rr.recorder.launch import record_command, spool_dir_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
 # Starts N ranks the way torchrun would (without torchrun's own start-up cost).
