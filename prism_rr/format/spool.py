@@ -37,7 +37,7 @@ __all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool"
 # moment, as an events chunk whose records have end_ns nil (FORMAT.md, "Spool").
 FRAME_OPEN = 3
 # The longest a chunk waits for the payload blobs its records name (a BlobWriter queues
-# about 100 ms of compression): past it the records are written without waiting.
+# about 30 ms of compression): past it the records are written without waiting.
 BLOB_WAIT_S = 2.0
 
 
@@ -288,7 +288,7 @@ class SpoolWriter:
 
     def add_info(self, info: dict[str, Any]) -> None:
         """Queue a rank-info frame (argv, versions, clock offset, ...)."""
-        self._offer(("info", info))
+        self._offer(("info", info, 0))
 
     def flush(self) -> None:
         """Hand the pending records to the writer thread now."""
@@ -359,15 +359,15 @@ class SpoolWriter:
                 try:
                     if item is None:
                         return
-                    kind, payload, *mark = item
+                    kind, payload, mark = item  # mark: BlobWriter.queued when taken
                     if kind == "info":
                         self._write(layout.FRAME_RANK_INFO, info=payload)
-                    elif kind == "open":
-                        self._blobs_written(mark[0])
-                        self._write(FRAME_OPEN, records=payload)
                     else:
-                        self._blobs_written(mark[0])
-                        self._write_events(payload)
+                        self._blobs_written(mark)
+                        if kind == "open":
+                            self._write(FRAME_OPEN, records=payload)
+                        else:
+                            self._write_events(payload)
                 except BaseException as exc:  # never let the writer die silently
                     self.error = exc
                 finally:
