@@ -78,8 +78,11 @@ class BlobWriter:
     is not (a rank killed in between loses the records, not their payloads).
     """
 
-    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03):
+    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03,
+                 sink=None):
         self.spool_dir = Path(spool_dir)
+        # (ident, data) -> None: where a blob goes; a file under spool_dir/blobs unless given
+        self._sink = sink if sink is not None else (lambda ident, data: _store(self.spool_dir, ident, data))
         self.max_pending = max_pending
         self.max_delay_s = max_delay_s
         self.rate = 200e6  # bytes a second the thread stores, as last measured
@@ -116,7 +119,7 @@ class BlobWriter:
                 self._cond.notify_all()
         if inline:
             try:
-                _store(self.spool_dir, ident, data)
+                self._sink(ident, data)
             except BaseException:
                 self._known.discard(ident)
                 raise
@@ -154,7 +157,7 @@ class BlobWriter:
             try:
                 if self.error is None:
                     t0 = time.perf_counter()
-                    _store(self.spool_dir, ident, data)
+                    self._sink(ident, data)
                     if len(data) >= 1 << 20:  # a blob big enough to time
                         self.rate = 0.5 * self.rate + 0.5 * len(data) / max(time.perf_counter() - t0, 1e-6)
             except BaseException as exc:

@@ -28,6 +28,14 @@ class RecordOptions:
     stack_depth: int = 4  # frames of user code kept per call; 0 turns stacks off
     slice: str | None = None  # "roles": record one representative per role (plus `ranks`)
     mesh: str | None = None  # "dp=2,tp=2": the layout that `slice` derives roles from
+    # Flight mode (recorder/_flight.py): keep the last `flight` steps of each rank in a
+    # bounded in-memory ring and write a bundle only when a trigger fires.
+    flight: int | None = None  # steps kept; None: write every record (the spool)
+    flight_hang: float = 30.0  # seconds a call may stay pending before it is a hang
+    flight_slow: float | None = None  # a step this many times the running median triggers
+    flight_budget: int = 32 << 20  # bytes of ring per rank
+    flight_at_exit: bool = False  # also dump when the run ends
+    output: str | None = None  # the bundle a flight dump is packed into (rank 0 packs)
     extra: dict = field(default_factory=dict)  # unknown keys from a newer launcher
 
     def __post_init__(self):
@@ -35,6 +43,17 @@ class RecordOptions:
             raise UsageError(f"payload must be one of {', '.join(PAYLOADS)}, not {self.payload!r}")
         if self.slice not in (None, "roles"):
             raise UsageError(f"slice must be roles, not {self.slice!r}")
+        if self.flight is not None:
+            if self.flight < 1:
+                raise UsageError(f"--flight takes the number of steps to keep (1 or more), not {self.flight}")
+            if self.steps is not None:
+                raise UsageError("--flight keeps the last steps whenever a trigger fires: give it or --steps, not both")
+            if not self.flight_hang > 0:
+                raise UsageError(f"--flight-hang must be a number of seconds above 0, not {self.flight_hang}")
+            if self.flight_slow is not None and not self.flight_slow > 1:
+                raise UsageError(f"--flight-slow must be a factor above 1, not {self.flight_slow}")
+            if self.flight_budget < (1 << 20):
+                raise UsageError(f"--flight-budget must be at least 1 MiB, not {self.flight_budget} bytes")
 
     @classmethod
     def make(cls, spool_dir, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, **extra):
@@ -75,7 +94,8 @@ class RecordOptions:
         d = json.loads(text)
         if not isinstance(d, dict) or "spool_dir" not in d:
             raise UsageError(f"{ENV_VAR} must be a JSON object with a spool_dir")
-        known = {"spool_dir", "payload", "steps", "ranks", "ops", "memory", "stack_depth", "slice", "mesh"}
+        known = {"spool_dir", "payload", "steps", "ranks", "ops", "memory", "stack_depth", "slice", "mesh",
+                 "flight", "flight_hang", "flight_slow", "flight_budget", "flight_at_exit", "output"}
         extra = {k: v for k, v in d.items() if k not in known}
         return cls(
             spool_dir=str(d["spool_dir"]),
@@ -87,6 +107,12 @@ class RecordOptions:
             stack_depth=int(d.get("stack_depth", 4)),
             slice=d.get("slice"),
             mesh=d.get("mesh"),
+            flight=None if d.get("flight") is None else int(d["flight"]),
+            flight_hang=float(d.get("flight_hang", 30.0)),
+            flight_slow=None if d.get("flight_slow") is None else float(d["flight_slow"]),
+            flight_budget=int(d.get("flight_budget", 32 << 20)),
+            flight_at_exit=bool(d.get("flight_at_exit", False)),
+            output=d.get("output"),
             extra=extra,
         )
 

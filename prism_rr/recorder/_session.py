@@ -70,7 +70,13 @@ class Recording:
         self.fsdp_layouts: dict[str, dict[str, list]] = {}  # see _install._note_fsdp_layout
         self.fsdp_seen: set[tuple] = set()
         self.spool_dir = Path(options.spool_dir)
-        self.writer = SpoolWriter(spool_path(self.spool_dir, rank), rank, info=info)
+        self.flight = None  # a Flight (recorder/_flight.py) in flight mode, from start()
+        if options.flight is not None:
+            from prism_rr.recorder._flight import FlightWriter
+
+            self.writer = FlightWriter(self.spool_dir, rank, options.flight_budget, info=info)
+        else:
+            self.writer = SpoolWriter(spool_path(self.spool_dir, rank), rank, info=info)
         self.on = True
         self.step = 0
         self.step_start = monotonic_ns()
@@ -106,6 +112,11 @@ class Recording:
         self._steps.start()
         atexit.register(self.close, "exit")
         _signals.install(self)
+        if self.options.flight is not None:
+            from prism_rr.recorder._flight import Flight
+
+            self.flight = Flight(self)
+            self.flight.start()
         if self.active:
             self._begin_window()
 
@@ -158,6 +169,8 @@ class Recording:
                 self.writer.append(self._record(call, None))
             self.writer.append(Marker(start_ns=t, end_ns=t, step=self.step, name="recording_end",
                                       value=len(hung), text=reason))
+            if self.flight is not None:
+                self.flight.closing(reason)  # the run ends: dump if asked, then stop watching
             self.writer.close(timeout=5.0)
         except BaseException as exc:
             log.warning("prism-rr: could not close the spool of rank %d: %s", self.rank, exc)
@@ -184,6 +197,8 @@ class Recording:
                     self.writer.append(Compute(start_ns=self.last_return, end_ns=t, step=self.step))
                 peak = self._step_peak()
                 self.writer.append(Step(start_ns=self.step_start, end_ns=t, step=self.step, mem_peak=peak))
+                if self.flight is not None:
+                    self.flight.step_ended(self.step, t - self.step_start)
             self.step += 1
             self.step_start = t
             self.last_return = t
@@ -491,7 +506,8 @@ class Recording:
             if self.blob_writer is None:
                 from prism_rr.format.blobs import BlobWriter
 
-                self.blob_writer = BlobWriter(self.spool_dir)
+                # a flight ring keeps blobs in memory, beside the records that name them
+                self.blob_writer = BlobWriter(self.spool_dir, sink=getattr(self.writer, "store_blob", None))
                 self.writer.blobs = self.blob_writer  # no record on disk before its blobs
             return _payload.blobs(self.blob_writer, tensors)
         return None
