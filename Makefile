@@ -1,10 +1,11 @@
 # make demo: set up .venv and run the embedded demo.   make test: set up .venv and run the tests.
+# make gpu-check: the nccl/CUDA tests (tests/gpu), on a machine with a GPU; skipped elsewhere.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo setup clean
+.PHONY: test gpu-check demo setup clean
 
 setup: $(STAMP)
 
@@ -16,6 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+gpu-check: $(STAMP)
+	$(BIN)/python -m pytest -q -s -m gpu tests/gpu
 
 demo: $(STAMP)
 	$(BIN)/prism-rr demo

@@ -7,6 +7,20 @@ import pytest
 DATA = Path(__file__).parent / "data"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped where torch sees no CUDA device (`make gpu-check` runs them)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is false")
+    for item in gpu:
+        item.add_marker(skip)
+
+
 @pytest.fixture
 def small_bundle(tmp_path):
     """A 4-rank synthetic bundle with payload blobs, packed from real spools."""

@@ -1,0 +1,90 @@
+"""The CUDA path: the demo recorded on nccl with CUDA tensors, then rank 0 replayed.
+
+`make gpu-check` runs this file with -s, so the fidelity card shows. Without a GPU every
+test here is skipped (the `gpu` marker, tests/conftest.py). The world is 2 ranks, or 1
+on a machine with one GPU (nccl refuses two ranks on one device).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from prism_rr import demo
+from prism_rr.format import Collective, Step, open_bundle
+
+from cli_helpers import run_cli
+
+pytestmark = pytest.mark.gpu
+
+RECORD_TIMEOUT = 540  # the first nccl/CUDA start-up on a fresh machine is slow
+REPLAY_TIMEOUT = 300
+MINUTE_NS = 60_000_000_000
+
+
+@dataclass
+class Recorded:
+    bundle: Path
+    plan: demo.DemoPlan
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Recorded:
+    import torch
+
+    world = min(2, torch.cuda.device_count())
+    work = tmp_path_factory.mktemp("gpu")
+    bundle = work / "demo.prism"
+    out = run_cli("demo", "-o", bundle, "--world", world, "--no-replay", cwd=work, timeout=RECORD_TIMEOUT)
+    print(f"\n--- prism-rr demo --world {world} --no-replay (stderr) ---\n{out.stderr[-4000:]}")
+    assert out.returncode == 0, out.stderr[-6000:]
+    return Recorded(bundle, demo.plan(world), out.stderr)
+
+
+@pytest.mark.timeout(RECORD_TIMEOUT + 60)
+def test_recording_is_on_cuda_with_memory_statistics(recorded):
+    world = recorded.plan.world
+    with open_bundle(recorded.bundle) as b:
+        facts = b.facts()
+        assert facts["recorded_ranks"] == list(range(world)), facts
+        assert facts["steps"] == [1, 2, 3] and facts["open_calls"] == 0, facts
+        assert facts["recorder_failed_ranks"] == [], facts["recorder_failures"]
+        for r in range(world):
+            info = b.rank_info(r)
+            assert info["device"] == "cuda" and "nccl" in info["backend"], info
+            assert info["device_name"] and info["versions"]["cuda"], info
+            events = list(b.events(r))
+            steps = {s.step: s for s in events if type(s) is Step}
+            assert sorted(steps) == [1, 2, 3], steps
+            for s in steps.values():
+                # CUDA allocator statistics: the model's weights alone are on the device
+                assert s.mem_peak is not None and s.mem_peak > 0, s
+                assert 0 < s.end_ns - s.start_ns < MINUTE_NS, s
+            calls = [c for c in events if type(c) is Collective]
+            assert calls, f"rank {r} recorded no collectives"
+            for c in calls:
+                assert c.end_ns is not None and 0 <= c.end_ns - c.start_ns < MINUTE_NS, c
+                assert c.start_ns >= steps[c.step].start_ns, (c, steps[c.step])
+                assert c.mem_alloc is not None and c.mem_peak is not None and c.mem_peak >= c.mem_alloc, c
+            print(f"rank {r} on {info['device_name']}: {len(calls)} collectives, step peaks "
+                  + ", ".join(f"{s.mem_peak / 2**20:.1f} MiB" for s in steps.values())
+                  + ", step times " + ", ".join(f"{(s.end_ns - s.start_ns) / 1e6:.1f} ms" for s in steps.values()))
+
+
+@pytest.mark.timeout(RECORD_TIMEOUT + REPLAY_TIMEOUT + 60)
+def test_replay_rank0_on_cuda(recorded, tmp_path):
+    report = tmp_path / "fidelity.json"
+    out = run_cli("replay", recorded.bundle, "--ranks", "0", "--report", report,
+                  "--timeout", REPLAY_TIMEOUT - 30, "--", *recorded.plan.train,
+                  cwd=recorded.bundle.parent, timeout=REPLAY_TIMEOUT)
+    print(f"\n--- prism-rr replay {recorded.bundle.name} --ranks 0 (stderr: the fidelity card) ---\n"
+          f"{out.stderr[-6000:]}")
+    assert out.returncode == 0, out.stderr[-6000:]
+    facts = json.loads(report.read_text())
+    assert facts["world_size"] == recorded.plan.world and facts["exit_code"] == 0, facts
+    assert facts["diverged"] is False and facts["divergences"] == 0, facts
+    assert len(facts["steps"]) == 3, facts["steps"]
