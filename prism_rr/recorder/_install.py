@@ -32,6 +32,8 @@ class _Recorder:
     def __init__(self):
         self.options: RecordOptions | None = None
         self.recording = True  # False on ranks outside the rank selection
+        self.world_store = None  # the world group's store, from its creator, for the clock
+        self.worlds = 0  # world groups made in this process: each measures its clocks anew
 
     @property
     def rec(self):
@@ -71,8 +73,8 @@ class _Recorder:
         log.warning("prism-rr: not recording this process group: %s: %s", type(exc).__name__, exc)
 
     def untaken(self, result, is_world: bool) -> None:
-        if is_world:
-            _sync_clock(result[0], None)
+        if is_world:  # every rank takes part, recorded or not, or the others would wait
+            _sync_clock(result[0], result[1], None)
 
     def create(self, plan: Plan, dist_opts, backend_options):
         """The creator torch calls for our backend: build the real backend(s) and wrap them."""
@@ -80,6 +82,8 @@ class _Recorder:
         from prism_rr.recorder._policy import RecordingObserver, RecordingPolicy
 
         rec = self.rec
+        if plan.gid == 0:
+            self.world_store = dist_opts.store.underlying_store  # without the device prefix
         real = make_real(plan.devices, dist_opts, backend_options)
         return InterceptGroup(real, dist_opts.group_rank, dist_opts.group_size, gid=plan.gid, ranks=plan.ranks,
                               policy=RecordingPolicy(rec), observer=RecordingObserver(rec))
@@ -91,7 +95,8 @@ class _Recorder:
             pg.observer.group_created(plan.gid, plan.ranks, pg.getGroupName(), pg.getGroupDesc(),
                                       ",".join(sorted(set(plan.devices.values()))))
             if is_world:
-                _sync_clock(pg, rec)
+                store, self.world_store = self.world_store, None
+                _sync_clock(pg, store, rec)
         except Exception as exc:
             rec.fail(exc)
 
@@ -172,23 +177,26 @@ def _start_recording(options: RecordOptions, rank: int, world_size: int, dmap: d
     rec.start()
 
 
-def _sync_clock(pg, rec) -> None:
-    """Every rank takes part (recorded or not); only on CPU backends, where it is cheap."""
+def _sync_clock(pg, store, rec) -> None:
+    """Measure this rank's clock offset to rank 0 through the world's store, as the world
+    group is made (`_manifest.store_clock_offset`: any backend, a few store operations).
+    Every rank takes part, recorded or not. A failure (a rank that never came) costs the
+    offset, never the recording: `pack` lists such ranks in the manifest's `clock`."""
+    if store is None:
+        return
+    _recorder.worlds += 1
     try:
-        from prism_rr.intercept.group import InterceptGroup
-
-        real = pg.backends.get("cpu") if isinstance(pg, InterceptGroup) else pg
-        if real is None or pg.name() != "gloo":
-            return
         t0 = monotonic_ns()
-        args = (real, pg.rank(), pg.size())
-        clock = rec.outside(_manifest.clock_offset, *args) if rec is not None else _manifest.clock_offset(*args)
+        args = (store, pg.rank(), pg.size())
+        prefix = f"prism_rr/clock/{_recorder.worlds}"
+        measure = _manifest.store_clock_offset
+        clock = (rec.outside(lambda: measure(*args, prefix=prefix)) if rec is not None
+                 else measure(*args, prefix=prefix))
         if rec is not None and clock is not None:
             clock["cost_ns"] = monotonic_ns() - t0
             rec.writer.add_info({"clock_offset": clock})
     except Exception as exc:
-        if rec is not None:
-            rec.fail(exc)
+        log.warning("prism-rr: no clock offset for this rank: %s: %s", type(exc).__name__, exc)
 
 
 def _patch_fsdp(mod) -> None:

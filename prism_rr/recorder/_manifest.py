@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 
-__all__ = ["clock_offset", "mesh_info", "rank_info", "safe_env"]
+__all__ = ["mesh_info", "rank_info", "safe_env", "store_clock_offset"]
 
 _ENV_PREFIXES = ("TORCH_", "NCCL_", "MASTER_", "OMP_", "ROLE_", "TORCHELASTIC_", "GLOO_", "CUDA_", "PYTORCH_")
 _ENV_NAMES = {
@@ -70,34 +70,49 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
     return info
 
 
-def clock_offset(backend, rank: int, world_size: int, rounds: int = 4) -> dict | None:
-    """This rank's monotonic clock minus rank 0's, bracketed by all_gather round trips.
+def store_clock_offset(store, rank: int, world_size: int, *, prefix: str, rounds: int = 4,
+                       first_timeout_s: float = 120.0, timeout_s: float = 10.0) -> dict | None:
+    """This rank's monotonic clock minus rank 0's, bracketed by rounds through the store.
 
-    Each round gathers every rank's entry time a and its exit time b of the round
-    before. No rank leaves a gather before every rank entered it, so with a, b read on
-    rank i's clock and a0, b0 on rank 0's, offset_i lies in [a - b0, b - a0]; the
-    intersection over rounds is returned as its midpoint and half width.
+    Works whatever the backend (NCCL too): it needs the store, not a collective. In round
+    r every rank reads its clock (a), adds 1 to the round's counter, and waits until the
+    rank that brings it to `world_size` sets the round's "all" key; then reads its clock
+    again (b). The key is set after every rank's a and before any rank's b, so with a, b
+    read on rank i's clock and a0, b0 on rank 0's, offset_i lies in [a - b0, b - a0]
+    whatever the delays; the intersection over rounds is returned as its midpoint and half
+    width. The first round absorbs the ranks' skew at start-up; the later ones, entered
+    nearly at once, are tight. Rank 0 publishes its (a0, b0) under one key afterwards.
+
+    Store operations per rank: `rounds` adds and waits and one get (one set for the rank
+    that closes a round, and for rank 0), so a world of 8192 makes ~10 per rank. None
+    when a rank is missing past the timeouts (the first round waits for stragglers at
+    start-up): the recording goes on without an offset.
     """
-    import torch
-    from torch._C._distributed_c10d import AllgatherOptions
+    import json
+    from datetime import timedelta
 
-    lo, hi = -(1 << 62), 1 << 62
-    prev_a = prev_b = prev_a0 = 0
-    for r in range(rounds + 1):
+    def wait(key: str, seconds: float) -> None:
+        store.wait([key], timedelta(seconds=seconds))
+
+    spans = []
+    for r in range(rounds):
         a = time.monotonic_ns()
-        mine = torch.tensor([a, prev_b], dtype=torch.int64)
-        outs = [torch.empty(2, dtype=torch.int64) for _ in range(world_size)]
-        backend.allgather([outs], [mine], AllgatherOptions()).wait()
-        b = time.monotonic_ns()
-        if r > 0:  # outs[*][1] are the exits of round r-1, whose entries were prev
-            b0 = int(outs[0][1])
-            lo = max(lo, prev_a - b0)
-            hi = min(hi, prev_b - prev_a0)
-        prev_a, prev_b, prev_a0 = a, b, int(outs[0][0])
+        if store.add(f"{prefix}/{r}", 1) >= world_size:
+            store.set(f"{prefix}/{r}/all", b"1")
+        else:
+            wait(f"{prefix}/{r}/all", first_timeout_s if r == 0 else timeout_s)
+        spans.append((a, time.monotonic_ns()))
+    entry = {"reference_rank": 0, "method": "store", "rounds": rounds}
+    if rank == 0:
+        store.set(f"{prefix}/ref", json.dumps(spans).encode())
+        return {"offset_ns": 0, "error_ns": 0, **entry}
+    wait(f"{prefix}/ref", timeout_s)
+    ref = json.loads(store.get(f"{prefix}/ref"))
+    lo = max(a - b0 for (a, _), (_, b0) in zip(spans, ref))
+    hi = min(b - a0 for (_, b), (a0, _) in zip(spans, ref))
     if lo > hi:
         return None
-    return {"offset_ns": (lo + hi) // 2, "error_ns": (hi - lo) // 2, "reference_rank": 0,
-            "method": "allgather", "rounds": rounds}
+    return {"offset_ns": (lo + hi) // 2, "error_ns": (hi - lo) // 2, **entry}
 
 
 def mesh_info(mesh) -> dict:
