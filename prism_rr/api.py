@@ -57,6 +57,8 @@ class RecordResult:
     recorder_failures: tuple[dict, ...] = ()  # ranks whose recorder turned itself off: {rank, step, reason}
     readback_error: str | None = None  # the bundle was written but could not be read back
     warnings: tuple[str, ...] = ()  # every warning also passed to `warn`, in order
+    node: str | None = None  # one node of a multi-node job: its spools are in spool_dir, not packed
+    pack_command: str | None = None  # what packs every node's spools, once they are in one place
 
 
 def record(
@@ -72,12 +74,20 @@ def record(
     slice: str | None = None,
     mesh: str | None = None,
     timeout: float | None = None,
+    node: str | None = None,
     warn: Warn | None = None,
     progress: Progress | None = None,
+    **options,
 ) -> RecordResult:
     """Run `cmd` with every rank recording into `<output>.d/`, then pack the spools into `output`.
 
     `nproc` > 0 starts that many local ranks with torchrun's environment around `cmd`.
+    `options` are more recorder settings (`RecordOptions.make`'s), passed on to the ranks.
+    One node of a multi-node job (`cmd` a torchrun launch of more than one node, or
+    `node` given; see `prism_rr.recorder.launch.launch_node`) records into
+    `<output>.d/node-<name>/` and packs nothing: this node cannot know when the others
+    are done. The result's `pack_command` packs them all once every node has finished and
+    the node directories are in one place (at once, on a shared file system).
     A failing program still yields a bundle (its code is in the result). A failed write
     (a full or read-only disk) yields a result without `packed`, naming where the spools
     are; the half-written files are removed. Raises UsageError when nothing was recorded.
@@ -85,7 +95,7 @@ def record(
     """
     from prism_rr.format import open_bundle
     from prism_rr.format import pack as pack_spools
-    from prism_rr.recorder.launch import record_command
+    from prism_rr.recorder.launch import launch_node, node_spool_dir, record_command
 
     if not cmd:
         raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
@@ -99,7 +109,8 @@ def record(
     if nproc:
         cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
     output = Path(output)
-    spool_dir = spool_dir_for(output)
+    name = launch_node(cmd, node)
+    spool_dir = node_spool_dir(output, name)
     warnings: list[str] = []
 
     def warning(message: str) -> None:
@@ -112,18 +123,25 @@ def record(
 
     try:
         code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
-                              memory=memory, slice=slice, mesh=mesh, timeout=timeout)
+                              memory=memory, slice=slice, mesh=mesh, timeout=timeout, node=node, **options)
     except OSError as exc:
         _remove_half_written(spool_dir, output)
         return RecordResult(output=output, spool_dir=spool_dir, exit_code=None, error=exc,
                             spools_left=spools_left(), warnings=tuple(warnings))
     if code != 0:
-        warning(f"the command exited with code {code}; packing what was recorded")
+        warning(f"the command exited with code {code}"
+                + ("; packing what was recorded" if name is None else ""))
     if not spools_left():
         raise UsageError(
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
             f"(is CMD a PyTorch distributed program? exit code {code})"
         )
+    if name is not None:
+        import shlex
+
+        command = f"prism-rr pack {shlex.quote(str(spool_dir_for(output)))} -o {shlex.quote(str(output))}"
+        return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, spools_left=True,
+                            warnings=tuple(warnings), node=name, pack_command=command)
     try:
         extra = None
         if slice is not None:
@@ -166,13 +184,16 @@ def _remove_half_written(spool_dir: Path, output: Path) -> None:
 
 def pack(spool_dir, output, *, redact: bool = False, stacks: bool = True,
          progress: Progress | None = None) -> PackResult:
-    """Pack a directory of spools into one bundle; with `redact`, a copy safe to make
-    public (see `prism_rr.format.redact`), its `bytes` the redacted file's size."""
+    """Pack a directory of spools, or several (one per node of a multi-node job; a
+    directory of `node-*/` directories stands for them), into one bundle; with `redact`,
+    a copy safe to make public (see `prism_rr.format.redact`), its `bytes` the redacted
+    file's size."""
     from prism_rr.format import pack as pack_spools
 
     output = Path(output)
     target = output.with_name(output.name + ".unredacted") if redact else output
-    result = pack_spools(Path(spool_dir), target, progress=progress)
+    dirs = spool_dir if isinstance(spool_dir, (list, tuple)) else Path(spool_dir)
+    result = pack_spools(dirs, target, progress=progress)
     if not redact:
         return result
     from prism_rr.format.redact import redact as redact_bundle

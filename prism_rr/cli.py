@@ -110,19 +110,21 @@ def verify(bundle: Path = typer.Argument(..., help="The .prism bundle to check."
 
 @app.command(epilog=EXIT_CODES)
 def pack(
-    spool_dir: Path = typer.Argument(..., help="A directory of rank-*.spool files (run.prism.d/)."),
+    spool_dirs: list[Path] = typer.Argument(..., metavar="DIR...", help="Directories of rank-*.spool files (run.prism.d/; one per node of a multi-node recording, or the run.prism.d/ that holds their node-*/ directories)."),
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write."),
     redact: bool = typer.Option(False, "--redact", help="Make it safe for a public bug report (see `prism-rr redact --help`)."),
     stacks: bool = typer.Option(True, "--stacks/--no-stacks", help="With --redact: keep stack frames as file name and line, or drop them."),
 ) -> None:
-    """Pack a directory of spools into one portable bundle.
+    """Pack directories of spools into one portable bundle.
 
     Chunks are copied as they are; a spool with a torn tail is packed up to its last
-    complete frame and its rank is marked truncated.
+    complete frame and its rank is marked truncated. The spools of every node of a
+    multi-node job go into one bundle, each node's run facts kept; a rank found twice is
+    an error.
     """
     from prism_rr import api
 
-    result = api.pack(spool_dir, output, redact=redact, stacks=stacks, progress=_progress("packing ranks"))
+    result = api.pack(list(spool_dirs), output, redact=redact, stacks=stacks, progress=_progress("packing ranks"))
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail dropped ({why})")
     if redact:
@@ -169,6 +171,7 @@ def record(
     slice_: Optional[str] = typer.Option(None, "--slice", help="roles: record one representative rank per role (ranks doing the same work), plus --ranks. The layout comes from --mesh, else from the DeviceMesh the program builds, else from its groups at the first step."),
     mesh: Optional[str] = typer.Option(None, "--mesh", help="With --slice roles: the job's layout, e.g. dp=4,tp=2 (row-major, last dimension fastest, as init_device_mesh); ranks then decide before the program starts."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the run after this many seconds (a hang still yields a bundle)."),
+    node: Optional[str] = typer.Option(None, "--node", help="This is one node of a multi-node job, named NAME: its ranks record into OUTPUT.d/node-NAME/ and nothing is packed (found by itself for torchrun --nnodes N --node-rank i)."),
 ) -> None:
     """Record a training run into a bundle, without editing the training code.
 
@@ -176,11 +179,16 @@ def record(
     or `python train.py` with --nproc. Every rank records its collectives, point-to-point
     calls, compute gaps, steps and memory into OUTPUT.d/; when CMD ends (or crashes, or is
     interrupted) the spools are packed into OUTPUT.
+
+    Many nodes: run the same command on every node. Each node records into
+    OUTPUT.d/node-<node rank>/ and clears only that directory; when every node has
+    finished, `prism-rr pack OUTPUT.d -o OUTPUT` (on a shared file system, or after
+    copying the node directories into one OUTPUT.d/) makes one bundle.
     """
     from prism_rr import api
 
     result = api.record(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
-                        nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, warn=_warn,
+                        nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, node=node, warn=_warn,
                         progress=_progress("packing ranks"))
     _report_record(result)
 
@@ -194,6 +202,11 @@ def _report_record(result) -> None:
             _say_spools(spool_dir, output)
         raise typer.Exit(1)
     exit_code = code if code < 128 else 1
+    if result.node is not None:
+        _say(f"node {result.node}: the spools are in {spool_dir}/; once every node has finished and their "
+             f"node-* directories are in one place (a shared file system needs nothing more), pack them with:\n"
+             f"  {result.pack_command}")
+        raise typer.Exit(exit_code)
     if result.packed is None:
         outcome = (f"the command exited with code {code}" if code != 0
                    else "the command succeeded (exit code 0)")

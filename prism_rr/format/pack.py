@@ -1,4 +1,10 @@
-"""Pack a directory of spools into one `.prism` bundle (FORMAT.md, "Bundle").
+"""Pack directories of spools into one `.prism` bundle (FORMAT.md, "Bundle").
+
+One directory holds one node's spools (`run.prism.d/`, or `run.prism.d/node-<i>/` when
+every node of a multi-node job recorded its own; a directory that holds no spools but
+subdirectories that do stands for them all). Spools of several directories go into one
+bundle: each rank once, blobs from every directory, every directory's run facts kept
+(manifest `nodes`), and a summary of how well the ranks' clocks were aligned (`clock`).
 
 Chunks are copied byte for byte: packing reads frame headers and summaries and
 decompresses no events payload, so its cost is the copy. The one exception is small: a
@@ -25,7 +31,7 @@ from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, read_spool, still_open
 
-__all__ = ["PackResult", "pack"]
+__all__ = ["PackResult", "pack", "spool_dirs"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -43,33 +49,88 @@ def _spools(spool_dir: Path) -> list[Path]:
     return sorted(spool_dir.glob("rank-*.spool"))
 
 
+_SPOOL_NAME = re.compile(r"rank-(\d+)\.spool")
+
+
+def spool_dirs(dirs) -> list[Path]:
+    """The directories of spools that `dirs` (one path or several) name: a directory with
+    rank-*.spool files is one; one without them stands for its subdirectories that have
+    them (`run.prism.d/` of a multi-node recording holds `node-*/`)."""
+    dirs = [dirs] if isinstance(dirs, (str, os.PathLike)) else list(dirs)
+    if not dirs:
+        raise UsageError("give at least one directory of spools")
+    found: list[Path] = []
+    for d in map(Path, dirs):
+        if not d.is_dir():
+            raise UsageError(f"{d} is not a directory of spools")
+        if _spools(d):
+            inner = [s for s in sorted(d.iterdir()) if s.is_dir() and _spools(s)]
+            if inner:
+                raise UsageError(f"{d} holds rank spools of its own and in {inner[0].name}/: "
+                                 f"name the directories to pack")
+            found.append(d)
+            continue
+        inner = [s for s in sorted(d.iterdir(), key=_natural) if s.is_dir() and _spools(s)]
+        if not inner:
+            raise UsageError(f"{d} holds no rank-*.spool files")
+        found += inner
+    seen: set[Path] = set()
+    for d in found:
+        if d.resolve() in seen:
+            raise UsageError(f"{d} is named twice")
+        seen.add(d.resolve())
+    return found
+
+
+def _natural(path: Path) -> list:
+    """node-2 before node-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+def _read_run(spool_dir: Path) -> dict:
+    run_path = spool_dir / "run.json"
+    if not run_path.exists():
+        return {}
+    try:
+        run = json.loads(run_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{run_path}: not valid JSON ({exc})") from None
+    if not isinstance(run, dict):
+        raise FormatError(f"{run_path}: not a JSON object")
+    return run
+
+
 def pack(
-    spool_dir: str | os.PathLike,
+    spool_dir: str | os.PathLike | list,
     out: str | os.PathLike,
     *,
     manifest_extra: dict[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> PackResult:
-    """Write the bundle `out` from the spools in `spool_dir`; returns what went in.
+    """Write the bundle `out` from the spools in `spool_dir` (a directory, or a list of
+    them: see `spool_dirs`); returns what went in.
 
     A spool with a torn tail is packed up to its last complete frame and the rank is
-    marked truncated in the summaries. The bundle appears atomically (written beside,
-    then renamed).
+    marked truncated in the summaries. A rank found in two places is an error naming
+    both. The bundle appears atomically (written beside, then renamed).
     """
-    spool_dir = Path(spool_dir)
+    dirs = spool_dirs(spool_dir)
     out = Path(out)
-    if not spool_dir.is_dir():
-        raise UsageError(f"{spool_dir} is not a directory of spools")
-    paths = _spools(spool_dir)
-    if not paths:
-        raise UsageError(f"{spool_dir} holds no rank-*.spool files")
-    run = {}
-    run_path = spool_dir / "run.json"
-    if run_path.exists():
-        try:
-            run = json.loads(run_path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise FormatError(f"{run_path}: not valid JSON ({exc})") from None
+    owner: dict[int, Path] = {}  # rank -> its spool, by file name (the header is checked too)
+    for d in dirs:
+        for path in _spools(d):
+            m = _SPOOL_NAME.fullmatch(path.name)
+            if m is None:
+                continue
+            rank = int(m.group(1))
+            if rank in owner:
+                raise UsageError(f"rank {rank} is in two places: {owner[rank]} and {path}")
+            owner[rank] = path
+    paths = [p for d in dirs for p in _spools(d)]
+    paths.sort(key=lambda p: (int(m.group(1)) if (m := _SPOOL_NAME.fullmatch(p.name)) else 1 << 40, str(p)))
+    runs = {d: _read_run(d) for d in dirs}
+    dir_ranks: dict[Path, list[int]] = {d: [] for d in dirs}
+    where: dict[int, Path] = {}  # rank -> its spool, by header
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     rank_info: dict[int, dict] = {}
@@ -88,7 +149,9 @@ def pack(
             scan = read_spool(path, data)
             rank = scan.rank
             if rank in rank_sums:
-                raise FormatError(f"{path.name}: a second spool for rank {rank}")
+                raise FormatError(f"rank {rank} is in two places: {where[rank]} and {path} (by their headers)")
+            where[rank] = path
+            dir_ranks[path.parent].append(rank)
             if scan.torn:
                 torn[rank] = scan.problem
             rs = rank_sums[rank] = {
@@ -118,7 +181,7 @@ def pack(
             if hung:
                 piece = encode_frame(layout.FRAME_EVENTS, rank, len(scan.frames), records=hung)
                 copy_chunk(piece, parse_frame(piece, 0, len(piece), path.name))
-            crash = read_crash_file(spool_dir, rank)
+            crash = read_crash_file(path.parent, rank)
             if crash is not None:
                 rank_info.setdefault(rank, {})["crash"] = crash
             events += rs["events"]
@@ -127,7 +190,7 @@ def pack(
         chunks_len = f.tell() - chunks_at
 
         blobs_at = f.tell()
-        blob_rows, blobs_crc = _copy_blobs(spool_dir, f, blobs_at)
+        blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at)
         blobs_len = f.tell() - blobs_at
 
         ranks = sorted(rank_sums)
@@ -136,6 +199,8 @@ def pack(
             + [ranks[-1] + 1]
         )
         layout.bounded(world, layout.MAX_WORLD, "world size", "pack")
+        by_first = sorted((d for d in dirs if dir_ranks[d]), key=lambda d: dir_ranks[d][0])
+        run = runs[by_first[0]] if by_first else {}
         manifest = {
             "format": [layout.MAJOR, layout.MINOR],
             "features_required": ["columnar-chunks"],
@@ -146,7 +211,14 @@ def pack(
             "recorded_ranks": ranks,
             "groups": [groups[g] for g in sorted(groups)],
             "run": run,
+            "clock": clock_summary(rank_info, ranks),
         }
+        if len(dirs) > 1 or any("node" in r for r in runs.values()):
+            manifest["nodes"] = [
+                {"node": str(runs[d].get("node", d.name)), "hostname": runs[d].get("hostname"),
+                 "ranks": dir_ranks[d], "run": runs[d]}
+                for d in by_first
+            ]
         if manifest_extra:
             manifest.update(manifest_extra)
         # Groups get a section of their own, read on first use: a job of 8192 ranks has
@@ -257,19 +329,45 @@ def read_crash_file(spool_dir: Path, rank: int) -> dict | None:
     return out
 
 
-def _copy_blobs(spool_dir: Path, f, blobs_at: int) -> tuple[list[bytes], int]:
+def clock_summary(rank_info: dict[int, dict], ranks: list[int]) -> dict:
+    """The manifest's `clock`: how well the ranks' clocks are aligned to the reference
+    rank's (each rank's `clock_offset`, FORMAT.md §4)."""
+    methods, errors, missing, hosts = set(), [], [], set()
+    for r in ranks:
+        info = rank_info.get(r, {})
+        if isinstance(info.get("hostname"), str):
+            hosts.add(info["hostname"])
+        clock = info.get("clock_offset")
+        if not isinstance(clock, dict) or type(clock.get("offset_ns")) is not int:
+            missing.append(r)
+            continue
+        if isinstance(clock.get("method"), str):
+            methods.add(clock["method"])
+        if type(clock.get("error_ns")) is int:
+            errors.append(clock["error_ns"])
+    return {
+        "reference_rank": 0,
+        "method": ",".join(sorted(methods)) or None,
+        "max_error_ns": max(errors) if errors else None,
+        "hosts": len(hosts),
+        "ranks_without_offset": missing,
+    }
+
+
+def _copy_blobs(dirs: list[Path], f, blobs_at: int) -> tuple[list[bytes], int]:
+    """Every blob of every directory, once (an id names its content)."""
     rows: list[bytes] = []
     crc = 0
-    root = spool_dir / "blobs"
-    if not root.is_dir():
-        return rows, crc
-    for path in sorted(root.glob("*/*.zst")):
+    seen: set[bytes] = set()
+    found = [p for d in dirs if (d / "blobs").is_dir() for p in (d / "blobs").glob("*/*.zst")]
+    for path in sorted(found, key=lambda p: p.name):
         try:
             ident = bytes.fromhex(path.name[: -len(".zst")])
         except ValueError:
             continue
-        if len(ident) != layout.BLOB_ID_LEN:
+        if len(ident) != layout.BLOB_ID_LEN or ident in seen:
             continue
+        seen.add(ident)
         stored = path.read_bytes()
         where = f"blob {path.name}"
         raw = codec.decompress(stored, layout.MAX_BLOB_RAW, where)

@@ -3,12 +3,23 @@
 CMD is whatever starts the Python ranks (`torchrun ... train.py`, `python train.py`
 under an existing torchrun environment, a cluster launcher). Each Python process it
 starts imports our sitecustomize first; the ranks record into `<out>.d/`.
+
+Many nodes: the same `record -o run.prism -- torchrun --nnodes N --node-rank i ...` runs
+on every node, and OUTPUT.d/ may be one directory of a shared file system. So a node's
+ranks record into a directory of their own, `<out>.d/node-<name>/`, and a node clears
+only that directory: no node deletes or overwrites another's spools, blobs or run.json.
+The name is torchrun's node rank (`--node-rank i`, or PET_NODE_RANK as torchrun reads
+it) when CMD is a torchrun launch of more than one node (`--nnodes N`, N > 1, or a
+range A:B with B > 1), or what `node=` gives (`record --node NAME`, for launchers we do
+not parse); an elastic launch without a node rank is named by its host. A single-node
+run keeps the flat layout, `<out>.d/rank-*.spool`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,9 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+from prism_rr.errors import UsageError
 from prism_rr.recorder._options import ENV_VAR, RecordOptions, spool_dir_for
 
-__all__ = ["HOOK_DIR", "hook_env", "record_command", "spool_dir_for"]
+__all__ = ["HOOK_DIR", "hook_env", "launch_node", "node_spool_dir", "record_command", "spool_dir_for"]
 
 HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the replayer
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +47,78 @@ def hook_env(options: RecordOptions, base: dict | None = None) -> dict[str, str]
     return {ENV_VAR: options.to_json(), "PYTHONPATH": os.pathsep.join(path)}
 
 
+_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+# torchrun's options that take no value; every other option takes one.
+_TORCHRUN_FLAGS = frozenset({"-h", "--help", "--standalone", "-m", "--module", "--no-python", "--no_python",
+                             "--run-path", "--run_path", "--virtual-local-rank", "--virtual_local_rank"})
+_NODE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def launch_node(cmd: list[str], node: str | None = None, environ=None) -> str | None:
+    """The name of this node's spool directory (`node-<name>`), or None for a single-node run.
+
+    `node` given: that name. Else, when `cmd` is a torchrun launch (`torchrun`, or
+    `-m torch.distributed.run`/`launch`) of more than one node, its node rank; an elastic
+    launch without one (the rendezvous assigns it) is named by this host.
+    """
+    if node is not None:
+        name = _clean_name(node)
+        if not name:
+            raise UsageError(f"--node {node!r}: give a name of letters, digits, '.', '_' or '-'")
+        return name
+    environ = os.environ if environ is None else environ
+    args = _torchrun_args(list(cmd))
+    if args is None:
+        return None
+    nnodes = args.get("--nnodes", environ.get("PET_NNODES", "1"))
+    try:
+        most = max(int(n) for n in str(nnodes).split(":"))
+    except ValueError:
+        return None
+    if most <= 1:
+        return None
+    rank = args.get("--node-rank", args.get("--node_rank", environ.get("PET_NODE_RANK")))
+    if rank is not None and str(rank).strip().isdigit():
+        return str(int(rank))
+    return _clean_name(socket.gethostname()) or "host"
+
+
+def _clean_name(name) -> str:
+    """A name safe as one path component on any file system."""
+    return _NODE_NAME.sub("_", str(name)).strip("._")[:100]
+
+
+def _torchrun_args(cmd: list[str]) -> dict[str, str] | None:
+    """torchrun's own options in `cmd` (those before the script), or None if it is no torchrun launch."""
+    for i, token in enumerate(cmd):
+        if os.path.basename(token) == "torchrun":
+            rest = cmd[i + 1:]
+            break
+        if token == "-m" and i + 1 < len(cmd) and cmd[i + 1] in _LAUNCHERS:
+            rest = cmd[i + 2:]
+            break
+    else:
+        return None
+    args, it = {}, iter(rest)
+    for token in it:
+        if token == "--" or not token.startswith("-"):
+            break  # the training script and its own arguments
+        if "=" in token:
+            name, value = token.split("=", 1)
+            args[name] = value
+        elif token not in _TORCHRUN_FLAGS:
+            args[token] = next(it, "")
+    return args
+
+
+def node_spool_dir(out, node: str | None) -> Path:
+    """Where this node's ranks write: `<out>.d/node-<node>/`, or `<out>.d/` for a single node."""
+    spool_dir = spool_dir_for(out)
+    return spool_dir / f"node-{node}" if node is not None else spool_dir
+
+
 def _clear_old_spools(spool_dir: Path) -> None:
+    """Remove an earlier recording's files from this node's own directory (never another's)."""
     for p in spool_dir.glob("rank-*.spool*"):
         p.unlink()
     run = spool_dir / "run.json"
@@ -65,8 +148,12 @@ def record_command(
     slice: str | None = None,
     mesh: str | None = None,
     timeout: float | None = None,
+    node: str | None = None,
+    **options,
 ) -> int:
-    """Run `cmd` recording into `<out>.d/`; return its exit code (128+N if killed by signal N).
+    """Run `cmd` recording into `<out>.d/` (one node of many: `<out>.d/node-<name>/`, see
+    `launch_node`); return its exit code (128+N if killed by signal N). `options` are
+    more of `RecordOptions.make`'s, passed on to every rank.
 
     SIGINT and SIGTERM sent to this process are passed on to the command. Past
     `timeout` seconds the command gets SIGTERM (ranks flush their spools, calls still
@@ -75,11 +162,12 @@ def record_command(
     from prism_rr import __version__
 
     out = Path(out)
-    spool_dir = spool_dir_for(out)
+    name = launch_node(cmd, node)
+    spool_dir = node_spool_dir(out, name)
     spool_dir.mkdir(parents=True, exist_ok=True)
     _clear_old_spools(spool_dir)
     options = RecordOptions.make(spool_dir.resolve(), payload=payload, steps=steps, ranks=ranks,
-                                 ops=ops, memory=memory, slice=slice, mesh=mesh)
+                                 ops=ops, memory=memory, slice=slice, mesh=mesh, **options)
     env = dict(os.environ)
     env.update(hook_env(options, env))
     facts = {
@@ -90,6 +178,8 @@ def record_command(
         "prism_rr_version": __version__,
         "started_wall_ns": time.time_ns(),
     }
+    if name is not None:
+        facts["node"] = name
     _write_run(spool_dir, facts)
 
     proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
