@@ -79,8 +79,11 @@ class BlobWriter:
     """
 
     def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03,
-                 sink=None):
+                 sink=None, held=None):
         self.spool_dir = Path(spool_dir)
+        # ident -> whether a blob stored before is still safe to name (a flight ring lets
+        # old blobs go: its sink says, as `sink.holds`); None: a blob once stored stays
+        self._held = held if held is not None else getattr(sink, "holds", None)
         # (ident, data) -> None: where a blob goes; a file under spool_dir/blobs unless given
         self._sink = sink if sink is not None else (lambda ident, data: _store(self.spool_dir, ident, data))
         self.max_pending = max_pending
@@ -99,7 +102,7 @@ class BlobWriter:
     def put(self, data: bytes) -> bytes:
         """Store `data` (bytes the caller will not change) once; return its id."""
         ident = blob_id(data)
-        if ident in self._known:
+        if ident in self._known and (self._held is None or self._held(ident)):
             return ident
         if self.error is not None:
             raise self.error

@@ -270,8 +270,7 @@ class SpoolWriter:
         self.blobs = None
         self._open_written: frozenset = frozenset()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        os.write(self._fd, spool_header(rank))
+        self._open()
         if info is not None:
             self._write(layout.FRAME_RANK_INFO, info=info)
         self._thread = threading.Thread(target=self._run, name=f"prism-rr-spool-{rank}", daemon=True)
@@ -309,7 +308,7 @@ class SpoolWriter:
             pass
         self._thread.join(timeout)
         if not self._thread.is_alive():
-            os.close(self._fd)
+            self._close_file()
 
     def sync(self, timeout: float = 5.0) -> None:
         """Flush and wait until the writer thread has written all queued chunks."""
@@ -404,6 +403,15 @@ class SpoolWriter:
             step = records[0].step if records else 0
             records = [Marker(start_ns=t, end_ns=t, step=step, name="records_dropped", value=lost), *records]
         self._write(layout.FRAME_EVENTS, records=records)
+
+    # Where frames go: a spool file here; a flight ring in recorder/_flight.FlightWriter.
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.write(self._fd, spool_header(self.rank))
+
+    def _close_file(self) -> None:
+        os.close(self._fd)
 
     def _write(self, kind: int, records=None, info=None) -> None:
         frame = encode_frame(kind, self.rank, self._index, records=records, info=info)

@@ -25,15 +25,26 @@ def step() -> None:
 
 
 @contextmanager
-def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, pack=True):
+def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, pack=True,
+           flight: int | None = None, flight_hang: float = 30.0, flight_slow: float | None = None,
+           flight_budget: int = 32 << 20, flight_at_exit: bool = False):
     """Record the process groups this process creates inside the block into `path`.
 
     Enter before `init_process_group`. Every rank enters it; on exit each rank closes
     its spool in `<path>.d/`, and rank 0 packs the spools into `path` once all ranks
     have closed theirs (or after a minute).
+
+    `flight=K`: flight mode (see `prism-rr record --help`): nothing is written unless a
+    trigger fires (a call pending `flight_hang` seconds, an unhandled exception, SIGUSR1,
+    `<path>.d/dump-now`, a step `flight_slow` times the median), when every rank dumps its
+    last K steps and rank 0 packs them into `path`; `flight_at_exit` also dumps at the
+    block's end (into `<path>.d/flight-end/`, packed into `path`).
     """
+    flight_args = {} if flight is None else dict(
+        flight=flight, flight_hang=flight_hang, flight_slow=flight_slow, flight_budget=flight_budget,
+        flight_at_exit=flight_at_exit, output=str(Path(path).resolve()))
     options = RecordOptions.make(spool_dir_for(path), payload=payload, steps=steps, ranks=ranks,
-                                 ops=ops, memory=memory)
+                                 ops=ops, memory=memory, **flight_args)
     import torch.distributed as dist
 
     from prism_rr.recorder import _install, _session
@@ -49,7 +60,10 @@ def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=
         _install.uninstall()
         if rec is not None:
             rec.close("record() exit")  # and the process holds no current recording
-        if pack:
+        if options.flight is not None:  # the triggers wrote what there is to write
+            if pack and options.flight_at_exit:
+                _pack_when_all_closed(Path(options.spool_dir) / "flight-end", Path(path))
+        elif pack:
             _pack_when_all_closed(Path(options.spool_dir), Path(path))
 
 

@@ -20,7 +20,7 @@ import time
 
 from prism_rr.format.records import Collective, PointToPoint
 
-__all__ = ["crash_path", "install", "open_records"]
+__all__ = ["crash_path", "install", "on_usr1", "open_records"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _previous: dict[int, object] = {}
@@ -48,6 +48,34 @@ def install(rec) -> None:
         _previous[sig] = prev
         signal.signal(sig, _handler)
     _start_watcher()
+
+
+_usr1 = None  # flight mode: what SIGUSR1 does (a dump of every rank)
+
+
+def on_usr1(callback) -> None:
+    """Flight mode: SIGUSR1 calls `callback` (on a thread of its own: a hung main thread
+    never runs a Python handler, so the wake-up fd's watcher calls it too; a dump is
+    started once)."""
+    global _usr1
+    _usr1 = callback
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, signal.SIG_IGN, None):
+            signal.signal(signal.SIGUSR1, _usr1_handler)
+    except (ValueError, OSError):
+        pass
+
+
+def _usr1_handler(signum, frame):
+    _on_usr1()
+
+
+def _on_usr1() -> None:
+    cb = _usr1
+    if cb is not None:
+        threading.Thread(target=cb, name="prism-rr-flight-usr1", daemon=True).start()
 
 
 def _flush(reason: str) -> None:
@@ -94,6 +122,9 @@ def _watch(fd: int) -> None:
         if not data:
             return
         for signum in data:
+            if signum == signal.SIGUSR1:
+                _on_usr1()
+                continue
             if signum not in _SIGNALS:
                 continue
             _flush(signal.Signals(signum).name)
@@ -120,7 +151,7 @@ def _terminate(signum: int) -> None:
 SNAPSHOT_MIN_AGE_NS = 25_000_000
 
 
-def open_records(rec) -> list | None:
+def open_records(rec, min_age_ns: int = SNAPSHOT_MIN_AGE_NS) -> list | None:
     """Records of the calls `rec` has open now (end_ns None), and of those a backend
     thread saw complete whose record the program's thread has yet to write (end_ns set,
     no output digests). Runs on the writer thread: reads only what `enter` and
@@ -129,7 +160,7 @@ def open_records(rec) -> list | None:
         return None
     # A call younger than this is left to the next tick (50 ms on): one that lasts 100 ms
     # is still in a snapshot in time, and a busy rank's short calls make no snapshots.
-    old = time.monotonic_ns() - SNAPSHOT_MIN_AGE_NS
+    old = time.monotonic_ns() - min_age_ns
     with rec._lock:
         calls = [(c, None) for c in rec.open.values() if not c.done and c.start <= old]
         finished = getattr(rec, "finished", None)

@@ -1,0 +1,472 @@
+"""Flight mode: every rank keeps its last steps in a ring, and a trigger dumps them all.
+
+`record --flight K` (or `"flight": K` in PRISM_RR_RECORD) records as usual, but records
+and payloads go to the rank's flight ring (format/ring.py: a fixed-size file mapped into
+memory, written with memcpy) instead of a spool. Nothing is written to disk until one of
+these fires on any rank:
+
+- hang: a call pending longer than `flight_hang` seconds (a watchdog thread; the
+  backend's own timeout, 30 minutes for gloo and NCCL by default, comes much later);
+- exception: an unhandled exception in the program's main thread;
+- SIGUSR1 sent to any rank, or the file `dump-now` created in the spool directory;
+- slow_step: a step slower than `flight_slow` times the median of the steps before it;
+- exit: the end of the run, with `flight_at_exit`.
+
+The rank that sees it sets a key in the job's store (its own connections, cloned from
+torch's default store: one waits for the key, one writes); every rank's listener thread
+wakes and writes its ring's last K steps, with the calls open at that moment, as a spool
+under `flight-<n>/` in its spool directory; rank 0 waits (bounded) for the others and
+packs `flight-<n>/` into the bundle (`OUTPUT`, then `OUTPUT.<n>` stem for later dumps),
+with the trigger in the manifest (`flight`). A rank that died meanwhile (SIGKILL, a crash)
+left its ring file: rank 0 reads that instead. A crash of the whole job, or of rank 0,
+leaves rings that `record` (or `prism-rr pack`) turns into a bundle at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+from statistics import median
+
+import msgpack
+
+from prism_rr.format import codec, layout
+from prism_rr.format.records import GroupInfo
+from prism_rr.format.ring import E_BLOB, E_FRAME, E_GROUPS, E_INFO, E_OPEN, Ring, RingContents, newest_step, \
+    read_ring, ring_path, ring_to_spool
+from prism_rr.format.spool import FRAME_OPEN, SpoolWriter, encode_frame
+
+__all__ = ["DUMP_FILE", "Flight", "FlightWriter", "dump_bundle_path", "finish_rings"]
+
+log = logging.getLogger("prism_rr.recorder")
+
+DUMP_FILE = "dump-now"  # created in the spool directory: every rank dumps
+PACK_WAIT_S = 15.0  # how long rank 0 waits for the other ranks' dumps before packing
+COOLDOWN_S = 5.0  # triggers within this of a dump are the same moment
+_STORE_WAIT = timedelta(days=365)
+
+
+class _BlobSink:
+    """A BlobWriter's sink (format/blobs.py): payloads go into the ring beside the
+    records; `holds` says whether a blob stored before is still recent enough to name."""
+
+    def __init__(self, ring: Ring):
+        self.ring = ring
+
+    def __call__(self, ident: bytes, data) -> None:
+        if not self.ring.append(E_BLOB, ident + codec.compress(bytes(data)), meta=ident):
+            raise OSError(f"a payload of {len(data):,} bytes is larger than the flight ring; give a larger --flight-budget")
+
+    def holds(self, ident: bytes) -> bool:
+        return self.ring.holds_recent(ident)
+
+
+class FlightWriter(SpoolWriter):
+    """A SpoolWriter whose frames go to the rank's flight ring, not to a spool file."""
+
+    def __init__(self, spool_dir, rank: int, budget: int, *, info: dict | None = None):
+        self._budget = int(budget)
+        self._info: dict = {}
+        self._groups: list = []
+        self.keep_ring = True  # a death leaves the ring; a clean close removes it (Flight.closing)
+        super().__init__(ring_path(spool_dir, rank), rank, info=info)
+        self.store_blob = _BlobSink(self.ring)
+
+    def _open(self) -> None:
+        self.ring = Ring(self.path, self.rank, self._budget)
+
+    def _close_file(self) -> None:
+        self.ring.close(remove=not self.keep_ring)
+
+    def _write(self, kind: int, records=None, info=None) -> None:
+        ring = self.ring
+        if kind == layout.FRAME_RANK_INFO:
+            self._info.update(info)
+            ring.set_slot(E_INFO, msgpack.packb(self._info, use_bin_type=True))
+            return
+        if kind == FRAME_OPEN:
+            ring.set_slot(E_OPEN, encode_frame(FRAME_OPEN, self.rank, 0, records=records))
+            return
+        groups = [r for r in records if type(r) is GroupInfo]
+        if groups:  # made once, at start: kept whole beside the ring, not in it
+            self._groups += groups
+            ring.set_slot(E_GROUPS, encode_frame(layout.FRAME_EVENTS, self.rank, 0, records=self._groups))
+            records = [r for r in records if type(r) is not GroupInfo]
+        if records:
+            frame = encode_frame(layout.FRAME_EVENTS, self.rank, self._index, records=records)
+            self._index += 1
+            if not ring.append(E_FRAME, frame):
+                self.dropped += len(records)
+
+    def contents(self) -> RingContents:
+        """What the ring holds now (a copy), as read_ring would find it."""
+        out = RingContents(rank=self.rank, info=dict(self._info))
+        if self._groups:
+            out.groups = encode_frame(layout.FRAME_EVENTS, self.rank, 0, records=list(self._groups))
+        for held, payload in self.ring.data_entries():
+            if held.kind == E_FRAME:
+                out.frames.append(payload)
+            elif held.kind == E_BLOB:
+                out.blobs[payload[: layout.BLOB_ID_LEN]] = payload[layout.BLOB_ID_LEN :]
+        return out
+
+
+def dump_bundle_path(output: Path, n: int) -> Path:
+    """The bundle of dump `n`: OUTPUT for the first, OUTPUT's stem + `.n` after."""
+    return output if n == 1 else output.with_name(f"{output.stem}.{n}{output.suffix}")
+
+
+def _output_of(options) -> Path:
+    if options.output:
+        return Path(options.output)
+    spool_dir = Path(options.spool_dir)
+    if spool_dir.name.endswith(".d"):
+        return spool_dir.with_name(spool_dir.name[:-2])
+    return spool_dir.with_name(spool_dir.name + ".prism")
+
+
+class Flight:
+    """One rank's flight mode: the watchdog, the store listener, the triggers, the dumps."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.options = rec.options
+        self.spool_dir = Path(self.options.spool_dir)
+        self.generation = 0  # dumps this rank has written (or seen)
+        self.dumped = threading.Event()  # set after each dump of this rank
+        self._lock = threading.Lock()
+        self._dump_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last = -COOLDOWN_S  # monotonic seconds of the last trigger or dump
+        self._hung: set = set()  # calls a hang trigger named already
+        self._steps: deque = deque(maxlen=64)
+        self._listen_store = None
+        self._store = None
+        self._prefix = "prism_rr/flight/{}/{}/".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),
+                                                       os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    # --- life cycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._watch, "watchdog"), (self._listen, "listener")):
+            threading.Thread(target=target, name=f"prism-rr-flight-{name}", daemon=True).start()
+        from prism_rr.recorder import _signals
+
+        _signals.on_usr1(lambda: self.trigger("SIGUSR1"))
+        previous = sys.excepthook
+
+        def excepthook(kind, value, tb):
+            try:
+                if self.rec.on and not issubclass(kind, KeyboardInterrupt):
+                    self.trigger("exception", text=f"{kind.__name__}: {value}"[:500])
+                    self.dumped.wait(10.0)
+            except BaseException:
+                pass
+            previous(kind, value, tb)
+
+        sys.excepthook = excepthook
+
+    def closing(self, reason: str) -> None:
+        """The recording closes: with `flight_at_exit`, dump this rank (a run's end on
+        every rank at once, without the store); a clean end removes the ring, another
+        (a signal) leaves it for `record` to pack should a rank have crashed."""
+        self._stop.set()
+        writer = self.rec.writer
+        clean = not reason.startswith("SIG")  # a signal's name: the run was stopped
+        if clean and self.options.flight_at_exit:
+            try:
+                self._write_dump("end", {"trigger": "exit", "rank": self.rec.rank,
+                                     "first_step": max(0, self.rec.step - self.options.flight + 1)})
+            except BaseException as exc:
+                log.warning("prism-rr: flight dump at exit failed on rank %d: %s", self.rec.rank, exc)
+        writer.keep_ring = not clean
+
+    # --- triggers -----------------------------------------------------------------------
+
+    def step_ended(self, step: int, duration_ns: int) -> None:
+        slow = self.options.flight_slow
+        steps = self._steps
+        if slow is not None and len(steps) >= 5:
+            typical = median(steps)
+            if duration_ns > slow * typical:
+                self.trigger("slow_step", step=step, ms=round(duration_ns / 1e6, 3),
+                             median_ms=round(typical / 1e6, 3))
+        steps.append(duration_ns)
+
+    def trigger(self, why: str, **details) -> None:
+        """Make every rank dump its ring (at most once per COOLDOWN_S)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < COOLDOWN_S:
+                return
+            self._last = now
+        rec = self.rec
+        # every rank keeps the same steps, from the trigger's step back: their calls pair up
+        facts = {"trigger": why, "rank": rec.rank, "step": rec.step,
+                 "first_step": max(0, rec.step - self.options.flight + 1), "hostname": socket.gethostname(),
+                 "wall_ns": time.time_ns(), "monotonic_ns": time.monotonic_ns(), "details": details}
+        log.warning("prism-rr: flight trigger on rank %d: %s %s", rec.rank, why,
+                    json.dumps(details, sort_keys=True) if details else "")
+        store = self._store
+        n = self.generation + 1
+        if store is None:  # no store (yet): this rank alone
+            threading.Thread(target=self._dump, args=(n, facts), daemon=True).start()
+            return
+        try:
+            store.compare_set(self._prefix + f"go/{n}", "", json.dumps(facts))
+        except Exception as exc:
+            log.warning("prism-rr: flight trigger could not reach the store (%s); dumping rank %d alone", exc, rec.rank)
+            threading.Thread(target=self._dump, args=(n, facts), daemon=True).start()
+
+    def _watch(self) -> None:
+        """Hangs (a call pending past flight_hang) and the trigger file."""
+        hang_ns = int(self.options.flight_hang * 1e9)
+        poll = min(1.0, max(0.05, self.options.flight_hang / 10))
+        trigger_file = self.spool_dir / DUMP_FILE
+        rec = self.rec
+        while not self._stop.wait(poll):
+            try:
+                now = time.monotonic_ns()
+                with rec._lock:
+                    pending = [c for c in rec.open.values() if not c.done]
+                late = [c for c in pending if now - c.start >= hang_ns and id(c) not in self._hung]
+                if late:
+                    call = min(late, key=lambda c: c.start)
+                    self._hung.update(id(c) for c in late)
+                    self.trigger("hang", op=call.op, group=call.group, seq=call.seq, call_step=call.step,
+                                 pending_s=round((now - call.start) / 1e9, 3))
+                if trigger_file.exists():
+                    trigger_file.unlink(missing_ok=True)
+                    self.trigger("file", path=str(trigger_file))
+            except Exception as exc:  # the watchdog never ends a training run
+                log.warning("prism-rr: flight watchdog: %s: %s", type(exc).__name__, exc)
+
+    # --- the store ----------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        """Wait for torch's default store, then for each dump's key in turn."""
+        store = None
+        while not self._stop.is_set() and store is None:
+            store = self._default_store()
+            if store is None:
+                time.sleep(0.05)
+        if store is None:
+            return
+        try:
+            listen = _clone(store)
+            self._store = _clone(store)
+        except Exception as exc:
+            log.warning("prism-rr: flight mode: no store of its own (%s); triggers stay on their rank", exc)
+            return
+        self._listen_store = listen
+        while not self._stop.is_set():
+            n = self.generation + 1
+            key = self._prefix + f"go/{n}"
+            try:
+                listen.wait([key], _STORE_WAIT)
+                facts = json.loads(listen.get(key))
+            except Exception:
+                return  # the store is gone: the job ends
+            self._dump(n, facts)
+
+    @staticmethod
+    def _default_store():
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                return None
+            return dist.distributed_c10d._get_default_store()
+        except Exception:
+            return None
+
+    # --- dumps --------------------------------------------------------------------------
+
+    def _dump(self, n: int, facts: dict) -> None:
+        with self._dump_lock:
+            if n <= self.generation:
+                return
+            self.generation = n
+            self._last = time.monotonic()
+            try:
+                out_dir = self._write_dump(n, facts)
+            except BaseException as exc:
+                log.warning("prism-rr: flight dump %d failed on rank %d: %s: %s", n, self.rec.rank,
+                            type(exc).__name__, exc)
+                return
+            finally:
+                self.dumped.set()
+            store = self._store
+            if store is not None:
+                try:
+                    store.add(self._prefix + f"done/{n}", 1)
+                except Exception:
+                    store = None
+            if self.rec.rank == 0:
+                self._pack(n, facts, out_dir, store)
+
+    def _write_dump(self, n, facts: dict) -> Path:
+        """This rank's ring (its last K steps and the calls open now) as a spool in
+        `flight-<n>/`."""
+        from prism_rr.recorder._signals import open_records
+
+        rec = self.rec
+        writer = rec.writer
+        writer.sync(1.0)  # records still pending, into the ring
+        if rec.blob_writer is not None:
+            rec.blob_writer.wait_stored(rec.blob_writer.queued, 2.0)
+        open_now = open_records(rec, min_age_ns=0) or []
+        out_dir = self.spool_dir / f"flight-{n}"
+        t0 = time.monotonic()
+        done = ring_to_spool(writer.contents(), out_dir, first_step=facts.get("first_step"),
+                             info_extra={"dump": n, "trigger": facts}, open_records=open_now)
+        log.info("prism-rr: rank %d wrote flight dump %s (%d frames, first step %s) in %.0f ms", rec.rank,
+                 out_dir, done["frames"], done["first_step"], 1000 * (time.monotonic() - t0))
+        return out_dir
+
+    def _pack(self, n: int, facts: dict, out_dir: Path, store) -> None:
+        """Rank 0: wait for every recording rank's dump (bounded), read the rings of the
+        ranks that did not dump (dead ones), pack."""
+        rec = self.rec
+        expected = [r for r in range(rec.world_size) if self.options.ranks is None or r in self.options.ranks]
+        deadline = time.monotonic() + min(PACK_WAIT_S, max(5.0, 2 * self.options.flight_hang))
+        while store is not None and time.monotonic() < deadline:
+            try:
+                if store.add(self._prefix + f"done/{n}", 0) >= len(expected):
+                    break
+            except Exception:
+                break
+            time.sleep(0.05)
+        from_rings = _from_rings(self.spool_dir, out_dir, expected, facts.get("first_step"))
+        output = dump_bundle_path(_output_of(self.options), n)
+        _pack_dump(out_dir, output, {**facts, "steps_kept": self.options.flight}, n, expected, from_rings)
+
+
+def _clone(store):
+    try:
+        return store.clone()
+    except Exception:
+        return store  # a HashStore or FileStore: safe to share between threads
+
+
+def _from_rings(spool_dir: Path, out_dir: Path, expected, first_step) -> list[int]:
+    """Ranks of `expected` with no spool in `out_dir` whose ring is in `spool_dir` (they
+    died, or are too slow): their rings, as spools."""
+    got = []
+    for r in expected:
+        if (out_dir / f"rank-{r:05d}.spool").exists():
+            continue
+        path = ring_path(spool_dir, r)
+        if not path.exists():
+            continue
+        try:
+            ring_to_spool(read_ring(path), out_dir, first_step=first_step, info_extra={"from_ring": True})
+            got.append(r)
+        except Exception as exc:
+            log.warning("prism-rr: the flight ring of rank %d cannot be read: %s", r, exc)
+    return got
+
+
+def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings) -> None:
+    from prism_rr.format import pack
+
+    present = sorted(int(p.name[5:10]) for p in out_dir.glob("rank-*.spool"))
+    entry = {**facts, "dump": n, "ranks_dumped": present,
+             "ranks_from_ring": sorted(from_rings), "ranks_missing": sorted(set(expected) - set(present))}
+    try:
+        result = pack(out_dir, output, manifest_extra={"flight": entry})
+    except Exception as exc:
+        log.warning("prism-rr: packing flight dump %s failed: %s", out_dir, exc)
+        return
+    missing = entry["ranks_missing"]
+    log.warning("prism-rr: flight dump %s (%s on rank %s): wrote %s, %d ranks%s", n, facts.get("trigger"),
+                facts.get("rank"), output, result.ranks,
+                f"; ranks {missing} are not in it (another node's spool directory?)" if missing else "")
+
+
+def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = None) -> list[Path]:
+    """After a flight run (from `record`, or `prism-rr pack`): a dump that rank 0 did not
+    pack (it died, or the job ended first) is packed now, with the rings of the ranks
+    missing from it. Rings left behind mean a rank died or was stopped by a signal: if
+    one of them died (its ring has no `recording_end`), the rings are packed as a dump of
+    their own (trigger "crash"). Then the rings are removed. Returns the bundles written."""
+    spool_dir = Path(spool_dir)
+    output = Path(output)
+    written = []
+    dumps = sorted((int(p.name[7:]), p) for p in spool_dir.glob("flight-*") if p.name[7:].isdigit())
+    for n, d in dumps:
+        target = dump_bundle_path(output, n)
+        spools = sorted(d.glob("rank-*.spool"))
+        if target.exists() or not spools:
+            continue
+        first = None
+        try:
+            from prism_rr.format.spool import frame_info, read_spool
+
+            scan = read_spool(spools[0])
+            data = spools[0].read_bytes()
+            info = {}
+            for f in scan.frames:
+                if f.kind == layout.FRAME_RANK_INFO:
+                    info.update(frame_info(data, f, spools[0].name))
+            facts = dict(info.get("flight_ring", {}).get("trigger") or {})
+            first = facts.get("first_step")
+        except Exception:
+            facts = {}
+        ranks = sorted(int(p.name[5:10]) for p in spools)
+        expected = range(world_size) if world_size else ranks
+        from_rings = _from_rings(spool_dir, d, expected, first)
+        _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected, from_rings)
+        written.append(target)
+    rings = sorted(spool_dir.glob("rank-*.ring"))
+    if rings and _a_rank_died(rings):
+        n = (dumps[-1][0] + 1) if dumps else 1
+        d = spool_dir / f"flight-{n}"
+        ranks = [int(p.name[5:10]) for p in rings]
+        newest = []
+        for p in rings:
+            try:
+                newest.append(newest_step(read_ring(p)))
+            except Exception:
+                pass
+        known = [x for x in newest if x is not None]
+        first = max(0, min(known) - last_steps + 1) if known else None
+        from_rings = _from_rings(spool_dir, d, ranks, first)
+        target = dump_bundle_path(output, n)
+        _pack_dump(d, target, {"trigger": "crash", "first_step": first, "steps_kept": last_steps}, n, ranks,
+                   from_rings)
+        written.append(target)
+    for p in rings:
+        p.unlink(missing_ok=True)
+    return written
+
+
+def _a_rank_died(rings) -> bool:
+    """A ring whose last records hold no `recording_end` marker: its rank did not close."""
+    from prism_rr.format.records import Marker
+    from prism_rr.format.spool import frame_records, parse_frame
+
+    for path in rings:
+        try:
+            contents = read_ring(path)
+        except Exception:
+            continue
+        if not contents.frames:
+            return True
+        raw = contents.frames[-1]
+        try:
+            records = frame_records(raw, parse_frame(raw, 0, len(raw), path.name), path.name)
+        except Exception:
+            return True
+        if not any(type(r) is Marker and r.name == "recording_end" for r in records):
+            return True
+    return False
+

@@ -1,0 +1,52 @@
+"""A small data-parallel trainer for flight mode: `flight.py MODE DIR [STEPS]`.
+
+Every step all-reduces the gradients and a loss (a control payload: 4 bytes). MODE:
+  hang   rank 1 never joins the all_reduce of step STEPS-1: rank 0 waits in it forever;
+  kill   rank 1 SIGKILLs itself there instead;
+  raise  rank 1 raises an exception there;
+  loop   train until DIR/stop exists (step 8 is slow: 1.2 s), writing DIR/pid-<rank>.
+Each rank touches DIR/step-<rank> with its step number as it goes.
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+torch.set_num_threads(1)
+mode, where = sys.argv[1], Path(sys.argv[2])
+steps = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+(where / f"pid-{rank}").write_text(str(os.getpid()))
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step = 0
+while True:
+    if mode == "loop" and (where / "stop").exists():
+        break
+    if mode != "loop" and step == steps:
+        break
+    (where / f"step-{rank}").write_text(str(step))
+    loss = model(torch.ones(4, 8)).square().mean()
+    loss.backward()
+    if rank == 1 and step == steps - 1 and mode != "loop":
+        if mode == "kill":
+            time.sleep(0.3)  # the ring's last tick
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "raise":
+            raise RuntimeError("planted failure in step %d" % step)
+        time.sleep(600)  # the planted hang: this rank never joins
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    dist.all_reduce(loss.detach().clone())
+    opt.step()
+    opt.zero_grad()
+    time.sleep(1.2 if (mode == "loop" and step == 8) else 0.06)
+    step += 1
+dist.barrier()
+dist.destroy_process_group()
