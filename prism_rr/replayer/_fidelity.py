@@ -151,6 +151,8 @@ def card(report: dict) -> str:
     lines.extend(f"  {'failed' if e.get('complete') else 'stopped early'}: {how_far(e)}" for e in early)
     if early and d is None:
         lines.append("  no divergence in the calls made")
+    if report.get("unreported"):
+        lines.append(f"  no results from rank(s) {report['unreported']} (another node's replay has them)")
     return "\n".join(lines)
 
 

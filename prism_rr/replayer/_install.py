@@ -6,8 +6,9 @@ and counts group ids the same way, so they name the same groups as the bundle.
 
 The env:// rendezvous is replaced: the program asks for a world of the recorded size,
 but only the real ranks exist. They meet on their own store (a TCPStore on the replay's
-port, sized for the real ranks; a HashStore when there is one), and the Python groups
-make no store calls of their own.
+port, sized for the real ranks; a HashStore when there is one; under a launcher,
+torchrun's store, see _torchrun.py), and the Python groups make no store calls of their
+own.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class _Replayer:
     def __init__(self):
         self.options: ReplayOptions | None = None
         self.session = None
+        self.worker = None  # under a launcher: what torchrun made of this process
+        self.exchange = None  # ... and the real ranks' results on its store
 
     def plan(self, gid: int, a: dict, is_world: bool) -> Plan:
         if is_world and self.session is None:
@@ -45,6 +48,9 @@ class _Replayer:
                 self.session = ReplaySession(self.options, int(a["group_rank"]), int(a["group_size"]))
             except ReplayError as exc:  # another world size, a rank not recorded: the launcher says it once
                 _refuse(self.options, int(a["group_rank"]), str(exc))
+            if self.exchange is not None:
+                self.session.exchange = self.exchange
+                self.session.gathers = self.worker.local_rank == 0
             if self.options.output:
                 _record_replay(self.session, "gloo")
         backend = str(a["backend"]).lower()
@@ -101,8 +107,21 @@ def install(options: ReplayOptions) -> None:
 
 
 def arm() -> None:
-    """From the start-up hook: read PRISM_RR_REPLAY and wait for torch.distributed."""
+    """From the start-up hook: read PRISM_RR_REPLAY and wait for torch.distributed.
+
+    Under a launcher, first make a worker's environment the recorded world's (before the
+    program reads it); torchrun's own process arms nothing."""
     options = ReplayOptions.from_json(os.environ[ENV_VAR])
+    if options.launcher:
+        from prism_rr.errors import ReplayError
+        from prism_rr.replayer._torchrun import enter_worker
+
+        try:
+            _replayer.worker = enter_worker(options)
+        except ReplayError as exc:
+            _refuse(options, int(os.environ.get("RANK", "0")), str(exc))
+        if _replayer.worker is None:
+            return
     on_import("torch.distributed.distributed_c10d", lambda _module: install(options))
 
 
@@ -119,7 +138,13 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
     if asked and asked[0] != str(world):
         _refuse(opts, rank, f"the program made a world of {asked[0]}; the recording has {world}")
     real = list(opts.ranks)
-    if len(real) == 1:
+    if _replayer.worker is not None:
+        from prism_rr.replayer._gather import StatsExchange
+        from prism_rr.replayer._torchrun import launcher_store
+
+        store = launcher_store(_replayer.worker, timeout)
+        _replayer.exchange = StatsExchange(store, real, opts.work_dir)
+    elif len(real) == 1:
         store = HashStore()
     else:
         store = TCPStore("127.0.0.1", opts.real_port, len(real), rank == real[0], timeout=timeout,

@@ -31,6 +31,10 @@ class ReplayOptions:
     slow_rank: tuple[tuple[int, float], ...] = ()  # (virtual rank, factor on its compute)
     output: str | None = None  # spool directory of the replay's own recording (-o)
     payload: str = "none"  # what the replay's own recording keeps
+    # Under a launcher (torchrun): worker RANK i of len(ranks) is recorded rank ranks[i] of
+    # world_size; the real ranks meet on the launcher's store (_torchrun.py).
+    launcher: bool = False
+    world_size: int = 0  # the recorded world (launcher mode)
 
     def __post_init__(self):
         if self.timing not in TIMINGS:
@@ -69,4 +73,6 @@ class ReplayOptions:
             slow_rank=tuple((int(r), float(f)) for r, f in d.get("slow_rank", ())),
             output=d.get("output"),
             payload=str(d.get("payload", "none")),
+            launcher=bool(d.get("launcher", False)),
+            world_size=int(d.get("world_size", 0)),
         )

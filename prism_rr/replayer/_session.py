@@ -2,7 +2,8 @@
 
 Everything here runs inside the replayed program. It writes what it measured to
 `<work_dir>/rank-NNNNN.json` at exit (and at once when a divergence stops the replay),
-where the launcher reads it.
+where the launcher reads it. Under a launcher it also puts it on the launcher's store, and
+a node's first worker gathers the other nodes' (_gather.py).
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class ReplaySession:
         self.exiting = False
         self._memory_mode = None
         self._written = False
+        self.exchange = None  # under a launcher: the real ranks' results through its store
+        self.gathers = False  # ... and this worker writes the other nodes' into its work dir
         info = self.bundle.rank_info(rank)
         if info.get("memory") and info.get("device", "cpu") == "cpu":
             from prism_rr.intercept.memory import CpuMemoryTracker
@@ -315,11 +318,17 @@ class ReplaySession:
             "trace": self.trace,
             "exiting": self.exiting,
         }
+        text = json.dumps(facts)
         path = stats_path(self.options.work_dir, self.rank)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(facts))
+        tmp.write_text(text)
         os.replace(tmp, path)
         self._written = True
+        if self.exchange is not None:
+            try:
+                self.exchange.put(self.rank, text)
+            except Exception as exc:  # the launcher's store is gone: this node's report has it
+                log.warning("prism-rr: could not share the replay results of rank %d: %s", self.rank, exc)
 
     def _at_exit(self) -> None:
         self.exiting = True  # the program is done: its results stand (see launch)
@@ -334,5 +343,10 @@ class ReplaySession:
             self.write()
         except Exception as exc:
             log.warning("prism-rr: could not write the replay results: %s", exc)
+        if self.gathers and self.stopped is None:
+            try:
+                self.exchange.gather()
+            except Exception as exc:
+                log.warning("prism-rr: could not gather the other real ranks' results: %s", exc)
         if self.stopped is not None:
             self._exit_diverged()

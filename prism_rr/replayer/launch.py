@@ -9,6 +9,14 @@ given it in the recorded world, and a start-up hook that makes `init_process_gro
 world's other ranks exist only as recordings. Of the environment a bundle names, only the
 names in `_environment.REPLAY_ENV` reach a replayed rank (FORMAT.md, "Environment
 allow-list"): a bundle may come from a stranger.
+
+Across nodes, a launcher starts the real ranks instead (`cmd` is torchrun):
+
+    result = replay("run.prism", ranks="0-15", cmd=["torchrun", "--nnodes", "2", "--node-rank", i,
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "HOST:PORT", "--nproc-per-node", "8",
+                    "train.py"])
+
+on every node, the same but for the node rank; see `replay` and _torchrun.py.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report
 from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions
 from prism_rr.replayer._session import stats_path
-from prism_rr.specs import parse_ranks, parse_slow_rank
+from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
+from prism_rr.specs import format_ranks, parse_ranks, parse_slow_rank
 
 __all__ = ["HOOK_DIR", "INCOMPLETE", "TIMINGS", "ReplayResult", "parse_slow_rank", "rank_command",
            "recorded_commands", "replay"]
@@ -120,6 +129,38 @@ def _representative(bundle, rank: int) -> int:
         raise UsageError(f"rank {rank} was not recorded; recorded: {bundle.recorded_ranks}") from None
 
 
+def _check_launcher(cmd, real: tuple, output) -> None:
+    """A launcher replay runs the command given, with one worker per real rank."""
+    if not cmd:
+        raise UsageError("a replay under a launcher runs the launcher command given after --")
+    nodes, per_node = launcher_shape(cmd)
+    if nodes is not None and per_node is not None and nodes * per_node != len(real):
+        raise UsageError(f"torchrun starts {nodes} node(s) x {per_node} process(es) per node = "
+                         f"{nodes * per_node} workers; the replay has {len(real)} real rank(s) "
+                         f"{format_ranks(real)}: one worker per real rank")
+    if output is not None and nodes != 1:
+        raise UsageError("recording a replay (-o) under a launcher needs one node (torchrun --nnodes 1)")
+
+
+def _child_env(info: dict, options: ReplayOptions, env: dict | None, rank_vars: dict | None = None) -> dict:
+    """A replayed process's environment: this one's, the bundle's allow-listed names where
+    this machine sets none, the rank's, the caller's, and the start-up hook."""
+    child = dict(os.environ)
+    child.pop("PRISM_RR_RECORD", None)
+    for name, value in replay_env(info).items():  # the allow-list only; this machine's win
+        child.setdefault(name, value)
+    child.setdefault("OMP_NUM_THREADS", "1")
+    child.update(rank_vars or {})
+    child.update(env or {})
+    path = [str(HOOK_DIR)]
+    if child.get("PYTHONPATH"):
+        path.append(child["PYTHONPATH"])
+    path.append(str(_PACKAGE_ROOT))
+    child["PYTHONPATH"] = os.pathsep.join(path)
+    child[ENV_VAR] = options.to_json()
+    return child
+
+
 def _read_stats(work: Path, rank: int) -> dict | None:
     """What a replayed rank wrote (its session's results), or None."""
     try:
@@ -182,6 +223,7 @@ def replay(
     log_dir=None,
     env: dict | None = None,
     run_recorded_command: bool = False,
+    launcher: bool | None = None,
 ) -> ReplayResult:
     """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence).
 
@@ -194,6 +236,16 @@ def replay(
     of the timing model: `comm_scale` (every transfer X times as long), `compute_scale`
     (every rank's compute X times as long), `slow_rank` ({virtual rank: factor} on its
     compute, or "R:F,R:F"). Raises UsageError where the replay cannot run here.
+
+    `launcher` (default: whether `cmd` is `torchrun ...` or `python -m torch.distributed.run
+    ...`): run `cmd` once, as a launcher that starts one worker per real rank, perhaps on
+    several nodes, instead of starting the ranks here. Run the same replay (same bundle,
+    ranks and command but for torchrun's --node-rank) on every node; torchrun's rendezvous
+    makes the real ranks' world, and its worker RANK i replays recorded rank ranks[i],
+    whichever node it runs on (see _torchrun.py for the environment it sees). The real
+    ranks meet on torchrun's store; through it every node gathers every real rank's results,
+    so each node's report covers them all (those that did not arrive within a bounded wait
+    are in the report's `unreported`). A node's workers have one exit code, torchrun's.
     """
     from prism_rr.localrun import kill_ranks, free_port, rank_env
 
@@ -215,7 +267,7 @@ def replay(
         args = dict(ranks=real, cmd=cmd, report=report, output=output, output_payload=output_payload,
                     timing=timing, comm_scale=comm_scale, compute_scale=compute_scale, slow_rank=slow_rank,
                     continue_on_divergence=continue_on_divergence, timeout=timeout, cwd=cwd, log_dir=log_dir,
-                    env=env, run_recorded_command=run_recorded_command)
+                    env=env, run_recorded_command=run_recorded_command, launcher=launcher)
         with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
             derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
             return replay(derived, **args)
@@ -226,6 +278,10 @@ def replay(
         outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
         if outside:
             raise UsageError(f"slow_rank {outside[0][0]} is not a rank of the recorded world of {world}")
+    if launcher is None:
+        launcher = is_launcher(cmd)
+    if launcher:
+        _check_launcher(cmd, real, output)
     warnings = check_environment(infos, timing=timing)
     for w in warnings:
         log.warning("prism-rr: %s", w)
@@ -242,8 +298,8 @@ def replay(
             output_payload = str(infos[real[0]].get("payload") or "digest")
     work = Path(tempfile.mkdtemp(prefix="prism-rr-replay-"))
     options = ReplayOptions(bundle=str(bundle_path), ranks=real, work_dir=str(work), timing=timing,
-                            continue_on_divergence=continue_on_divergence,
-                            real_port=free_port() if len(real) > 1 else 0,
+                            continue_on_divergence=continue_on_divergence, launcher=launcher, world_size=world,
+                            real_port=free_port() if len(real) > 1 and not launcher else 0,
                             comm_scale=float(comm_scale), compute_scale=float(compute_scale),
                             slow_rank=parse_slow_rank(slow_rank),
                             output=None if spool_dir is None else str(spool_dir),
@@ -251,37 +307,40 @@ def replay(
     logs = Path(log_dir) if log_dir is not None else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
-    master_port, run_id = free_port(), f"prism-replay-{uuid.uuid4().hex[:12]}"
     procs, files, commands = {}, [], {}
     timed_out = False
+    unreported: list[int] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        for r in real:
-            argv = list(cmd) if cmd else rank_command(infos[r])
-            commands[r] = argv
-            where = cwd or (os.getcwd() if cmd else _recorded_cwd(infos[r]))
-            if not os.path.isdir(where):
-                where = os.getcwd()
-            child = dict(os.environ)
-            child.pop("PRISM_RR_RECORD", None)
-            for name, value in replay_env(infos[r]).items():  # the allow-list only; this machine's win
-                child.setdefault(name, value)
-            child.setdefault("OMP_NUM_THREADS", "1")
-            child.update(rank_env(r, world, master_port, run_id))
-            child.update(env or {})
-            path = [str(HOOK_DIR)]
-            if child.get("PYTHONPATH"):
-                path.append(child["PYTHONPATH"])
-            path.append(str(_PACKAGE_ROOT))
-            child["PYTHONPATH"] = os.pathsep.join(path)
-            child[ENV_VAR] = options.to_json()
+        if launcher:
+            child = _child_env(infos[real[0]], options, env)
+            for name in LAUNCHER_VARS:  # only the workers it starts have a rank
+                child.pop(name, None)
+            where = cwd or os.getcwd()
+            commands = {r: list(cmd) for r in real}
             out = err = None
             if logs is not None:
-                out = open(logs / f"rank{r}.stdout", "wb")
-                err = open(logs / f"rank{r}.stderr", "wb")
+                out = open(logs / "launcher.stdout", "wb")
+                err = open(logs / "launcher.stderr", "wb")
                 files += [out, err]
-            procs[r] = subprocess.Popen(argv, env=child, cwd=where, stdout=out, stderr=err,
-                                        start_new_session=True)
-        deadline = None if timeout is None else time.monotonic() + timeout
+            procs[-1] = subprocess.Popen(list(cmd), env=child, cwd=where, stdout=out, stderr=err,
+                                         start_new_session=True)
+        else:
+            master_port, run_id = free_port(), f"prism-replay-{uuid.uuid4().hex[:12]}"
+            for r in real:
+                argv = list(cmd) if cmd else rank_command(infos[r])
+                commands[r] = argv
+                where = cwd or (os.getcwd() if cmd else _recorded_cwd(infos[r]))
+                if not os.path.isdir(where):
+                    where = os.getcwd()
+                child = _child_env(infos[r], options, env, rank_env(r, world, master_port, run_id))
+                out = err = None
+                if logs is not None:
+                    out = open(logs / f"rank{r}.stdout", "wb")
+                    err = open(logs / f"rank{r}.stderr", "wb")
+                    files += [out, err]
+                procs[r] = subprocess.Popen(argv, env=child, cwd=where, stdout=out, stderr=err,
+                                            start_new_session=True)
         while True:
             codes = {r: p.poll() for r, p in procs.items()}
             if all(c is not None for c in codes.values()):
@@ -296,9 +355,20 @@ def replay(
             time.sleep(_POLL_S)
         codes = {r: p.wait() for r, p in procs.items()}
         stats = {r: st for r in real if (st := _read_stats(work, r)) is not None}
-        refused = [st["error"] for st in stats.values() if isinstance(st.get("error"), str)]
+        if launcher:  # a refusal names torchrun's rank where the recorded one is not known
+            extra = (_read_stats(work, int(f.stem.split("-")[1])) for f in work.glob("rank-*.json"))
+            stats_all = [st for st in extra if st is not None]
+        else:
+            stats_all = list(stats.values())
+        refused = [st["error"] for st in stats_all if isinstance(st.get("error"), str)]
         if refused:  # the program asked for what the recording cannot give (another world size)
             raise UsageError(refused[0])
+        if launcher:
+            # One exit code for all of this node's workers: torchrun's; results from
+            # every real rank, gathered through torchrun's store (_gather.py).
+            code = codes.pop(-1)
+            unreported = [r for r in real if r not in stats]
+            codes = {r: code for r in real if r in stats}
         with open_bundle(bundle_path) as bundle:
             rep = fidelity_report(bundle, real, stats, timing=timing)
         traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
@@ -312,6 +382,11 @@ def replay(
         for f in files:
             f.close()
         shutil.rmtree(work, ignore_errors=True)
+    if launcher:
+        rep["launcher_exit_code"] = code
+        rep["unreported"] = unreported
+        if unreported:
+            warnings.append(f"no results from real rank(s) {unreported}: see the replay on their node")
     rep["rank_exit_codes"] = {str(r): c for r, c in codes.items()}
     torn = sorted(r for r, c in codes.items() if _torn_down(stats.get(r), c))
     if torn:
