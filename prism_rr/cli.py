@@ -70,6 +70,7 @@ def info(
 
     with open_bundle(bundle) as b:
         facts = b.facts()
+        manifest = b.manifest
     if as_json:
         print(json.dumps(facts))
         return
@@ -85,6 +86,7 @@ def info(
         f"size            {facts['bytes']:,} bytes"
         + (f" ({facts['bytes'] / facts['event_count']:.1f} per event)" if facts["event_count"] else ""),
     ]
+    lines += _node_and_clock_lines(manifest)
     if facts["dropped"]:
         lines.append(f"dropped         {facts['dropped']:,} records (the recorder fell behind)")
     if facts["truncated_ranks"]:
@@ -94,6 +96,29 @@ def info(
     for f in facts["recorder_failures"]:
         lines.append(f"recorder off    rank {f['rank']} from step {f['step']}: {f['reason']}")
     print("\n".join(lines))
+
+
+def _node_and_clock_lines(manifest: dict) -> list[str]:
+    """`info`'s lines for the manifest's `nodes` and `clock` (untrusted: type-checked here)."""
+    lines = []
+    nodes = manifest.get("nodes")
+    if isinstance(nodes, (list, tuple)) and all(isinstance(n, dict) for n in nodes):
+        parts = []
+        for n in nodes[:8]:
+            ranks = n.get("ranks")
+            ranks = format_ranks(ranks) if isinstance(ranks, (list, tuple)) and all(type(r) is int for r in ranks) else "?"
+            parts.append(f"{str(n.get('node'))[:40]} ({str(n.get('hostname'))[:60]}: ranks {ranks})")
+        more = f", +{len(nodes) - 8} more" if len(nodes) > 8 else ""
+        lines.append(f"nodes           {len(nodes)}: {', '.join(parts)}{more}")
+    clock = manifest.get("clock")
+    if isinstance(clock, dict) and isinstance(clock.get("method"), str):
+        err = clock.get("max_error_ns")
+        err = f"within {err / 1e3:,.0f} us" if type(err) is int else "error unknown"
+        missing = clock.get("ranks_without_offset")
+        missing = len(missing) if isinstance(missing, (list, tuple)) else 0
+        lines.append(f"clocks          aligned to rank 0 by {clock['method'][:40]}, {err}"
+                     + (f"; {missing} ranks without an offset" if missing else ""))
+    return lines
 
 
 @app.command(epilog=EXIT_CODES)
