@@ -125,3 +125,20 @@ def test_two_nodes_share_one_output_dir(tmp_path):
     assert got.returncode == 2 and "nothing was recorded" in got.stderr
     assert {p: p.read_bytes() for p in (spool_dir / "node-0").rglob("*") if p.is_file()} == before
     assert not list((spool_dir / "node-1").glob("rank-*.spool"))
+
+
+def test_a_node_of_a_multi_node_launch_is_named_by_its_node_rank():
+    from prism_rr.recorder.launch import launch_node
+
+    env = {}
+    assert launch_node(["torchrun", "--nnodes", "2", "--node-rank", "1", "train.py"], environ=env) == "1"
+    assert launch_node(["python", "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=0", "t.py"],
+                       environ=env) == "0"
+    assert launch_node(["torchrun", "--nnodes", "2", "t.py"], environ={"PET_NODE_RANK": "3"}) == "3"
+    # One node, no torchrun, or the script's own options: the single-node layout.
+    assert launch_node(["torchrun", "--nproc-per-node", "4", "t.py", "--nnodes", "2"], environ=env) is None
+    assert launch_node(["torchrun", "--nnodes", "1:1", "t.py"], environ=env) is None
+    assert launch_node(["python", "train.py", "--nnodes", "2", "--node-rank", "1"], environ=env) is None
+    # An elastic range without a node rank is named by its host; --node names any launch.
+    assert launch_node(["torchrun", "--nnodes", "1:4", "--standalone", "t.py"], environ=env)
+    assert launch_node(["srun", "python", "t.py"], node="gpu-07/a") == "gpu-07_a"
