@@ -206,16 +206,13 @@ def pack(spool_dir, output, *, redact: bool = False, stacks: bool = True,
 
 
 def repair(spool_dir) -> list[tuple[Path, SpoolScan]]:
-    """Cut torn or corrupt tails off every rank-*.spool in `spool_dir` (the cut bytes are
-    kept beside each as <name>.torn); each spool with what its scan found."""
+    """Cut torn or corrupt tails off every rank-*.spool in `spool_dir` (or in its node-*/
+    directories, as `pack` finds them; the cut bytes are kept beside each as <name>.torn);
+    each spool with what its scan found."""
     from prism_rr.format import repair_spool
+    from prism_rr.format.pack import spool_dirs
 
-    spool_dir = Path(spool_dir)
-    if not spool_dir.is_dir():
-        raise UsageError(f"{spool_dir} is not a directory of spools")
-    paths = sorted(spool_dir.glob("rank-*.spool"))
-    if not paths:
-        raise UsageError(f"{spool_dir} holds no rank-*.spool files")
+    paths = [path for d in spool_dirs(Path(spool_dir)) for path in sorted(d.glob("rank-*.spool"))]
     return [(path, repair_spool(path)) for path in paths]
 
 

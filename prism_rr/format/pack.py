@@ -55,7 +55,9 @@ _SPOOL_NAME = re.compile(r"rank-(\d+)\.spool")
 def spool_dirs(dirs) -> list[Path]:
     """The directories of spools that `dirs` (one path or several) name: a directory with
     rank-*.spool files is one; one without them stands for its subdirectories that have
-    them (`run.prism.d/` of a multi-node recording holds `node-*/`)."""
+    them (`run.prism.d/` of a multi-node recording holds `node-*/`). A directory with
+    spools of its own is only that: a single-node recording into a `run.prism.d/` that
+    still holds an earlier multi-node recording's `node-*/` packs its own spools."""
     dirs = [dirs] if isinstance(dirs, (str, os.PathLike)) else list(dirs)
     if not dirs:
         raise UsageError("give at least one directory of spools")
@@ -63,11 +65,7 @@ def spool_dirs(dirs) -> list[Path]:
     for d in map(Path, dirs):
         if not d.is_dir():
             raise UsageError(f"{d} is not a directory of spools")
-        if _spools(d):
-            inner = [s for s in sorted(d.iterdir()) if s.is_dir() and _spools(s)]
-            if inner:
-                raise UsageError(f"{d} holds rank spools of its own and in {inner[0].name}/: "
-                                 f"name the directories to pack")
+        if _spools(d):  # its own spools, whatever its subdirectories hold
             found.append(d)
             continue
         inner = [s for s in sorted(d.iterdir(), key=_natural) if s.is_dir() and _spools(s)]
