@@ -183,8 +183,9 @@ class Flight:
         clean = not reason.startswith("SIG")  # a signal's name: the run was stopped
         if clean and self.options.flight_at_exit:
             try:
+                # at the end the current step has just begun: the last K whole steps
                 self._write_dump("end", {"trigger": "exit", "rank": self.rec.rank,
-                                     "first_step": max(0, self.rec.step - self.options.flight + 1)})
+                                         "first_step": max(0, self.rec.step - self.options.flight)})
             except BaseException as exc:
                 log.warning("prism-rr: flight dump at exit failed on rank %d: %s", self.rec.rank, exc)
         writer.keep_ring = not clean
@@ -427,7 +428,7 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
         _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected, from_rings)
         written.append(target)
     rings = sorted(spool_dir.glob("rank-*.ring"))
-    if rings and _a_rank_died(rings):
+    if rings and _a_rank_died(rings, dumps[-1][1] if dumps else None):
         n = (dumps[-1][0] + 1) if dumps else 1
         d = spool_dir / f"flight-{n}"
         ranks = [int(p.name[5:10]) for p in rings]
@@ -449,24 +450,30 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
     return written
 
 
-def _a_rank_died(rings) -> bool:
-    """A ring whose last records hold no `recording_end` marker: its rank did not close."""
+def _a_rank_died(rings, last_dump: Path | None) -> bool:
+    """Whether a ring has no `recording_end` marker (its rank did not close) and holds
+    records newer than the last dump has of its rank (a dump read it already, or it
+    died before the dump)."""
     from prism_rr.format.records import Marker
-    from prism_rr.format.spool import frame_records, parse_frame
+    from prism_rr.format.spool import frame_records, parse_frame, read_spool
 
     for path in rings:
         try:
             contents = read_ring(path)
+            frames = [(parse_frame(raw, 0, len(raw), path.name), raw) for raw in contents.frames]
         except Exception:
             continue
-        if not contents.frames:
-            return True
-        raw = contents.frames[-1]
+        if not frames:
+            continue
+        frame, raw = frames[-1]
+        if any(type(r) is Marker and r.name == "recording_end" for r in frame_records(raw, frame, path.name)):
+            continue
+        newest = max(f.t_last for f, _ in frames)
+        dumped = last_dump / path.name.replace(".ring", ".spool") if last_dump is not None else None
         try:
-            records = frame_records(raw, parse_frame(raw, 0, len(raw), path.name), path.name)
+            held = max((f.t_last for f in read_spool(dumped).frames if f.kind == layout.FRAME_EVENTS), default=0)
         except Exception:
-            return True
-        if not any(type(r) is Marker and r.name == "recording_end" for r in records):
+            held = None
+        if held is None or newest > held:
             return True
     return False
-

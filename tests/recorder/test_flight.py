@@ -96,3 +96,94 @@ def test_a_hang_dumps_every_rank_last_steps_within_the_hang_time(tmp_path):
     hang = [f for f in findings if f["kind"] == "hang"]
     assert hang and list(hang[0]["ranks"]) == [1], findings
     assert run_cli("verify", out).returncode == 0
+
+
+def _pid(tmp_path: Path, rank: int) -> int:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        try:
+            return int((tmp_path / f"pid-{rank}").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never started")
+
+
+def test_a_slow_step_and_sigusr1_to_one_rank_dump_every_rank(tmp_path):
+    proc, out = _start_env_mode(tmp_path, "loop", 0, flight=4, flight_slow=5.0)
+    try:
+        _wait_for(out, proc, 90)  # step 8 takes 1.2 s, the others about 0.1 s
+        with open_bundle(out) as b:
+            first = b.manifest["flight"]
+        # the sleep after the script's 8th optimizer step falls in the recorder's step 9
+        assert first["trigger"] == "slow_step" and first["details"]["step"] == 9, first
+        assert list(first["ranks_dumped"]) == [0, 1]
+        time.sleep(5.5)  # past the cooldown: a new moment
+        os.kill(_pid(tmp_path, 1), signal.SIGUSR1)
+        second = tmp_path / "run.2.prism"
+        _wait_for(second, proc, 30)
+        assert proc.poll() is None  # SIGUSR1 does not end the rank
+    finally:
+        (tmp_path / "stop").touch()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+    with open_bundle(second) as b:
+        flight = b.manifest["flight"]
+        assert flight["trigger"] == "SIGUSR1" and flight["rank"] == 1 and list(flight["ranks_dumped"]) == [0, 1]
+        assert b.recorded_ranks == [0, 1]
+        steps = {r: {x.step for x in b.events(r) if isinstance(x, Step)} for r in (0, 1)}
+        assert steps[0] and min(steps[0]) == min(steps[1]) > 4  # the same last steps on both ranks
+    assert proc.returncode == 0
+    assert not list((tmp_path / "run.prism.d").glob("*.ring"))  # a clean end removes the rings
+
+
+def test_a_killed_rank_is_read_from_its_ring(tmp_path):
+    """SIGKILL leaves no time to dump, and the launcher stops the other ranks at once
+    (SIGTERM, which leaves their rings): what `record` does at the end (finish_rings)
+    packs every rank's ring as a dump of its own."""
+    from prism_rr.recorder._flight import finish_rings
+
+    steps = 8
+    proc, out = _start_env_mode(tmp_path, "kill", steps, flight=3, flight_hang=30.0)
+    try:
+        assert proc.wait(90) != 0
+    finally:
+        _stop(proc)
+    spool_dir = tmp_path / "run.prism.d"
+    assert len(list(spool_dir.glob("*.ring"))) >= 1  # rank 1's, at least
+    assert set(finish_rings(spool_dir, out, 3, world_size=2)) <= {out}
+    assert out.exists() and not (tmp_path / "run.2.prism").exists()  # one moment, one bundle
+    assert not list(spool_dir.glob("*.ring"))
+    with open_bundle(out) as b:
+        flight = b.manifest["flight"]
+        # Rank 0 either was stopped in the all_reduce ("crash": every ring read after the
+        # job) or saw gloo's error first and dumped ("exception", rank 1 from its ring).
+        assert flight["trigger"] in ("crash", "exception") and 1 in flight["ranks_from_ring"], flight
+        assert b.recorded_ranks == [0, 1]
+        last = max(x.step for x in b.events(1) if isinstance(x, Step))
+        assert last == steps - 2  # rank 1's last whole step, from the ring it left when killed
+    r = run_cli("diagnose", out, "--json")
+    findings = json.loads(r.stdout)["findings"]
+    hang = [f for f in findings if f["kind"] == "hang"]
+    assert hang and list(hang[0]["ranks"]) == [1] and hang[0]["details"]["op"] == "all_reduce", r.stdout
+
+
+def test_the_python_api_dumps_at_the_end_when_asked(tmp_path):
+    script = tmp_path / "one.py"
+    script.write_text(
+        "import sys, torch, torch.distributed as dist, prism_rr\n"
+        "torch.set_num_threads(1)\n"
+        "with prism_rr.record(sys.argv[1], flight=2, flight_at_exit=True):\n"
+        "    dist.init_process_group('gloo', rank=0, world_size=1, init_method='tcp://127.0.0.1:' + sys.argv[2])\n"
+        "    for step in range(5):\n"
+        "        dist.all_reduce(torch.ones(4))\n"
+        "        prism_rr.step()\n"
+        "    dist.destroy_process_group()\n")
+    from prism_rr.localrun import free_port
+
+    out = tmp_path / "api.prism"
+    subprocess.run([sys.executable, str(script), str(out), str(free_port())], timeout=120, check=True)
+    with open_bundle(out) as b:
+        steps = sorted({x.step for x in b.events(0) if isinstance(x, Step)})
+    assert steps == [3, 4], steps
