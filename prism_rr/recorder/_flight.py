@@ -39,7 +39,7 @@ from statistics import median
 import msgpack
 
 from prism_rr.format import codec, layout
-from prism_rr.format.records import GroupInfo
+from prism_rr.format.records import GroupInfo, Marker
 from prism_rr.format.ring import E_BLOB, E_FRAME, E_GROUPS, E_INFO, E_OPEN, Ring, RingContents, newest_step, \
     read_ring, ring_path, ring_to_spool
 from prism_rr.format.spool import FRAME_OPEN, SpoolWriter, encode_frame
@@ -325,6 +325,11 @@ class Flight:
         if rec.blob_writer is not None:
             rec.blob_writer.wait_stored(rec.blob_writer.queued, 2.0)
         open_now = open_records(rec, min_age_ns=0) or []
+        # This rank's records are whole up to now: the dump is its recording's proper end
+        # (analysis then knows it did nothing more, unlike a rank that died).
+        t = time.monotonic_ns()
+        open_now.append(Marker(start_ns=t, end_ns=t, step=rec.step, name="recording_end", value=len(open_now),
+                               text=f"flight dump {n}: {facts.get('trigger')} on rank {facts.get('rank')}"))
         out_dir = self.spool_dir / f"flight-{n}"
         t0 = time.monotonic()
         done = ring_to_spool(writer.contents(), out_dir, first_step=facts.get("first_step"),
