@@ -26,7 +26,7 @@ from prism_rr.format.records import (
     Step,
 )
 
-__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "unpack"]
+__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "maker", "unpack"]
 
 # Top-level keys of a chunk payload.
 C_ORDER = 0  # kind of each record, in record order
@@ -579,6 +579,13 @@ def _decode_table(cls, columns, constants, n: int, where: str, world: int = layo
     build = _builder(cls, names, tuple(fixed))
     consts = tuple(fixed.values())
     return list(map(build, starts, ends, *varying.values(), *map(repeat, consts)))
+
+
+def maker(cls, names: tuple[str, ...]):
+    """A function making `cls` records from the values of `names`, in that order, by
+    position (fields not named take their defaults): the same record as the dataclass's
+    keyword __init__ makes, at a fraction of its cost (the recorder makes two a call)."""
+    return _builder(cls, tuple(names), ())
 
 
 @lru_cache(maxsize=256)

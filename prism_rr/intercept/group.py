@@ -54,9 +54,16 @@ def _opts(opts, cls, field=None):
     return o
 
 
+_OP_NAMES: dict = {}  # ReduceOp.RedOpType -> "SUM", ...
+
+
 def _op_name(op) -> str:
     try:
-        return op.op.name if isinstance(op, ReduceOp) else ReduceOp(op).op.name
+        kind = op.op if isinstance(op, ReduceOp) else ReduceOp(op).op
+        name = _OP_NAMES.get(kind)
+        if name is None:
+            name = _OP_NAMES[kind] = kind.name
+        return name
     except Exception:
         return str(op)
 
@@ -347,7 +354,9 @@ class InterceptGroup(ProcessGroup):
             observer = self.observer
             if observer is None or not observer.live:
                 return policy.forward(fn, args)
-        return self._run(Call(op, self.gid, seq, ins, outs, fn, args, reduce_op=reduce_op, root=root,
+        # `reduce_op`: the options' ReduceOp, named only for a call that is built
+        return self._run(Call(op, self.gid, seq, ins, outs, fn, args,
+                              reduce_op=None if reduce_op is None else _op_name(reduce_op), root=root,
                               async_op=async_op))
 
     def _p2p(self, receives, tensors, group_peer, tag, fn, args):
@@ -389,13 +398,13 @@ class InterceptGroup(ProcessGroup):
         opts = _opts(opts, AllreduceOptions, "reduceOp")
         real = self._backend_for(tensors)
         return self._collective("all_reduce", tensors, tensors, real.allreduce, (tensors, opts),
-                                reduce_op=_op_name(opts.reduceOp), async_op=opts.asyncOp)
+                                reduce_op=opts.reduceOp, async_op=opts.asyncOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = _opts(opts, AllreduceCoalescedOptions, "reduceOp")
         real = self._backend_for(tensors)
         return self._collective("all_reduce_coalesced", tensors, tensors, real.allreduce_coalesced,
-                                (tensors, opts), reduce_op=_op_name(opts.reduceOp), async_op=opts.asyncOp)
+                                (tensors, opts), reduce_op=opts.reduceOp, async_op=opts.asyncOp)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = _opts(opts, AllgatherOptions)
@@ -433,14 +442,14 @@ class InterceptGroup(ProcessGroup):
         opts = _opts(opts, ReduceScatterOptions, "reduceOp")
         real = self._backend_for(output_tensors)
         return self._collective("reduce_scatter", _flat(input_lists), output_tensors, real.reduce_scatter,
-                                (output_tensors, input_lists, opts), reduce_op=_op_name(opts.reduceOp),
+                                (output_tensors, input_lists, opts), reduce_op=opts.reduceOp,
                                 async_op=opts.asyncOp)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = _opts(opts, ReduceScatterOptions, "reduceOp")
         real = self._backend_for([input])
         return self._collective("reduce_scatter_tensor", [input], [output], real._reduce_scatter_base,
-                                (output, input, opts), reduce_op=_op_name(opts.reduceOp),
+                                (output, input, opts), reduce_op=opts.reduceOp,
                                 async_op=opts.asyncOp)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -451,7 +460,7 @@ class InterceptGroup(ProcessGroup):
         op = "reduce_scatter_tensor" if len(inputs) == 1 else "reduce_scatter_tensor_coalesced"
         return self._collective(op, inputs, outputs, self._looped,
                                 (real._reduce_scatter_base, outputs, inputs, opts),
-                                reduce_op=_op_name(opts.reduceOp), async_op=opts.asyncOp)
+                                reduce_op=opts.reduceOp, async_op=opts.asyncOp)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -484,7 +493,7 @@ class InterceptGroup(ProcessGroup):
         opts = _opts(opts, ReduceOptions)
         real = self._backend_for(tensors)
         return self._collective("reduce", tensors, tensors, real.reduce, (tensors, opts),
-                                reduce_op=_op_name(opts.reduceOp), root=self.ranks[opts.rootRank],
+                                reduce_op=opts.reduceOp, root=self.ranks[opts.rootRank],
                                 async_op=opts.asyncOp)
 
     def gather(self, output_tensors, input_tensors, opts=None):

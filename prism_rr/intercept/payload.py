@@ -9,10 +9,12 @@ two numbers come back.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import os
 import struct
+import time
 
 import torch
 
@@ -25,11 +27,23 @@ _PACK = struct.Struct("<qqQ")
 _MASK = (1 << 64) - 1
 
 
+_DTYPE_NAMES: dict = {}  # torch.float32 -> "float32"
+
+
 def describe(tensors) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int]:
-    shapes = tuple(tuple(t.shape) for t in tensors)
-    dtypes = tuple(str(t.dtype)[6:] for t in tensors)  # "torch.float32" -> "float32"
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    return shapes, dtypes, nbytes
+    shapes = []
+    dtypes = []
+    nbytes = 0
+    names = _DTYPE_NAMES
+    for t in tensors:
+        shapes.append(tuple(t.shape))
+        dt = t.dtype
+        name = names.get(dt)
+        if name is None:
+            name = names[dt] = str(dt)[6:]  # "torch.float32" -> "float32"
+        dtypes.append(name)
+        nbytes += t.numel() * t.element_size()
+    return tuple(shapes), tuple(dtypes), nbytes
 
 
 def alive(tensors) -> bool:
@@ -60,10 +74,23 @@ def host_bytes(t: torch.Tensor):
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
+def _small_bytes(t: torch.Tensor) -> bytes:
+    """bytes(host_bytes(t)) of a small tensor (a copy of its bytes): read straight from
+    memory for a plain contiguous CPU tensor whose storage holds all of it, four times
+    faster than through torch's views and numpy."""
+    if type(t) is torch.Tensor and t.device.type == "cpu" and t.layout is torch.strided and t.is_contiguous():
+        n = t.numel() * t.element_size()
+        if n:
+            st = t.untyped_storage()
+            if st.data_ptr() and st.nbytes() >= t.storage_offset() * t.element_size() + n:
+                return ctypes.string_at(t.data_ptr(), n)
+    return bytes(host_bytes(t))
+
+
 def _digest(t: torch.Tensor) -> int:
     nbytes = t.numel() * t.element_size()
     if nbytes <= _SMALL:
-        return int.from_bytes(hashlib.blake2b(host_bytes(t), digest_size=8).digest(), "little")
+        return _small_digest(_small_bytes(t))
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     words = nbytes // 8
     try:
@@ -74,6 +101,10 @@ def _digest(t: torch.Tensor) -> int:
     tail = bytes(host_bytes(flat[words * 8 :])) if nbytes % 8 else b""
     h = hashlib.blake2b(_PACK.pack(sums[0], sums[1], nbytes) + tail, digest_size=8)
     return int.from_bytes(h.digest(), "little")
+
+
+def _small_digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def digests(tensors) -> tuple[int, ...]:
@@ -90,13 +121,28 @@ def small(tensors) -> bool:
     return bool(tensors)
 
 
-def blobs(writer: BlobWriter, tensors) -> tuple[bytes, ...]:
+def blobs(writer: BlobWriter, tensors, digest: bool = False):
     """The tensors' bytes, copied now (on the program's thread, while they are alive
-    and final), stored by the writer's thread; their ids."""
+    and final), stored by the writer's thread; their ids. With `digest` (a small call,
+    see `small`): (digests, ids) from one copy of each tensor's bytes, where `digests`
+    and `blobs` would each take their own."""
     if writer.error is not None:
         raise writer.error
+    if digest:
+        datas = [_small_bytes(t) for t in tensors]
+        _check_room(writer.spool_dir, sum(map(len, datas)) + writer.pending)
+        return tuple(map(_small_digest, datas)), tuple(map(writer.put, datas))
     _check_room(writer.spool_dir, sum(t.numel() * t.element_size() for t in tensors) + writer.pending)
-    return tuple(writer.put(bytes(host_bytes(t))) for t in tensors)
+    return tuple(writer.put(_small_bytes(t) if t.numel() * t.element_size() <= _SMALL else bytes(host_bytes(t)))
+                 for t in tensors)
+
+
+# spool_dir -> (when statvfs was read, bytes free then, bytes asked for since): a file
+# system's free space is read at most every _ROOM_TTL_S or _ROOM_BYTES of payloads, and
+# always before payloads are refused.
+_room: dict = {}
+_ROOM_TTL_S = 0.05
+_ROOM_BYTES = 1 << 20
 
 
 def _check_room(spool_dir, nbytes: int) -> None:
@@ -104,6 +150,14 @@ def _check_room(spool_dir, nbytes: int) -> None:
     the spool's file system still has room for the records that close each spool and
     for the launcher's notes: a reserve of 5% of its size, at least 128 KiB, at most
     64 MiB."""
+    now = time.monotonic()
+    seen = _room.get(spool_dir)
+    if seen is not None:
+        at, free, reserve, asked = seen
+        asked += nbytes
+        if now - at < _ROOM_TTL_S and asked < _ROOM_BYTES and free - asked >= reserve:
+            _room[spool_dir] = (at, free, reserve, asked)
+            return
     try:
         st = os.statvfs(spool_dir)
     except OSError:
@@ -111,5 +165,7 @@ def _check_room(spool_dir, nbytes: int) -> None:
     reserve = min(64 << 20, max(128 << 10, st.f_blocks * st.f_frsize // 20))
     free = st.f_bavail * st.f_frsize
     if free - nbytes < reserve:
+        _room.pop(spool_dir, None)
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {free:,} bytes free on the file system of "
                       f"{spool_dir}, and payloads leave {reserve:,} for the records")
+    _room[spool_dir] = (now, free, reserve, nbytes)

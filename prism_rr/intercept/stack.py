@@ -50,15 +50,20 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
         return None
     out = []
     hops = 0
+    is_user = _is_user
+    texts = _text
     while frame is not None and hops < 64:
         code = frame.f_code
-        if _user(code):
-            key = (code, frame.f_lineno)
-            text = _text.get(key)
+        user = is_user.get(code)
+        if user is None:
+            user = _user(code)
+        if user:
+            line = frame.f_lineno
+            text = texts.get((code, line))
             if text is None:
-                text = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
-                if len(_text) < 100_000:
-                    _text[key] = text
+                text = f"{os.path.basename(code.co_filename)}:{line} in {code.co_name}"
+                if len(texts) < 100_000:
+                    texts[(code, line)] = text
             out.append(text)
             if len(out) >= depth:
                 break

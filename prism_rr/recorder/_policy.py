@@ -61,8 +61,11 @@ class RecordingObserver:
         except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor
             fut = None
         if fut is not None:
-            token.work = fut
-            fut.add_done_callback(lambda f: _done(rec, token, f))
+            token.work = fut  # a reap completes it if no wait() comes first
+            if token.async_op:
+                fut.add_done_callback(lambda f: _done(rec, token, f))
+            # A blocking call's wait() comes next, from torch itself (async_op=False): a
+            # callback could only race it for the GIL, and cost both threads a hand-off.
         return TimedWork(work, rec, token)
 
     def group_created(self, gid: int, ranks, name: str, desc: str, backend: str) -> None:

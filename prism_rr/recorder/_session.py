@@ -14,6 +14,7 @@ from time import monotonic_ns
 
 import torch
 
+from prism_rr.format.codec import maker
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.format.spool import SpoolWriter, spool_path
 from prism_rr.intercept import dispatch
@@ -34,6 +35,19 @@ def current() -> Recording | None:
     return _current
 
 
+# Records made by position (codec.maker): the recorder makes two per call, and the
+# dataclasses' keyword __init__ costs microseconds each.
+_compute = maker(Compute, ("start_ns", "end_ns", "step", "mem_alloc", "mem_peak"))
+_collective = maker(Collective, (
+    "start_ns", "end_ns", "step", "op", "group", "seq", "in_shapes", "in_dtypes", "in_bytes", "out_shapes",
+    "out_dtypes", "out_bytes", "reduce_op", "root", "async_op", "issued_ns", "digest_in", "digest_out",
+    "blob_in", "blob_out", "mem_alloc", "mem_peak", "stack"))
+_point_to_point = maker(PointToPoint, (
+    "start_ns", "end_ns", "step", "op", "group", "seq", "peer", "tag", "shapes", "dtypes", "nbytes",
+    "async_op", "issued_ns", "digest", "blob", "mem_alloc", "mem_peak", "stack"))
+_NO_MEM = (None, None)
+
+
 class Call:
     """A communication call between entry and completion."""
 
@@ -43,7 +57,27 @@ class Call:
         "mem", "done", "work", "written", "end", "error",
     )
 
-    def __init__(self):
+    def __init__(self, op=None, group=None, seq=None, start=None, step=None, ins=None, outs=None, p2p=False,
+                 receives=False, reduce_op=None, root=None, peer=None, tag=0, async_op=False):
+        self.op = op
+        self.group = group
+        self.seq = seq
+        self.start = start
+        self.step = step
+        self.ins = ins
+        self.outs = outs
+        self.p2p = p2p
+        self.receives = receives
+        self.reduce_op = reduce_op
+        self.root = root
+        self.peer = peer
+        self.tag = tag
+        self.async_op = async_op
+        self.issued = None
+        self.in_desc = None
+        self.digest_in = self.blob_in = None
+        self.stack = None
+        self.mem = _NO_MEM
         self.done = False
         self.written = False
         self.work = None  # the real Work's future, polled for completion
@@ -319,33 +353,19 @@ class Recording:
                 self.reap()
             self._in_backward()
             start = monotonic_ns()
-            call = Call()
-            call.p2p = p2p
-            call.receives = receives
-            call.op = op
-            call.group = gid
-            call.seq = seq
-            call.start = start
-            call.issued = None
-            call.step = self.step
-            call.ins = ins
-            call.outs = outs
+            call = Call(op, gid, seq, start, self.step, ins, outs, p2p, receives, reduce_op, root, peer, tag,
+                        async_op)
             call.in_desc = _payload.describe(ins)
-            if not receives:
+            if not receives and (self.digest or self.full):
                 call.digest_in, call.blob_in = self.outside(self._payload_of, ins)
-            else:
-                call.digest_in = call.blob_in = None
-            call.reduce_op = reduce_op
-            call.root = root
-            call.peer = peer
-            call.tag = tag
-            call.async_op = async_op
-            call.stack = caller_stack(self.stack_depth, 3) if self.stack_depth else None
-            call.mem = self.memory() if (self.cuda or self.cpu_memory is not None) else (None, None)
+            if self.stack_depth:
+                call.stack = caller_stack(self.stack_depth, 3)
+            if self.cuda or self.cpu_memory is not None:
+                call.mem = self.memory()
             last = self.last_return
             if last is not None and start > last:
-                self.writer.append(Compute(start_ns=last, end_ns=start, step=call.step,
-                                           mem_alloc=call.mem[0], mem_peak=call.mem[1]))
+                mem_alloc, mem_peak = call.mem
+                self.writer.append(_compute(last, start, call.step, mem_alloc, mem_peak))
             self.last_return = None
             with self._lock:
                 self.open[id(call)] = call
@@ -483,6 +503,8 @@ class Recording:
 
     def _payload_of(self, tensors) -> tuple:
         """(digests, blobs) of a call's inputs, as the payload option asks."""
+        if self.digest and _payload.small(tensors):  # one copy of the bytes for both
+            return _payload.blobs(self._blob_writer(), tensors, True)
         return (_payload.digests(tensors) if self.digest else None), self._blobs(tensors)
 
     def settle(self, call: Call) -> None:
@@ -503,52 +525,53 @@ class Recording:
         tensors are small (control data such as sizes, flags, a loss: a replay that made
         them up could take another branch)."""
         if self.full or (self.digest and _payload.small(tensors)):
-            if self.blob_writer is None:
-                from prism_rr.format.blobs import BlobWriter
-
-                # a flight ring keeps blobs in memory, beside the records that name them
-                self.blob_writer = BlobWriter(self.spool_dir, sink=getattr(self.writer, "store_blob", None))
-                self.writer.blobs = self.blob_writer  # no record on disk before its blobs
-            return _payload.blobs(self.blob_writer, tensors)
+            return _payload.blobs(self._blob_writer(), tensors)
         return None
+
+    def _blob_writer(self):
+        if self.blob_writer is None:
+            from prism_rr.format.blobs import BlobWriter
+
+            # a flight ring keeps blobs in memory, beside the records that name them
+            self.blob_writer = BlobWriter(self.spool_dir, sink=getattr(self.writer, "store_blob", None))
+            self.writer.blobs = self.blob_writer  # no record on disk before its blobs
+        return self.blob_writer
 
     def _record(self, call: Call, end: int | None, read: bool = True):
         read = read and end is not None  # the outputs hold results
         mem_alloc, mem_peak = call.mem
+        payloads = self.digest or self.full
         if call.p2p:
-            receiving = call.receives
             digest = call.digest_in
             blob = call.blob_in
-            if receiving and read and self._readable(call, call.outs):
-                if self.digest:
-                    digest = _payload.digests(call.outs)
-                blob = self._blobs(call.outs)
+            if payloads and call.receives and read and self._readable(call, call.outs):
+                outs = call.outs
+                if self.digest and _payload.small(outs):
+                    digest, blob = _payload.blobs(self._blob_writer(), outs, True)
+                else:
+                    if self.digest:
+                        digest = _payload.digests(outs)
+                    blob = self._blobs(outs)
             shapes, dtypes, nbytes = call.in_desc
-            return PointToPoint(
-                start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
-                seq=call.seq, peer=-1 if call.peer is None else call.peer, tag=call.tag,
-                shapes=shapes, dtypes=dtypes, nbytes=nbytes, async_op=call.async_op,
-                issued_ns=call.issued, digest=digest, blob=blob, mem_alloc=mem_alloc,
-                mem_peak=mem_peak, stack=call.stack,
-            )
-        in_shapes, in_dtypes, in_bytes = call.in_desc
+            return _point_to_point(
+                call.start, end, call.step, call.op, call.group, call.seq, -1 if call.peer is None else call.peer,
+                call.tag, shapes, dtypes, nbytes, call.async_op, call.issued, digest, blob, mem_alloc, mem_peak,
+                call.stack)
+        in_desc = call.in_desc
         outs = call.outs
-        if outs is call.ins:
-            out_shapes, out_dtypes, out_bytes = call.in_desc
-        else:
-            out_shapes, out_dtypes, out_bytes = _payload.describe(outs)
-        readable = read and self._readable(call, outs)
-        digest_out = _payload.digests(outs) if self.digest and readable else None
-        blob_out = self._blobs(outs) if readable else None
-        return Collective(
-            start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
-            seq=call.seq, in_shapes=in_shapes, in_dtypes=in_dtypes, in_bytes=in_bytes,
-            out_shapes=out_shapes, out_dtypes=out_dtypes, out_bytes=out_bytes,
-            reduce_op=call.reduce_op, root=call.root, async_op=call.async_op,
-            issued_ns=call.issued, digest_in=call.digest_in, digest_out=digest_out,
-            blob_in=call.blob_in, blob_out=blob_out, mem_alloc=mem_alloc, mem_peak=mem_peak,
-            stack=call.stack,
-        )
+        out_desc = in_desc if outs is call.ins else _payload.describe(outs)
+        digest_out = blob_out = None
+        if payloads and read and self._readable(call, outs):
+            if self.digest and _payload.small(outs):
+                digest_out, blob_out = _payload.blobs(self._blob_writer(), outs, True)
+            else:
+                if self.digest:
+                    digest_out = _payload.digests(outs)
+                blob_out = self._blobs(outs)
+        return _collective(
+            call.start, end, call.step, call.op, call.group, call.seq, in_desc[0], in_desc[1], in_desc[2],
+            out_desc[0], out_desc[1], out_desc[2], call.reduce_op, call.root, call.async_op, call.issued,
+            call.digest_in, digest_out, call.blob_in, blob_out, mem_alloc, mem_peak, call.stack)
 
     def _readable(self, call: Call, tensors) -> bool:
         """Whether the outputs still hold their data; if not (the program freed or resized
