@@ -8,6 +8,7 @@ big.prism). What the README takes for granted is made here, named explicitly:
 
 - PLACEHOLDERS: files the README names but no README command makes (train.py, ...);
 - `make demo` runs the Makefile's demo recipe (`prism-rr demo`) without its set-up step;
+  `make gpu-check` is skipped: its tests need a CUDA GPU;
 - `python` and `torchrun` after `--` are this interpreter and its venv's torchrun;
 - `[...]` in a command is an optional part: it is run with it;
 - `# ... (exit N)` in a command's comment is its documented exit code (default 0);
@@ -17,7 +18,9 @@ big.prism). What the README takes for granted is made here, named explicitly:
 
 A README command that none of this covers fails `test_readme_command`: add how to run it
 here, or list it in SKIPPED with the reason. So the README and the code change together.
-The demo variants are the slow part (about 10 and 25 s on a quiet machine).
+The demo variants are the slow part (about 10 and 25 s on a quiet machine); `make demo`'s
+run is the session's one (the `make_demo` fixture, tests/conftest.py), whose bundle the
+scale-replay test also uses.
 """
 
 from __future__ import annotations
@@ -169,6 +172,8 @@ def plan(cmd: Command) -> Plan:
     codes = (0,) if m is None else ((int(m.group(1)),) if not m.group(2) else (0, int(m.group(1))))
     words = shlex.split(cmd.text.replace("[", " ").replace("]", " "))
     if words[0] == "make":
+        if words[1:] == ["gpu-check"]:
+            return Plan(skip="runs tests/gpu, which need a CUDA GPU (torch.cuda.is_available())")
         if words[1:] != ["demo"]:
             raise Uncovered(f"`{cmd.text}`: only `make demo` is known (it runs `prism-rr demo`)")
         return Plan(argv=[*PRISM, "demo"], codes=codes)
@@ -260,10 +265,10 @@ class Walkthrough:
 
     The demo variants need nothing from other commands and are the slowest: they run one
     after another on a thread of their own from the start, each in a directory of its own
-    (each writes demo.prism), beside the rest.
+    (each writes demo.prism), beside the rest; `make demo` on the `make_demo` fixture's.
     """
 
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, make_demo=None):
         self.work = work
         self.results: dict[tuple, subprocess.CompletedProcess | None] = {}
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -272,7 +277,11 @@ class Walkthrough:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="readme-demo")
         self.demos = {}
         for c in COMMANDS:
-            if _is_demo(c):
+            if _is_demo(c) and make_demo is not None and plan(c).argv == make_demo.argv:
+                # the session's one run of `make demo` (tests/conftest.py), shared with
+                # the scale-replay test
+                self.demos[(c.line, c.text)] = make_demo.future
+            elif _is_demo(c):
                 cwd = work / f"demo-L{c.line}"
                 cwd.mkdir()
                 self.demos[(c.line, c.text)] = self.pool.submit(self._run, plan(c).argv, cwd=cwd)
@@ -356,10 +365,10 @@ class Walkthrough:
 
 
 @pytest.fixture(scope="module")
-def walkthrough(tmp_path_factory):
+def walkthrough(tmp_path_factory, make_demo):
     work = tmp_path_factory.mktemp("readme")
     (work / "train.py").write_text(PLACEHOLDERS["train.py"])
-    walk = Walkthrough(work)
+    walk = Walkthrough(work, make_demo)
     yield walk
     walk.close()
 
@@ -371,6 +380,8 @@ def test_readme_commands_are_found():
     assert sum(t.startswith("prism-rr ") for t in texts) >= 15, texts
     recipe = re.search(r"(?m)^demo:.*\n\t(.*)$", (ROOT / "Makefile").read_text())
     assert recipe and recipe.group(1).split() == ["$(BIN)/prism-rr", "demo"], "make demo is run as `prism-rr demo`"
+    gpu = re.search(r"(?m)^gpu-check:.*\n\t(.*)$", (ROOT / "Makefile").read_text())
+    assert gpu and "-m gpu tests/gpu" in gpu.group(1), "make gpu-check runs the gpu tests"
     stale = set(SKIPPED) - set(texts)
     assert not stale, f"SKIPPED lists commands the README no longer has: {stale}"
     used = {w for c in COMMANDS for w in shlex.split(c.text.replace("[", " ").replace("]", " "))}
@@ -398,6 +409,9 @@ def test_extraction_rules():
         plan(unknown)
     with pytest.raises(Uncovered):
         plan(Command(99, "prism-rr info nowhere.prism"))
+    with pytest.raises(Uncovered):
+        plan(Command(99, "make lint"))
+    assert plan(Command(99, "make gpu-check")).skip
     assert plan(Command(99, "prism-rr diagnose x", "# (exit 5 if any)")).codes == (0, 5)
     assert plan(Command(99, "prism-rr replay x", "# stops (exit 3)")).codes == (3,)
 
