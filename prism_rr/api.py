@@ -59,6 +59,7 @@ class RecordResult:
     warnings: tuple[str, ...] = ()  # every warning also passed to `warn`, in order
     node: str | None = None  # one node of a multi-node job: its spools are in spool_dir, not packed
     pack_command: str | None = None  # what packs every node's spools, once they are in one place
+    flight: tuple[Path, ...] | None = None  # flight mode: the bundles its triggers wrote (None: not flight)
 
 
 def record(
@@ -111,6 +112,9 @@ def record(
     output = Path(output)
     name = launch_node(cmd, node)
     spool_dir = node_spool_dir(output, name)
+    flight = options.get("flight") is not None
+    if flight:
+        options["output"] = str(output.resolve())  # where rank 0 packs a dump
     warnings: list[str] = []
 
     def warning(message: str) -> None:
@@ -131,6 +135,8 @@ def record(
     if code != 0:
         warning(f"the command exited with code {code}"
                 + ("; packing what was recorded" if name is None else ""))
+    if flight:
+        return _flight_result(output, spool_dir, code, warnings)
     if not spools_left():
         raise UsageError(
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
@@ -169,6 +175,20 @@ def record(
     return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, packed=packed,
                         spools_left=True, recorder_failures=tuple(failures),
                         readback_error=readback_error, warnings=tuple(warnings))
+
+
+def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str]) -> RecordResult:
+    """After a flight run: the dumps' bundles (those the triggers left unpacked packed now)."""
+    from prism_rr.recorder import finish_flight
+
+    if not any(any(spool_dir.glob(pattern)) for pattern in ("rank-*.ring", "rank-*.crash", "flight-*")):
+        raise UsageError(
+            f"nothing was recorded: no rank called torch.distributed.init_process_group "
+            f"(is CMD a PyTorch distributed program? exit code {code})"
+        )
+    bundles = finish_flight(spool_dir, output)
+    return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, warnings=tuple(warnings),
+                        flight=tuple(bundles))
 
 
 def _remove_half_written(spool_dir: Path, output: Path) -> None:

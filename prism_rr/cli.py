@@ -185,7 +185,7 @@ def repair(
     context_settings={"allow_interspersed_args": False},
 )
 def record(
-    cmd: list[str] = typer.Argument(..., metavar="-- CMD...", help="The training command, after --."),
+    cmd: Optional[list[str]] = typer.Argument(None, metavar="-- CMD...", help="The training command, after --."),
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write; spools go to OUTPUT.d/."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Record only steps A:B (B excluded), e.g. 1:4."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Record only these ranks, e.g. 0,2,4-7."),
@@ -197,6 +197,12 @@ def record(
     mesh: Optional[str] = typer.Option(None, "--mesh", help="With --slice roles: the job's layout, e.g. dp=4,tp=2 (row-major, last dimension fastest, as init_device_mesh); ranks then decide before the program starts."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the run after this many seconds (a hang still yields a bundle)."),
     node: Optional[str] = typer.Option(None, "--node", help="This is one node of a multi-node job, named NAME: its ranks record into OUTPUT.d/node-NAME/ and nothing is packed (found by itself for torchrun --nnodes N --node-rank i)."),
+    flight: Optional[int] = typer.Option(None, "--flight", metavar="K", help="Flight mode: keep only the last K steps of every rank, in memory, and write a bundle when a trigger fires (a hang, an unhandled exception, SIGUSR1 to any rank, the file OUTPUT.d/dump-now, a slow step): every rank dumps the same moment. Without a trigger nothing is written."),
+    flight_hang: float = typer.Option(30.0, "--flight-hang", metavar="T", help="With --flight: a call pending T seconds is a hang (long before the backend's own timeout)."),
+    flight_slow: Optional[float] = typer.Option(None, "--flight-slow", metavar="X", help="With --flight: a step X times slower than the median of the steps before it triggers a dump."),
+    flight_budget: int = typer.Option(32, "--flight-budget", metavar="MiB", help="With --flight: memory for each rank's ring (records and payloads)."),
+    flight_at_exit: bool = typer.Option(False, "--flight-at-exit", help="With --flight: also write the last K steps when the run ends."),
+    print_env: bool = typer.Option(False, "--print-env", help="Print the environment lines that make a job record as this command would (for launchers that cannot be wrapped: SLURM, Kubernetes) and exit; no CMD."),
 ) -> None:
     """Record a training run into a bundle, without editing the training code.
 
@@ -209,13 +215,41 @@ def record(
     OUTPUT.d/node-<node rank>/ and clears only that directory; when every node has
     finished, `prism-rr pack OUTPUT.d -o OUTPUT` (on a shared file system, or after
     copying the node directories into one OUTPUT.d/) makes one bundle.
+
+    Production: `--flight K` records always and writes only when something goes wrong
+    (see "Recording in production" in the README). Where the launcher cannot be
+    wrapped, `--print-env` prints the two lines to put in the job script instead.
     """
     from prism_rr import api
 
+    flight_args = {} if flight is None else dict(
+        flight=flight, flight_hang=flight_hang, flight_slow=flight_slow, flight_budget=flight_budget << 20,
+        flight_at_exit=flight_at_exit)
+    if print_env:
+        _print_env(output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory, **flight_args)
+        return
+    if not cmd:
+        raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
     result = api.record(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
                         nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, node=node, warn=_warn,
-                        progress=_progress("packing ranks"))
+                        progress=_progress("packing ranks"), **flight_args)
     _report_record(result)
+
+
+def _print_env(output: Path, **options) -> None:
+    """The environment that makes every Python process of a job record (into
+    OUTPUT.d/, or flight-mode dumps packed into OUTPUT), as shell lines."""
+    import shlex
+
+    from prism_rr.recorder import RecordOptions
+    from prism_rr.recorder.launch import hook_env, spool_dir_for
+
+    output = output.resolve()
+    if options.get("flight") is not None:
+        options["output"] = str(output)
+    env = hook_env(RecordOptions.make(spool_dir_for(output), **options), base={})
+    typer.echo(f"export PRISM_RR_RECORD={shlex.quote(env['PRISM_RR_RECORD'])}")
+    typer.echo(f"export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
 
 
 def _report_record(result) -> None:
@@ -227,6 +261,9 @@ def _report_record(result) -> None:
             _say_spools(spool_dir, output)
         raise typer.Exit(1)
     exit_code = code if code < 128 else 1
+    if result.flight is not None:
+        _report_flight(result)
+        raise typer.Exit(exit_code)
     if result.node is not None:
         _say(f"node {result.node}: the spools are in {spool_dir}/; once every node has finished and their "
              f"node-* directories are in one place (a shared file system needs nothing more), pack them with:\n"
@@ -250,6 +287,25 @@ def _report_record(result) -> None:
              f"the training went on, the rank's records stop there")
     if code != 0:
         raise typer.Exit(exit_code)
+
+
+def _report_flight(result) -> None:
+    from prism_rr.format import open_bundle
+
+    if not result.flight:
+        _say("flight: no trigger fired; nothing was written (the last steps stayed in memory)")
+        return
+    for path in result.flight:
+        try:
+            with open_bundle(path) as b:
+                f = b.manifest.get("flight") or {}
+                ranks = b.recorded_ranks
+        except Exception as exc:
+            _say(f"flight: {path}: cannot be read back ({exc})")
+            continue
+        where = f" on rank {f['rank']}" if f.get("rank") is not None else ""
+        at = f" at step {f['step']}" if f.get("step") is not None else ""
+        _say(f"flight: wrote {path}: {f.get('trigger', '?')}{where}{at}, {len(ranks)} ranks")
 
 
 def _say_spools(spool_dir: Path, output: Path) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._record import record, step
 
-__all__ = ["RecordOptions", "arm", "current_observer", "record", "record_replay", "step"]
+__all__ = ["RecordOptions", "arm", "current_observer", "finish_flight", "flight_bundles", "record", "record_replay",
+           "step"]
 
 
 def __getattr__(name: str):
@@ -19,4 +20,8 @@ def __getattr__(name: str):
         from prism_rr.recorder import _install
 
         return getattr(_install, name)
+    if name in ("finish_flight", "flight_bundles"):
+        from prism_rr.recorder import _flight
+
+        return getattr(_flight, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

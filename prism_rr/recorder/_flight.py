@@ -44,7 +44,8 @@ from prism_rr.format.ring import E_BLOB, E_FRAME, E_GROUPS, E_INFO, E_OPEN, Ring
     read_ring, ring_path, ring_to_spool
 from prism_rr.format.spool import FRAME_OPEN, SpoolWriter, encode_frame
 
-__all__ = ["DUMP_FILE", "Flight", "FlightWriter", "dump_bundle_path", "finish_rings"]
+__all__ = ["DUMP_FILE", "Flight", "FlightWriter", "dump_bundle_path", "finish_flight", "finish_rings", "flight_bundles",
+           "flight_steps"]
 
 log = logging.getLogger("prism_rr.recorder")
 
@@ -381,7 +382,7 @@ def _from_rings(spool_dir: Path, out_dir: Path, expected, first_step) -> list[in
     return got
 
 
-def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings) -> None:
+def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings):
     from prism_rr.format import pack
 
     present = sorted(int(p.name[5:10]) for p in out_dir.glob("rank-*.spool"))
@@ -391,11 +392,12 @@ def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings
         result = pack(out_dir, output, manifest_extra={"flight": entry})
     except Exception as exc:
         log.warning("prism-rr: packing flight dump %s failed: %s", out_dir, exc)
-        return
+        return None
     missing = entry["ranks_missing"]
     log.warning("prism-rr: flight dump %s (%s on rank %s): wrote %s, %d ranks%s", n, facts.get("trigger"),
                 facts.get("rank"), output, result.ranks,
                 f"; ranks {missing} are not in it (another node's spool directory?)" if missing else "")
+    return result
 
 
 def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = None) -> list[Path]:
@@ -430,8 +432,9 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
         ranks = sorted(int(p.name[5:10]) for p in spools)
         expected = range(world_size) if world_size else ranks
         from_rings = _from_rings(spool_dir, d, expected, first)
-        _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected, from_rings)
-        written.append(target)
+        if _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected,
+                      from_rings) is not None:
+            written.append(target)
     rings = sorted(spool_dir.glob("rank-*.ring"))
     if rings and _a_rank_died(rings, dumps[-1][1] if dumps else None):
         n = (dumps[-1][0] + 1) if dumps else 1
@@ -447,9 +450,9 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
         first = max(0, min(known) - last_steps + 1) if known else None
         from_rings = _from_rings(spool_dir, d, ranks, first)
         target = dump_bundle_path(output, n)
-        _pack_dump(d, target, {"trigger": "crash", "first_step": first, "steps_kept": last_steps}, n, ranks,
-                   from_rings)
-        written.append(target)
+        if _pack_dump(d, target, {"trigger": "crash", "first_step": first, "steps_kept": last_steps}, n, ranks,
+                      from_rings) is not None:
+            written.append(target)
     for p in rings:
         p.unlink(missing_ok=True)
     return written
@@ -482,3 +485,29 @@ def _a_rank_died(rings, last_dump: Path | None) -> bool:
         if held is None or newest > held:
             return True
     return False
+
+
+def flight_steps(spool_dir, default: int = 8) -> int:
+    """The K of the flight recording whose rings are in `spool_dir` (from a ring's rank
+    info), else `default`."""
+    for path in sorted(Path(spool_dir).glob("rank-*.ring")):
+        try:
+            flight = read_ring(path).info.get("flight")
+            return int(flight["steps"])
+        except Exception:
+            continue
+    return default
+
+
+def flight_bundles(spool_dir, output) -> list[Path]:
+    """The bundles of the dumps in `spool_dir` (flight-<n>/) that exist."""
+    spool_dir, output = Path(spool_dir), Path(output)
+    dumps = sorted(int(p.name[7:]) for p in spool_dir.glob("flight-*") if p.name[7:].isdigit())
+    return [b for n in dumps if (b := dump_bundle_path(output, n)).exists()]
+
+
+def finish_flight(spool_dir, output, world_size: int | None = None) -> list[Path]:
+    """After a flight run: pack what the triggers left unpacked (see finish_rings), and
+    return every dump's bundle, oldest first."""
+    finish_rings(spool_dir, output, flight_steps(spool_dir), world_size)
+    return flight_bundles(spool_dir, output)

@@ -60,6 +60,9 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
         "ranks": list(options.ranks) if options.ranks is not None else None,
         "ops": options.ops,
         "memory": options.memory,
+        "flight": None if options.flight is None else {
+            "steps": options.flight, "hang_s": options.flight_hang, "slow": options.flight_slow,
+            "budget": options.flight_budget, "at_exit": options.flight_at_exit},
         "clock": {"monotonic_ns": mono, "wall_ns": wall},
     }
     if device.startswith("cuda"):

@@ -9,12 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from prism_rr.format.reader import open_bundle
 from prism_rr.format.records import Collective, Step
-from prism_rr.recorder import RecordOptions
-from prism_rr.recorder.launch import hook_env
 
 from tests.cli_helpers import run_cli
 
@@ -23,11 +20,21 @@ HANG_S = 2.0
 
 
 def _start_env_mode(tmp_path: Path, mode: str, steps: int, **flight) -> tuple[subprocess.Popen, Path]:
-    """The ranks under PRISM_RR_RECORD alone (a launcher that cannot be wrapped)."""
+    """The ranks under the environment `record --print-env` prints (for a launcher that
+    cannot be wrapped), started by a launcher of their own."""
+
     out = tmp_path / "run.prism"
-    options = RecordOptions.make(tmp_path / "run.prism.d", payload="digest", output=str(out), **flight)
+    args = ["record", "-o", out, "--print-env", "--flight", flight.pop("flight")]
+    for name, value in flight.items():
+        args += [f"--{name.replace('_', '-')}", value]
+    printed = run_cli(*args)
+    assert printed.returncode == 0, printed.stderr
     env = dict(os.environ)
-    env.update(hook_env(options, env))
+    for line in printed.stdout.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = subprocess.run(["sh", "-c", f"printf %s {value}"], env=env, capture_output=True,
+                                   text=True, check=True).stdout  # as a shell would expand it
+    assert json.loads(env["PRISM_RR_RECORD"])["output"] == str(out.resolve())
     cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", "2", "--",
            sys.executable, str(SCRIPT), mode, str(tmp_path), str(steps)]
     return subprocess.Popen(cmd, env=env, start_new_session=True), out
@@ -187,3 +194,15 @@ def test_the_python_api_dumps_at_the_end_when_asked(tmp_path):
     with open_bundle(out) as b:
         steps = sorted({x.step for x in b.events(0) if isinstance(x, Step)})
     assert steps == [3, 4], steps
+
+
+def test_record_reports_the_dump_of_an_unhandled_exception(tmp_path):
+    out = tmp_path / "run.prism"
+    r = run_cli("record", "--flight", 3, "--flight-hang", 20, "--timeout", 120, "-o", out, "--nproc", 2, "--",
+                sys.executable, SCRIPT, "raise", tmp_path, 8, timeout=180)
+    assert r.returncode == 1, r.stderr  # the program's failure, as without prism-rr
+    assert f"flight: wrote {out}: exception on rank 1" in r.stderr, r.stderr
+    with open_bundle(out) as b:
+        flight = b.manifest["flight"]
+        assert flight["trigger"] == "exception" and "planted failure" in flight["details"]["text"]
+        assert b.recorded_ranks == [0, 1] and flight["steps_kept"] == 3
