@@ -87,6 +87,20 @@ def info(
         + (f" ({facts['bytes'] / facts['event_count']:.1f} per event)" if facts["event_count"] else ""),
     ]
     lines += _node_and_clock_lines(manifest)
+    flight = facts["flight"]
+    if flight is not None:
+        what = _shown(str(flight.get("trigger")))
+        where = f" on rank {flight['rank']}" if flight.get("rank") is not None else ""
+        at = f" at step {flight['step']}" if flight.get("step") is not None else ""
+        detail = ", ".join(f"{_shown(k)} {_shown(str(v))}" for k, v in flight["details"].items())
+        lines.append(f"flight dump     {what}{where}{at}" + (f" ({detail})" if detail else "")
+                     + (f"; steps from {flight['first_step']}" if flight.get("first_step") is not None else ""))
+        if flight["ranks_from_ring"]:
+            lines.append(f"                ranks {format_ranks(flight['ranks_from_ring'])} read from the rings "
+                         f"they left (they did not dump: died or too slow)")
+        if flight["ranks_missing"]:
+            lines.append(f"                ranks {format_ranks(flight['ranks_missing'])} are not in it "
+                         f"(another node's spool directory: pack them together)")
     if facts["dropped"]:
         lines.append(f"dropped         {facts['dropped']:,} records (the recorder fell behind)")
     if facts["truncated_ranks"]:
@@ -319,7 +333,7 @@ def _say_spools(spool_dir: Path, output: Path) -> None:
 )
 def replay(
     bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),
-    cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="The command each real rank runs (the training code, perhaps edited), in this directory."),
+    cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="The command each real rank runs (the training code, perhaps edited), in this directory; or a launcher (torchrun) that starts one worker per real rank, on one node or several."),
     run_recorded: bool = typer.Option(False, "--run-recorded-command", "--yes", help="Without -- CMD: run the command and working directory the bundle names (shown first). Without this or -- CMD, a terminal asks; anything else stops with exit 2. Bundles come from strangers: read the command first."),
     ranks: str = typer.Option("0", "--ranks", help="Ranks to run for real, e.g. 0 or 0,1; every other rank is a virtual peer."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the fidelity report (JSON) here."),
@@ -331,6 +345,7 @@ def replay(
     slow_rank: Optional[str] = typer.Option(None, "--slow-rank", help="What if virtual rank R computed F times slower? R:F[,R:F]"),
     continue_on_divergence: bool = typer.Option(False, "--continue-on-divergence", help="Log a divergence and go on instead of stopping (exit 3)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the replay after this many seconds."),
+    launcher: Optional[bool] = typer.Option(None, "--launcher/--no-launcher", help="CMD is a launcher that starts one worker per real rank (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT); default: when CMD is torchrun or python -m torch.distributed.run."),
 ) -> None:
     """Replay a recording: the selected ranks run the original training code for real,
     every other rank is a virtual peer driven from the bundle.
@@ -343,6 +358,13 @@ def replay(
     exit code 3 and a report naming rank, group, sequence number and the call's stack.
     The fidelity card (recorded vs replayed iteration time and peak memory) goes to stderr;
     a program that ends before making the recorded calls fails, saying how far it got.
+
+    Across nodes: when CMD is torchrun (or with --launcher), replay runs it once and each
+    worker it starts is one real rank: worker RANK i replays the i-th rank of --ranks,
+    with RANK and WORLD_SIZE of the recorded world (LOCAL_RANK stays the node's). Run the
+    same replay on every node (same bundle, ranks and command; only --node-rank differs);
+    nnodes x nproc-per-node must equal the number of real ranks. The real ranks meet on
+    torchrun's store, through which every node's fidelity card covers every real rank.
     """
     from prism_rr import api
 
@@ -357,7 +379,7 @@ def replay(
         output_payload=output_payload, timing=timing, comm_scale=comm_scale,
         compute_scale=compute_scale, slow_rank=slow_rank,
         continue_on_divergence=continue_on_divergence, timeout=timeout,
-        run_recorded_command=not cmd,
+        run_recorded_command=not cmd, launcher=launcher,
     )
     _report_replay(result, report)
 

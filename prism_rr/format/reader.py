@@ -330,6 +330,7 @@ class Bundle:
             "open_calls": sum(int(r.get("open", 0) or 0) for r in ranks.values()),
             "recorder_failed_ranks": [f["rank"] for f in failures],
             "recorder_failures": failures,
+            "flight": _flight_facts(self.manifest.get("flight")),
         }
 
     # --- chunks and events ---------------------------------------------------------
@@ -557,6 +558,25 @@ def _opt_map(v) -> bool:
 
 def _kinds(v) -> bool:
     return type(v) is dict and all(type(k) is int and type(n) is int and n >= 0 for k, n in v.items())
+
+
+def _flight_facts(v) -> dict | None:
+    """A flight dump's manifest entry (recorder/_flight.py), as plain facts: what fired,
+    where, when, and which ranks came from where; None for other bundles."""
+    if type(v) is not dict:
+        return None
+    out = {}
+    for key in ("trigger", "rank", "step", "first_step", "steps_kept", "dump", "hostname", "wall_ns"):
+        value = v.get(key)
+        if type(value) in (str, int, float) or value is None:
+            out[key] = value[:200] if type(value) is str else value
+    for key in ("ranks_dumped", "ranks_from_ring", "ranks_missing"):
+        value = v.get(key)
+        out[key] = [int(r) for r in value if type(r) is int][:100_000] if isinstance(value, (list, tuple)) else []
+    details = v.get("details")
+    out["details"] = {str(k)[:100]: (d[:500] if type(d) is str else d) for k, d in details.items()
+                      if type(d) in (str, int, float, bool)} if type(details) is dict else {}
+    return out
 
 
 def _clock_offset(v) -> bool:

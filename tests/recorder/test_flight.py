@@ -206,3 +206,5 @@ def test_record_reports_the_dump_of_an_unhandled_exception(tmp_path):
         flight = b.manifest["flight"]
         assert flight["trigger"] == "exception" and "planted failure" in flight["details"]["text"]
         assert b.recorded_ranks == [0, 1] and flight["steps_kept"] == 3
+    r = run_cli("info", out)
+    assert "flight dump     exception on rank 1 at step 7" in r.stdout, r.stdout
