@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from collections import deque
-from datetime import timedelta
 from pathlib import Path
 from statistics import median
 
@@ -52,7 +51,7 @@ log = logging.getLogger("prism_rr.recorder")
 DUMP_FILE = "dump-now"  # created in the spool directory: every rank dumps
 PACK_WAIT_S = 15.0  # how long rank 0 waits for the other ranks' dumps before packing
 COOLDOWN_S = 5.0  # triggers within this of a dump are the same moment
-_STORE_WAIT = timedelta(days=365)
+LISTEN_S = 0.5  # how often a rank looks for a dump another rank started
 
 
 class _BlobSink:
@@ -149,7 +148,6 @@ class Flight:
         self._last = -COOLDOWN_S  # monotonic seconds of the last trigger or dump
         self._hung: set = set()  # calls a hang trigger named already
         self._steps: deque = deque(maxlen=64)
-        self._listen_store = None
         self._store = None
         self._prefix = "prism_rr/flight/{}/{}/".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),
                                                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -223,10 +221,11 @@ class Flight:
             threading.Thread(target=self._dump, args=(n, facts), daemon=True).start()
             return
         try:
-            store.compare_set(self._prefix + f"go/{n}", "", json.dumps(facts))
+            # the first trigger of dump n wins; the others (and every listener) take its facts
+            facts = json.loads(store.compare_set(self._prefix + f"go/{n}", "", json.dumps(facts)))
         except Exception as exc:
             log.warning("prism-rr: flight trigger could not reach the store (%s); dumping rank %d alone", exc, rec.rank)
-            threading.Thread(target=self._dump, args=(n, facts), daemon=True).start()
+        threading.Thread(target=self._dump, args=(n, facts), daemon=True).start()
 
     def _watch(self) -> None:
         """Hangs (a call pending past flight_hang) and the trigger file."""
@@ -254,7 +253,9 @@ class Flight:
     # --- the store ----------------------------------------------------------------------
 
     def _listen(self) -> None:
-        """Wait for torch's default store, then for each dump's key in turn."""
+        """Wait for torch's default store, then look for the next dump's key once every
+        LISTEN_S (as torch's own NCCL monitor looks for its dump signal): a thread blocked
+        in a store wait would be in C++ when the interpreter ends, which aborts it."""
         store = None
         while not self._stop.is_set() and store is None:
             store = self._default_store()
@@ -263,18 +264,17 @@ class Flight:
         if store is None:
             return
         try:
-            listen = _clone(store)
             self._store = _clone(store)
         except Exception as exc:
             log.warning("prism-rr: flight mode: no store of its own (%s); triggers stay on their rank", exc)
             return
-        self._listen_store = listen
-        while not self._stop.is_set():
+        while not self._stop.wait(LISTEN_S):
             n = self.generation + 1
             key = self._prefix + f"go/{n}"
             try:
-                listen.wait([key], _STORE_WAIT)
-                facts = json.loads(listen.get(key))
+                if not self._store.check([key]):
+                    continue
+                facts = json.loads(self._store.get(key))
             except Exception:
                 return  # the store is gone: the job ends
             self._dump(n, facts)
@@ -409,7 +409,7 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
     spool_dir = Path(spool_dir)
     output = Path(output)
     written = []
-    dumps = sorted((int(p.name[7:]), p) for p in spool_dir.glob("flight-*") if p.name[7:].isdigit())
+    dumps = _dumps(spool_dir)
     for n, d in dumps:
         target = dump_bundle_path(output, n)
         spools = sorted(d.glob("rank-*.spool"))
@@ -487,6 +487,21 @@ def _a_rank_died(rings, last_dump: Path | None) -> bool:
     return False
 
 
+def _dumps(spool_dir: Path) -> list[tuple[int, Path]]:
+    """The dump directories, in order: flight-<n>/, then flight-end/ (the run's end, with
+    flight_at_exit) as the number after them."""
+    dumps = sorted((int(p.name[7:]), p) for p in spool_dir.glob("flight-*") if p.name[7:].isdigit())
+    end = spool_dir / "flight-end"
+    if end.is_dir():
+        dumps.append(((dumps[-1][0] if dumps else 0) + 1, end))
+    return dumps
+
+
+def end_bundle(spool_dir, output) -> Path:
+    """Where the dump at the run's end (flight-end/) is packed: after the others."""
+    return dump_bundle_path(Path(output), _dumps(Path(spool_dir))[-1][0])
+
+
 def flight_steps(spool_dir, default: int = 8) -> int:
     """The K of the flight recording whose rings are in `spool_dir` (from a ring's rank
     info), else `default`."""
@@ -502,8 +517,7 @@ def flight_steps(spool_dir, default: int = 8) -> int:
 def flight_bundles(spool_dir, output) -> list[Path]:
     """The bundles of the dumps in `spool_dir` (flight-<n>/) that exist."""
     spool_dir, output = Path(spool_dir), Path(output)
-    dumps = sorted(int(p.name[7:]) for p in spool_dir.glob("flight-*") if p.name[7:].isdigit())
-    return [b for n in dumps if (b := dump_bundle_path(output, n)).exists()]
+    return [b for n, _ in _dumps(spool_dir) if (b := dump_bundle_path(output, n)).exists()]
 
 
 def finish_flight(spool_dir, output, world_size: int | None = None) -> list[Path]:

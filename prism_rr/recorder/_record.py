@@ -62,7 +62,10 @@ def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=
             rec.close("record() exit")  # and the process holds no current recording
         if options.flight is not None:  # the triggers wrote what there is to write
             if pack and options.flight_at_exit:
-                _pack_when_all_closed(Path(options.spool_dir) / "flight-end", Path(path))
+                from prism_rr.recorder._flight import end_bundle
+
+                spool_dir = Path(options.spool_dir)
+                _pack_when_all_closed(spool_dir / "flight-end", end_bundle(spool_dir, path))
         elif pack:
             _pack_when_all_closed(Path(options.spool_dir), Path(path))
 

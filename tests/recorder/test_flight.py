@@ -208,3 +208,17 @@ def test_record_reports_the_dump_of_an_unhandled_exception(tmp_path):
         assert b.recorded_ranks == [0, 1] and flight["steps_kept"] == 3
     r = run_cli("info", out)
     assert "flight dump     exception on rank 1 at step 7" in r.stdout, r.stdout
+
+
+def test_runs_without_a_trigger_write_nothing_and_end_cleanly(tmp_path):
+    """Flight mode's threads (watchdog, store listener) never outlive the program badly:
+    run after run ends as the program does, and leaves nothing but its notes."""
+    out = tmp_path / "run.prism"
+    for i in range(int(os.environ.get("PRISM_SOAK_RUNS", "2"))):
+        r = run_cli("record", "--flight", 4, "-o", out, "--nproc", 2, "--",
+                    sys.executable, SCRIPT, "ok", tmp_path, 6, timeout=120)
+        assert r.returncode == 0, (i, r.stderr)
+        assert "flight: no trigger fired; nothing was written" in r.stderr
+        assert not out.exists()
+        left = sorted(p.name for p in (tmp_path / "run.prism.d").iterdir())
+        assert left == ["rank-00000.crash", "rank-00001.crash", "run.json"], left

@@ -4,7 +4,8 @@ Every step all-reduces the gradients and a loss (a control payload: 4 bytes). MO
   hang   rank 1 never joins the all_reduce of step STEPS-1: rank 0 waits in it forever;
   kill   rank 1 SIGKILLs itself there instead;
   raise  rank 1 raises an exception there;
-  loop   train until DIR/stop exists (step 8 is slow: 1.2 s), writing DIR/pid-<rank>.
+  loop   train until DIR/stop exists (step 8 is slow: 1.2 s), writing DIR/pid-<rank>;
+  ok     train STEPS steps and end.
 Each rank touches DIR/step-<rank> with its step number as it goes.
 """
 
@@ -34,7 +35,7 @@ while True:
     (where / f"step-{rank}").write_text(str(step))
     loss = model(torch.ones(4, 8)).square().mean()
     loss.backward()
-    if rank == 1 and step == steps - 1 and mode != "loop":
+    if rank == 1 and step == steps - 1 and mode in ("hang", "kill", "raise"):
         if mode == "kill":
             time.sleep(0.3)  # the ring's last tick
             os.kill(os.getpid(), signal.SIGKILL)
