@@ -259,5 +259,22 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
             }
             features = set(manifest.get("features_optional", ())) - {"blobs"}
             features |= {"summaries", "redacted"}
-            rewrite.pack(new_run, manifest_extra={"redacted": note, "features_optional": sorted(features)})
+            extra = {"redacted": note, "features_optional": sorted(features)}
+            flight = _flight(manifest.get("flight"))
+            if flight is not None:  # what fired, where and when: numbers; no host, no text
+                extra["flight"] = flight
+            rewrite.pack(new_run, manifest_extra=extra)
     return note
+
+
+def _flight(v) -> dict | None:
+    """A flight dump's manifest entry with only its numbers and the trigger's name."""
+    if type(v) is not dict:
+        return None
+    out = {k: v[k] for k in ("rank", "step", "first_step", "steps_kept", "dump") if type(v.get(k)) is int}
+    if v.get("trigger") in ("hang", "exception", "SIGUSR1", "file", "slow_step", "exit", "crash", "unpacked"):
+        out["trigger"] = v["trigger"]
+    for k in ("ranks_dumped", "ranks_from_ring", "ranks_missing"):
+        if isinstance(v.get(k), (list, tuple)):
+            out[k] = [r for r in v[k] if type(r) is int]
+    return out

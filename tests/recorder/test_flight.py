@@ -208,6 +208,10 @@ def test_record_reports_the_dump_of_an_unhandled_exception(tmp_path):
         assert b.recorded_ranks == [0, 1] and flight["steps_kept"] == 3
     r = run_cli("info", out)
     assert "flight dump     exception on rank 1 at step 7" in r.stdout, r.stdout
+    public = tmp_path / "public.prism"
+    assert run_cli("redact", out, "-o", public).returncode == 0
+    with open_bundle(public) as b:  # what fired stays; the exception's text does not
+        assert b.manifest["flight"]["trigger"] == "exception" and "details" not in b.manifest["flight"]
 
 
 def test_runs_without_a_trigger_write_nothing_and_end_cleanly(tmp_path):
