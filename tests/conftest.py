@@ -10,7 +10,7 @@ import pytest
 DATA = Path(__file__).parent / "data"
 BIN = Path(sys.executable).parent
 PRISM = [str(BIN / "prism-rr")] if (BIN / "prism-rr").exists() else [sys.executable, "-m", "prism_rr.cli"]
-MAKE_DEMO_TIMEOUT = 300  # seconds: a world of 4 recorded, then rank 0 replayed
+DEMO_TIMEOUT = 300  # seconds for one `prism-rr demo`: a world recorded, then rank 0 replayed
 # gloo's rare abort as a rank's process tears down, after its program finished (see
 # tests/test_readme.py): the demo is run once more, only for that.
 _TEARDOWN_ABORT = "terminate called without an active exception"
@@ -44,7 +44,7 @@ def small_bundle(tmp_path):
 
 @dataclass
 class DemoRun:
-    """`prism-rr demo` run on a thread of its own; `result()` waits for it."""
+    """One `prism-rr demo ...` run, on the session's demo thread; `result()` waits for it."""
 
     argv: list
     dir: Path
@@ -61,23 +61,47 @@ class DemoRun:
 def _run_demo(argv: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     def once():
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=MAKE_DEMO_TIMEOUT, stdin=subprocess.DEVNULL)
+                              timeout=DEMO_TIMEOUT, stdin=subprocess.DEVNULL)
     out = once()
     if out.returncode != 0 and _TEARDOWN_ABORT in out.stderr:
         out = once()
     return out
 
 
+class DemoRuns:
+    """`prism-rr demo ARGS`, each ARGS run once a session, one run at a time on a thread
+    of its own, in a directory of its own (each writes demo.prism). A test that asks for
+    a run the README also makes shares it instead of running the demo again."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1")
+        self.env.pop("PRISM_RR_REPLAY_TRACE", None)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo")
+        self.runs: dict[tuple, DemoRun] = {}
+
+    def start(self, *args: str) -> DemoRun:
+        if args not in self.runs:
+            cwd = self.root / f"demo-{len(self.runs)}"
+            cwd.mkdir()
+            argv = [*PRISM, "demo", *args]
+            self.runs[args] = DemoRun(argv, cwd, self.pool.submit(_run_demo, argv, cwd, self.env))
+        return self.runs[args]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.fixture(scope="session")
-def make_demo(tmp_path_factory) -> DemoRun:
+def demo_runs(tmp_path_factory):
+    runs = DemoRuns(tmp_path_factory.mktemp("demos"))
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="session")
+def make_demo(demo_runs) -> DemoRun:
     """What `make demo` runs (`prism-rr demo`: world 4, dp2 x tp2, steps 1-3 recorded, rank 0
-    replayed), once a session, started on a thread when first asked for. The README's
-    `make demo` line checks its output; the scale-replay test scales its bundle."""
-    work = tmp_path_factory.mktemp("make-demo")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("PRISM_RR_REPLAY_TRACE", None)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="make-demo")
-    argv = [*PRISM, "demo"]
-    run = DemoRun(argv, work, pool.submit(_run_demo, argv, work, env))
-    yield run
-    pool.shutdown(wait=True, cancel_futures=True)
+    replayed). The README's `make demo` line checks its output; the scale-replay test
+    scales its bundle."""
+    return demo_runs.start()

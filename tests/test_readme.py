@@ -18,9 +18,9 @@ big.prism). What the README takes for granted is made here, named explicitly:
 
 A README command that none of this covers fails `test_readme_command`: add how to run it
 here, or list it in SKIPPED with the reason. So the README and the code change together.
-The demo variants are the slow part (about 10 and 25 s on a quiet machine); `make demo`'s
-run is the session's one (the `make_demo` fixture, tests/conftest.py), whose bundle the
-scale-replay test also uses.
+The demo variants are the slow part (about 10 and 25 s on a quiet machine): they are the
+session's runs (the `demo_runs` fixture, tests/conftest.py), which other tests share
+(`make demo`'s bundle is the scale-replay test's recording).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,31 +262,19 @@ def _is_demo(cmd: Command) -> bool:
 class Walkthrough:
     """The README's commands run in order in one directory, each once, on demand.
 
-    The demo variants need nothing from other commands and are the slowest: they run one
-    after another on a thread of their own from the start, each in a directory of its own
-    (each writes demo.prism), beside the rest; `make demo` on the `make_demo` fixture's.
+    The demo variants need nothing from other commands and are the slowest: they are
+    started at once on the session's demo thread (`demo_runs`, one after another, each
+    in a directory of its own), and run beside the rest.
     """
 
-    def __init__(self, work: Path, make_demo=None):
+    def __init__(self, work: Path, demo_runs):
         self.work = work
         self.results: dict[tuple, subprocess.CompletedProcess | None] = {}
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                         OMP_NUM_THREADS="1", PET_MASTER_PORT=str(_free_port()))
         self.env.pop("PRISM_RR_REPLAY_TRACE", None)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="readme-demo")
-        self.demos = {}
-        for c in COMMANDS:
-            if _is_demo(c) and make_demo is not None and plan(c).argv == make_demo.argv:
-                # the session's one run of `make demo` (tests/conftest.py), shared with
-                # the scale-replay test
-                self.demos[(c.line, c.text)] = make_demo.future
-            elif _is_demo(c):
-                cwd = work / f"demo-L{c.line}"
-                cwd.mkdir()
-                self.demos[(c.line, c.text)] = self.pool.submit(self._run, plan(c).argv, cwd=cwd)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.demos = {(c.line, c.text): demo_runs.start(*plan(c).argv[len(PRISM) + 1:]).future
+                      for c in COMMANDS if _is_demo(c)}
 
     def _run(self, argv, timeout=TIMEOUT, cwd=None) -> subprocess.CompletedProcess:
         def once():
@@ -365,12 +352,10 @@ class Walkthrough:
 
 
 @pytest.fixture(scope="module")
-def walkthrough(tmp_path_factory, make_demo):
+def walkthrough(tmp_path_factory, demo_runs):
     work = tmp_path_factory.mktemp("readme")
     (work / "train.py").write_text(PLACEHOLDERS["train.py"])
-    walk = Walkthrough(work, make_demo)
-    yield walk
-    walk.close()
+    return Walkthrough(work, demo_runs)
 
 
 def test_readme_commands_are_found():
