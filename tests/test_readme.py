@@ -107,6 +107,15 @@ PLACEHOLDERS: dict[str, object] = {
 # without its comment).
 SKIPPED: dict[str, str] = {
     "make test": "runs this test suite, this file included: it would run itself",
+    # Many nodes: each line runs on one node of several; tests/recorder/test_multinode.py and
+    # tests/replayer/test_multinode_replay.py run them with two local torchrun agents.
+    "prism-rr record -o run.prism -- torchrun --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 "
+    "--rdzv-backend c10d --rdzv-endpoint $HEAD:29500 train.py": "one node of two hosts (test_multinode.py)",
+    "prism-rr record -o run.prism --node $SLURM_NODEID -- python train.py": "one node of a SLURM job (test_multinode.py)",
+    "prism-rr pack node0/run.prism.d node1/run.prism.d -o run.prism": "needs two nodes' directories (test_multinode.py)",
+    "prism-rr replay run.prism --ranks 0-15 --report fidelity.json -- torchrun --nnodes 2 --node-rank $i "
+    "--nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 train.py":
+        "16 workers on two hosts (test_multinode_replay.py)",
 }
 
 OUTPUT_OPTIONS = {"-o", "--output", "--report"}
