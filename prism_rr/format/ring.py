@@ -343,6 +343,8 @@ def ring_to_spool(contents: RingContents, out_dir, *, first_step: int | None, in
             open_records = None
     first_step = max(lo or 0, min((f.step_first for f, _ in kept), default=0)) if kept else None
     info = dict(contents.info)
+    if lo is not None:  # the records are a window of the run, as with --steps: a replay knows
+        info["steps"] = [lo, None]
     info["flight_ring"] = {"first_step": first_step, "last_step": newest, "frames": len(frames),
                            "payloads_lost": lost, **(info_extra or {})}
     spool = out_dir / f"rank-{rank:05d}.spool"

@@ -226,3 +226,20 @@ def test_runs_without_a_trigger_write_nothing_and_end_cleanly(tmp_path):
         assert not out.exists()
         left = sorted(p.name for p in (tmp_path / "run.prism.d").iterdir())
         assert left == ["rank-00000.crash", "rank-00001.crash", "run.json"], left
+
+
+def test_a_dump_replays_like_a_window_of_the_run(tmp_path):
+    """A dump holds steps from its first step on, as `--steps A:` would: the replay runs
+    the program from its start and checks every call the dump holds."""
+    out = tmp_path / "run.prism"
+    r = run_cli("record", "--flight", 3, "--flight-at-exit", "-o", out, "--nproc", 2, "--",
+                sys.executable, SCRIPT, "ok", tmp_path, 7, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with open_bundle(out) as b:
+        assert b.manifest["flight"]["trigger"] == "exit" and list(b.rank_info(0)["steps"]) == [4, None]
+    report = tmp_path / "fidelity.json"
+    r = run_cli("replay", out, "--ranks", 0, "--report", report, "--timeout", 120, "--",
+                sys.executable, SCRIPT, "ok", tmp_path, 7, timeout=180)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(report.read_text())
+    assert rep["diverged"] is False and [s["step"] for s in rep["steps"]] == [4, 5, 6]
