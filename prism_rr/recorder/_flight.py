@@ -51,7 +51,7 @@ log = logging.getLogger("prism_rr.recorder")
 DUMP_FILE = "dump-now"  # created in the spool directory: every rank dumps
 PACK_WAIT_S = 15.0  # how long rank 0 waits for the other ranks' dumps before packing
 COOLDOWN_S = 5.0  # triggers within this of a dump are the same moment
-LISTEN_S = 1.0  # how often a rank looks for a dump another rank started (as often as torch's NCCL monitor looks for its dump signal)
+LISTEN_S = 1.0  # how often a rank looks for a dump another rank started (as torch's NCCL monitor)
 
 
 class _BlobSink:
