@@ -107,12 +107,13 @@ def test_record_usage_errors(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_demo_records_and_replays(tmp_path):
-    out = run_cli("demo", "--world", "2", "-o", tmp_path / "demo.prism", timeout=220, cwd=tmp_path)
+def test_demo_records_and_replays(make_demo):
+    """`prism-rr demo` (the session's one run, conftest.make_demo, which `make demo` is)."""
+    out = make_demo.result()
     assert out.returncode == 0, out.stderr
     assert "diverged: no" in out.stderr and "prism-rr info" in out.stderr
-    facts = json.loads(run_cli("info", tmp_path / "demo.prism", "--json").stdout)
-    assert facts["steps"] == [1, 2, 3] and facts["world_size"] == 2
+    facts = json.loads(run_cli("info", make_demo.bundle, "--json").stdout)
+    assert facts["steps"] == [1, 2, 3] and facts["world_size"] == 4
 
 
 @pytest.mark.timeout(240)
