@@ -159,8 +159,10 @@ def test_a_killed_rank_is_read_from_its_ring(tmp_path):
         _stop(proc)
     spool_dir = tmp_path / "run.prism.d"
     assert len(list(spool_dir.glob("*.ring"))) >= 1  # rank 1's, at least
-    assert set(finish_rings(spool_dir, out, 3, world_size=2)) <= {out}
-    assert out.exists() and not (tmp_path / "run.2.prism").exists()  # one moment, one bundle
+    # Rank 0 may also be killed (the launcher's SIGKILL after its SIGTERM) with records
+    # after its own dump: those rings are then a second moment (run.2.prism).
+    assert set(finish_rings(spool_dir, out, 3, world_size=2)) <= {out, tmp_path / "run.2.prism"}
+    assert out.exists()
     assert not list(spool_dir.glob("*.ring"))
     with open_bundle(out) as b:
         flight = b.manifest["flight"]
