@@ -46,12 +46,14 @@ _local = threading.local()
 
 
 def compress(data: bytes, level: int = 3) -> bytes:
-    if level == 3:
-        c = getattr(_local, "compressor", None)
-        if c is None:
-            c = _local.compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
-        return c.compress(data)
-    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+    """A zstd frame of `data` (declaring its size); one compressor per thread and level."""
+    made = getattr(_local, "compressors", None)
+    if made is None:
+        made = _local.compressors = {}
+    c = made.get(level)
+    if c is None:
+        c = made[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
+    return c.compress(data)
 
 
 def declared_size(data, limit: int, where: str, *, budget: str | None = None) -> int:

@@ -38,6 +38,7 @@ from statistics import median
 import msgpack
 
 from prism_rr.format import codec, layout
+from prism_rr.format.blobs import blob_level
 from prism_rr.format.records import GroupInfo, Marker
 from prism_rr.format.ring import E_BLOB, E_FRAME, E_GROUPS, E_INFO, E_OPEN, Ring, RingContents, newest_step, \
     read_ring, ring_path, ring_to_spool
@@ -62,7 +63,7 @@ class _BlobSink:
         self.ring = ring
 
     def __call__(self, ident: bytes, data) -> None:
-        if not self.ring.append(E_BLOB, ident + codec.compress(bytes(data)), meta=ident):
+        if not self.ring.append(E_BLOB, ident + codec.compress(bytes(data), blob_level(len(data))), meta=ident):
             raise OSError(f"a payload of {len(data):,} bytes is larger than the flight ring; give a larger --flight-budget")
 
     def holds(self, ident: bytes) -> bool:
