@@ -502,7 +502,8 @@ class Recording:
         return dispatch.aside(self.ops_mode, fn, *args)
 
     def _payload_of(self, tensors) -> tuple:
-        """(digests, blobs) of a call's inputs, as the payload option asks."""
+        """(digests, blobs) of a call's tensors (inputs, or outputs once they hold results), as
+        the payload option asks."""
         if self.digest and _payload.small(tensors):  # one copy of the bytes for both
             return _payload.blobs(self._blob_writer(), tensors, True)
         return (_payload.digests(tensors) if self.digest else None), self._blobs(tensors)
@@ -545,13 +546,7 @@ class Recording:
             digest = call.digest_in
             blob = call.blob_in
             if payloads and call.receives and read and self._readable(call, call.outs):
-                outs = call.outs
-                if self.digest and _payload.small(outs):
-                    digest, blob = _payload.blobs(self._blob_writer(), outs, True)
-                else:
-                    if self.digest:
-                        digest = _payload.digests(outs)
-                    blob = self._blobs(outs)
+                digest, blob = self._payload_of(call.outs)
             shapes, dtypes, nbytes = call.in_desc
             return _point_to_point(
                 call.start, end, call.step, call.op, call.group, call.seq, -1 if call.peer is None else call.peer,
@@ -562,12 +557,7 @@ class Recording:
         out_desc = in_desc if outs is call.ins else _payload.describe(outs)
         digest_out = blob_out = None
         if payloads and read and self._readable(call, outs):
-            if self.digest and _payload.small(outs):
-                digest_out, blob_out = _payload.blobs(self._blob_writer(), outs, True)
-            else:
-                if self.digest:
-                    digest_out = _payload.digests(outs)
-                blob_out = self._blobs(outs)
+            digest_out, blob_out = self._payload_of(outs)
         return _collective(
             call.start, end, call.step, call.op, call.group, call.seq, in_desc[0], in_desc[1], in_desc[2],
             out_desc[0], out_desc[1], out_desc[2], call.reduce_op, call.root, call.async_op, call.issued,
