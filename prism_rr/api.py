@@ -136,7 +136,7 @@ def record(
         warning(f"the command exited with code {code}"
                 + ("; packing what was recorded" if name is None else ""))
     if flight:
-        return _flight_result(output, spool_dir, code, warnings)
+        return _flight_result(output, spool_dir, code, warnings, options["flight"])
     if not spools_left():
         raise UsageError(
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
@@ -177,7 +177,7 @@ def record(
                         readback_error=readback_error, warnings=tuple(warnings))
 
 
-def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str]) -> RecordResult:
+def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str], steps: int) -> RecordResult:
     """After a flight run: the dumps' bundles (those the triggers left unpacked packed now)."""
     from prism_rr.recorder import finish_flight
 
@@ -186,7 +186,7 @@ def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str]
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
             f"(is CMD a PyTorch distributed program? exit code {code})"
         )
-    bundles = finish_flight(spool_dir, output)
+    bundles = finish_flight(spool_dir, output, steps)
     return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, warnings=tuple(warnings),
                         flight=tuple(bundles))
 

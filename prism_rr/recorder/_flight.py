@@ -19,7 +19,7 @@ under `flight-<n>/` in its spool directory; rank 0 waits (bounded) for the other
 packs `flight-<n>/` into the bundle (`OUTPUT`, then `OUTPUT.<n>` stem for later dumps),
 with the trigger in the manifest (`flight`). A rank that died meanwhile (SIGKILL, a crash)
 left its ring file: rank 0 reads that instead. A crash of the whole job, or of rank 0,
-leaves rings that `record` (or `prism-rr pack`) turns into a bundle at the end.
+leaves rings that `record` turns into a bundle at the end (`finish_flight`).
 """
 
 from __future__ import annotations
@@ -402,7 +402,7 @@ def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings
 
 
 def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = None) -> list[Path]:
-    """After a flight run (from `record`, or `prism-rr pack`): a dump that rank 0 did not
+    """After a flight run (from `record`): a dump that rank 0 did not
     pack (it died, or the job ended first) is packed now, with the rings of the ranks
     missing from it. Rings left behind mean a rank died or was stopped by a signal: if
     one of them died (its ring has no `recording_end`), the rings are packed as a dump of
@@ -521,8 +521,8 @@ def flight_bundles(spool_dir, output) -> list[Path]:
     return [b for n, _ in _dumps(spool_dir) if (b := dump_bundle_path(output, n)).exists()]
 
 
-def finish_flight(spool_dir, output, world_size: int | None = None) -> list[Path]:
-    """After a flight run: pack what the triggers left unpacked (see finish_rings), and
-    return every dump's bundle, oldest first."""
-    finish_rings(spool_dir, output, flight_steps(spool_dir), world_size)
+def finish_flight(spool_dir, output, steps: int | None = None, world_size: int | None = None) -> list[Path]:
+    """After a flight run of `steps` (K; else read from a ring left behind): pack what the
+    triggers left unpacked (see finish_rings), and return every dump's bundle, oldest first."""
+    finish_rings(spool_dir, output, steps if steps is not None else flight_steps(spool_dir), world_size)
     return flight_bundles(spool_dir, output)
