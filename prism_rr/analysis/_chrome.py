@@ -4,10 +4,13 @@ A process per rank; threads for steps, compute, operators and communication lane
 (overlapping calls of one rank go to separate lanes, since slices on one thread must
 nest); flow arrows join the members of each collective and each send to its receive;
 counters show memory. Events are written one at a time: the whole list never exists.
+A name ending in .gz (or gzip=True) writes it gzipped: a trace of thousands of ranks is
+mostly repeated keys, and Perfetto opens .json.gz as it is.
 """
 
 from __future__ import annotations
 
+import gzip as gz
 import json
 import os
 from pathlib import Path
@@ -29,8 +32,10 @@ def export_chrome(
     *,
     ranks: list[int] | None = None,
     steps: tuple[int, int] | None = None,
+    gzip: bool | None = None,
 ) -> dict[str, int]:
-    """Write `bundle` (optionally some ranks, steps a..b) as a Chrome trace; returns counts."""
+    """Write `bundle` (optionally some ranks, steps a..b) as a Chrome trace, gzipped when
+    `gzip` is true or, when None, when the name ends in .gz; returns counts."""
     graph = build_graph(bundle, steps=steps, ranks=ranks)
     flow_ids: dict[tuple, int] = {}
     roles: dict[tuple, dict[int, str]] = {}  # call key -> rank -> "s" | "t" | "f"
@@ -50,7 +55,10 @@ def export_chrome(
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.name + ".partial")
     counts = {"events": 0, "ranks": len(graph.ranks), "flows": 0}
-    with open(tmp, "w", encoding="utf-8") as f:
+    if gzip is None:
+        gzip = out_path.name.endswith(".gz")
+    opener = gz.open if gzip else open
+    with opener(tmp, "wt", encoding="utf-8") as f:
         f.write('{"displayTimeUnit": "ns", "otherData": ')
         f.write(json.dumps({"world_size": bundle.world_size, "format": bundle.format_version,
                             "recorded_ranks": graph.ranks, "clock": "rank 0's monotonic clock, from the first event"}))

@@ -1,0 +1,306 @@
+"""Two bundles compared: do they issue the same collectives, and where did the time go?
+
+For CI: record a short window after every change and diff it against a reference bundle.
+The calls of each (rank, group) are compared in order, by what the members of one call
+must agree on (op, shapes, dtypes, reduce op, root; peer and tag for point-to-point), not
+by timing or data; the first position where they disagree is that sequence's difference.
+Then, per step and rank, the step's time and the time spent in calls, A against B.
+
+Each rank is read once per bundle, one rank at a time: memory holds one rank's calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import zip_longest
+
+from prism_rr.errors import UsageError
+from prism_rr.format.reader import Bundle
+from prism_rr.format.records import Collective, PointToPoint
+from prism_rr.specs import format_ranks
+from prism_rr.analysis._build import signature
+
+__all__ = ["BundleDiff", "GroupDifference", "SequenceDifference", "StepTime", "call_facts", "diff_bundles", "diff_json", "diff_lines"]
+
+Call = Collective | PointToPoint
+# The fields a difference is named by, in the order they are listed.
+_COMPARED = ("kind", "op", "shapes", "dtypes", "reduce_op", "root", "peer", "tag")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceDifference:
+    """The first call of one rank in one group that differs between A and B (None: that
+    run made no call at this position)."""
+
+    rank: int
+    group: int
+    index: int  # position among this rank's calls of this group, from 0
+    a: Call | None
+    b: Call | None
+
+    @property
+    def step(self) -> int:
+        return min(c.step for c in (self.a, self.b) if c is not None)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """What differs: "missing in A"/"missing in B" or the compared fields that differ."""
+        if self.a is None:
+            return ("missing in A",)
+        if self.b is None:
+            return ("missing in B",)
+        fa, fb = call_facts(self.a), call_facts(self.b)
+        return tuple(k for k in _COMPARED if fa[k] != fb[k])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupDifference:
+    """A process group both bundles define with other members."""
+
+    group: int
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTime:
+    """One step on one rank: the step's wall time and the time inside calls, A and B
+    (None where that run did not record it)."""
+
+    step: int
+    rank: int
+    a_ns: int | None
+    b_ns: int | None
+    a_comm_ns: int
+    b_comm_ns: int
+
+    @property
+    def delta_ns(self) -> int | None:
+        return None if self.a_ns is None or self.b_ns is None else self.b_ns - self.a_ns
+
+
+@dataclass(slots=True, kw_only=True)
+class BundleDiff:
+    """What `diff_bundles` found; `same` is what a CI job asks."""
+
+    world: tuple[int, int]
+    ranks: list[int]  # compared: recorded in both
+    only_a: list[int]
+    only_b: list[int]
+    steps: tuple[int, int] | None  # the window compared, when it was narrowed to the common steps
+    calls: tuple[int, int] = (0, 0)  # calls compared, A and B
+    sequences: list[SequenceDifference] = field(default_factory=list)  # first by step, rank, group
+    groups: list[GroupDifference] = field(default_factory=list)
+    times: list[StepTime] = field(default_factory=list)
+
+    @property
+    def same(self) -> bool:
+        return not self.sequences and not self.groups
+
+    @property
+    def first(self) -> SequenceDifference | None:
+        return self.sequences[0] if self.sequences else None
+
+
+def call_facts(call: Call) -> dict:
+    """One call as plain data (JSON-ready): what is compared, and where it was made."""
+    if type(call) is Collective:
+        op, shapes, dtypes, reduce_op, root = signature(call)
+        shown = call.in_shapes if shapes is None else shapes
+        return {"kind": "collective", "op": op, "group": call.group, "seq": call.seq, "step": call.step,
+                "shapes": None if shapes is None else [list(s) for s in shapes],
+                "dtypes": list(dtypes), "reduce_op": reduce_op, "root": root, "peer": None, "tag": None,
+                "bytes": call.in_bytes, "shapes_recorded": [list(s) for s in shown],
+                "stack": list(call.stack or ())}
+    return {"kind": "p2p", "op": call.op, "group": call.group, "seq": call.seq, "step": call.step,
+            "shapes": [list(s) for s in call.shapes], "dtypes": list(call.dtypes), "reduce_op": None,
+            "root": None, "peer": call.peer, "tag": call.tag, "bytes": call.nbytes,
+            "shapes_recorded": [list(s) for s in call.shapes], "stack": list(call.stack or ())}
+
+
+def _key(call: Call) -> tuple:
+    if type(call) is Collective:
+        return signature(call)
+    return (call.op, call.peer, call.tag, call.shapes, call.dtypes)
+
+
+def _read_rank(bundle: Bundle, rank: int, steps: tuple[int, int] | None) -> tuple[dict[int, list[Call]], dict[int, int], int]:
+    """One rank's calls per group in recording order, the time inside calls per step, and
+    the number of calls."""
+    by_group: dict[int, list[Call]] = {}
+    comm: dict[int, int] = {}
+    n = 0
+    for rec in bundle.events(rank, steps=steps):
+        cls = type(rec)
+        if cls is Collective or cls is PointToPoint:
+            by_group.setdefault(rec.group, []).append(rec)
+            n += 1
+            if rec.end_ns is not None:
+                comm[rec.step] = comm.get(rec.step, 0) + rec.end_ns - rec.start_ns
+    return by_group, comm, n
+
+
+def _common_steps(a: Bundle, b: Bundle) -> tuple[int, int] | None:
+    """The steps both recorded, when their windows differ (None: compare everything)."""
+    sa, sb = a.steps, b.steps
+    if not sa or not sb or sa == sb:
+        return None
+    lo, hi = max(sa[0], sb[0]), min(sa[-1], sb[-1])
+    if lo > hi:
+        raise UsageError(f"{a.path.name} records steps {sa[0]}-{sa[-1]} and {b.path.name} steps "
+                         f"{sb[0]}-{sb[-1]}: no step in common to compare")
+    return (lo, hi)
+
+
+def diff_bundles(a: Bundle, b: Bundle) -> BundleDiff:
+    """Compare B against A: sequences of calls per (rank, group), group memberships, and
+    per step and rank the time. Ranks recorded in only one bundle are listed, not compared;
+    where the recorded steps differ, only the steps both hold are compared."""
+    ra, rb = set(a.recorded_ranks), set(b.recorded_ranks)
+    steps = _common_steps(a, b)
+    out = BundleDiff(world=(a.world_size, b.world_size), ranks=sorted(ra & rb),
+                     only_a=sorted(ra - rb), only_b=sorted(rb - ra), steps=steps)
+    ga = {g["id"]: tuple(g["ranks"]) for g in a.groups}
+    gb = {g["id"]: tuple(g["ranks"]) for g in b.groups}
+    out.groups = [GroupDifference(group=g, a=ga[g], b=gb[g]) for g in sorted(ga.keys() & gb.keys())
+                  if ga[g] != gb[g]]
+    step_a, step_b = a.summaries["steps"], b.summaries["steps"]
+    wanted = sorted(step_a.keys() & step_b.keys()) if step_a and step_b else sorted(step_a.keys() | step_b.keys())
+    if steps is not None:
+        wanted = [s for s in wanted if steps[0] <= s <= steps[1]]
+    calls_a = calls_b = 0
+    for rank in out.ranks:
+        seq_a, comm_a, na = _read_rank(a, rank, steps)
+        seq_b, comm_b, nb = _read_rank(b, rank, steps)
+        calls_a += na
+        calls_b += nb
+        for group in sorted(seq_a.keys() | seq_b.keys()):
+            for i, (x, y) in enumerate(zip_longest(seq_a.get(group, ()), seq_b.get(group, ()))):
+                if x is None or y is None or type(x) is not type(y) or _key(x) != _key(y):
+                    out.sequences.append(SequenceDifference(rank=rank, group=group, index=i, a=x, b=y))
+                    break
+        rank_steps = wanted or sorted(comm_a.keys() | comm_b.keys())
+        for s in rank_steps:
+            out.times.append(StepTime(step=s, rank=rank, a_ns=_duration(step_a, s, rank),
+                                      b_ns=_duration(step_b, s, rank),
+                                      a_comm_ns=comm_a.get(s, 0), b_comm_ns=comm_b.get(s, 0)))
+    out.calls = (calls_a, calls_b)
+    out.sequences.sort(key=lambda d: (d.step, d.rank, d.group, d.index))
+    return out
+
+
+def _duration(steps: dict, step: int, rank: int) -> int | None:
+    v = steps.get(step, {}).get(rank)
+    if v is None or v[1] is None:
+        return None
+    return v[1] - v[0]
+
+
+def diff_json(d: BundleDiff) -> dict:
+    """What `prism-rr diff --json` prints."""
+    return {
+        "same": d.same,
+        "world_size": {"a": d.world[0], "b": d.world[1]},
+        "ranks_compared": d.ranks,
+        "ranks_only_in_a": d.only_a,
+        "ranks_only_in_b": d.only_b,
+        "steps_compared": list(d.steps) if d.steps is not None else None,
+        "calls": {"a": d.calls[0], "b": d.calls[1]},
+        "first_difference": _seq_json(d.first) if d.first is not None else None,
+        "sequence_differences": [_seq_json(s) for s in d.sequences],
+        "group_differences": [{"group": g.group, "a": list(g.a), "b": list(g.b)} for g in d.groups],
+        "times": [{"step": t.step, "rank": t.rank, "a_ns": t.a_ns, "b_ns": t.b_ns, "delta_ns": t.delta_ns,
+                   "a_comm_ns": t.a_comm_ns, "b_comm_ns": t.b_comm_ns} for t in d.times],
+    }
+
+
+def _seq_json(s: SequenceDifference) -> dict:
+    return {"rank": s.rank, "group": s.group, "index": s.index, "step": s.step, "differs_in": list(s.fields),
+            "a": call_facts(s.a) if s.a is not None else None,
+            "b": call_facts(s.b) if s.b is not None else None}
+
+
+def diff_lines(d: BundleDiff, *, shown: int = 8) -> list[str]:
+    """What `prism-rr diff` prints: the first difference with both calls and stacks, the
+    other differing sequences (up to `shown`), then the time per step."""
+    out = []
+    if d.world[0] != d.world[1]:
+        out.append(f"world size {d.world[0]} in A, {d.world[1]} in B")
+    if d.only_a or d.only_b:
+        out.append(f"ranks recorded in one bundle only, not compared: A {_ranks(d.only_a) or '-'}, "
+                   f"B {_ranks(d.only_b) or '-'}")
+    window = f", steps {d.steps[0]}-{d.steps[1]} (the steps both recorded)" if d.steps is not None else ""
+    if d.same:
+        out.append(f"collective sequences match: {d.calls[0]:,} calls in A, {d.calls[1]:,} in B, "
+                   f"on ranks {_ranks(d.ranks)}{window}")
+    else:
+        out.append(f"collective sequences differ: {len(d.sequences)} (rank, group) sequence"
+                   f"{'s' if len(d.sequences) != 1 else ''}, {len(d.groups)} group"
+                   f"{'s' if len(d.groups) != 1 else ''}{window}")
+    for g in d.groups:
+        out.append(f"  group {g.group}: ranks {_ranks(g.a)} in A, {_ranks(g.b)} in B")
+    first = d.first
+    if first is not None:
+        out.append(f"first: step {first.step}, rank {first.rank}, group {first.group}, the rank's call {first.index} "
+                   f"in that group: {', '.join(first.fields)}")
+        for side, call in (("A", first.a), ("B", first.b)):
+            if call is None:
+                out.append(f"  {side}: no call (the run made {first.index} calls of this group on this rank)")
+                continue
+            out.append(f"  {side}: {_call_line(call)}")
+            if call.stack:
+                out.append(f"     at {' <- '.join(call.stack)}")
+        for s in d.sequences[1:shown + 1]:
+            out.append(f"  also step {s.step}, rank {s.rank}, group {s.group}, call {s.index}: {', '.join(s.fields)}")
+        if len(d.sequences) > shown + 1:
+            out.append(f"  ... and {len(d.sequences) - shown - 1} more (--json lists them all)")
+    out += _time_lines(d.times)
+    return out
+
+
+def _ranks(ranks) -> str:
+    return format_ranks(ranks)
+
+
+def _call_line(c: Call) -> str:
+    f = call_facts(c)
+    parts = [f"seq {c.seq}", c.op, f"shapes {f['shapes_recorded']}", f"dtypes {f['dtypes']}"]
+    if f["reduce_op"] is not None:
+        parts.append(f"reduce {f['reduce_op']}")
+    if f["root"] is not None:
+        parts.append(f"root {f['root']}")
+    if f["peer"] is not None:
+        parts.append(f"peer {f['peer']} tag {f['tag']}")
+    return "  ".join(parts)
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.1f} ms"
+
+
+def _time_lines(times: list[StepTime]) -> list[str]:
+    """Per step: the slowest rank's step time, A -> B; the time inside calls summed over
+    ranks; the rank whose step time changed most."""
+    by_step: dict[int, list[StepTime]] = {}
+    for t in times:
+        by_step.setdefault(t.step, []).append(t)
+    if not by_step:
+        return []
+    out = ["time per step, A -> B (slowest rank's step; time inside calls, all ranks together):"]
+    for step, rows in sorted(by_step.items()):
+        wa = [t.a_ns for t in rows if t.a_ns is not None]
+        wb = [t.b_ns for t in rows if t.b_ns is not None]
+        line = f"  step {step:<4}"
+        if wa and wb:
+            a, b = max(wa), max(wb)
+            line += f" {_ms(a):>10} -> {_ms(b):>10} ({(b - a) / a * 100 if a else 0.0:+.1f}%)"
+        else:
+            line += f" {'step times not recorded':>31}"
+        ca, cb = sum(t.a_comm_ns for t in rows), sum(t.b_comm_ns for t in rows)
+        line += f"   calls {_ms(ca)} -> {_ms(cb)}"
+        moved = [t for t in rows if t.delta_ns is not None]
+        if len(moved) > 1:
+            worst = max(moved, key=lambda t: abs(t.delta_ns))
+            line += f"   most changed: rank {worst.rank} {worst.delta_ns / 1e6:+.1f} ms"
+        out.append(line)
+    return out
