@@ -245,19 +245,27 @@ def verify(bundle) -> VerifyReport:
         return verify_bundle(b)
 
 
-def export(bundle, output, *, ranks=None, steps=None) -> dict:
-    """Write `bundle` as a Chrome trace (Perfetto) to `output`, only `ranks` ("0,2,4-7") and
-    `steps` ("A:B", B excluded) if given; {events, ranks, flows} written."""
-    from prism_rr.analysis import export_chrome
+def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip: bool | None = None) -> dict:
+    """Write `bundle` in format `fmt`, only `ranks` ("0,2,4-7") and `steps` ("A:B", B
+    excluded) if given; returns what was written. chrome: a trace file for Perfetto
+    ({events, ranks, flows}; gzipped if `gzip`, or if None when `output` ends in .gz).
+    chakra: `output`.<rank>.et and `output`.comm_groups.json ({files, nodes, comp, comm,
+    unmapped}). parquet: tables in the directory `output` (rows per table)."""
+    from prism_rr.analysis import export_chakra, export_chrome, export_parquet
     from prism_rr.format import open_bundle
 
+    if fmt not in ("chrome", "chakra", "parquet"):
+        raise UsageError(f"--format must be chrome, chakra or parquet, not {fmt!r}")
     window = parse_steps(steps)
     if window is not None:
         lo, hi = window
         window = (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
     rank_list = list(parse_ranks(ranks)) if ranks else None
     with open_bundle(bundle) as b:
-        return export_chrome(b, output, ranks=rank_list, steps=window)
+        if fmt == "chrome":
+            return export_chrome(b, output, ranks=rank_list, steps=window, gzip=gzip)
+        writer = export_chakra if fmt == "chakra" else export_parquet
+        return writer(b, output, ranks=rank_list, steps=window)
 
 
 def replay(bundle, **options) -> ReplayResult:

@@ -16,7 +16,8 @@ from prism_rr.specs import format_ranks
 EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
 4 bundle malformed or of an unsupported version · 5 diagnose found problems ·
-6 replay: the program ended before making the recorded calls."""
+6 replay: the program ended before making the recorded calls ·
+6 diff: the collective sequences of the two bundles differ."""
 
 app = typer.Typer(
     name="prism-rr",
@@ -499,26 +500,81 @@ def diagnose(
         raise typer.Exit(5)
 
 
-@app.command(epilog=EXIT_CODES)
+DIFF_CODES = """\
+Exit codes: 0 the collective sequences match · 6 they differ ·
+1 any other failure · 2 usage error ·
+4 bundle malformed or of an unsupported version."""
+
+
+@app.command(epilog="Example, in CI after every change: prism-rr diff reference.prism run.prism\n\n" + DIFF_CODES)
+def diff(
+    a: Path = typer.Argument(..., help="The reference bundle (A)."),
+    b: Path = typer.Argument(..., help="The bundle to compare with it (B)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: first_difference, times, ..."),
+) -> None:
+    """Do two recordings issue the same collectives, and where did the time go?
+
+    For each rank and process group, the calls of B are compared with A's in order, by
+    what the members of a call must agree on (op, shapes, dtypes, reduce op, root; peer
+    and tag for send/recv), never by timing or data. The first call where they differ is
+    shown from both runs, with its group, sequence number, step and both stacks; then,
+    per step, the step time and the time inside calls, A against B, and the rank whose
+    time changed most. Exit 6 when the sequences differ: record a short window after each
+    change and diff it against a reference bundle in CI. Where the recorded steps differ,
+    the steps both hold are compared.
+    """
+    from prism_rr.analysis import diff_bundles, diff_json, diff_lines
+    from prism_rr.format import open_bundle
+
+    with open_bundle(a) as ba, open_bundle(b) as bb:
+        result = diff_bundles(ba, bb)
+    if as_json:
+        print(json.dumps(diff_json(result)))
+    else:
+        print("\n".join(_shown(line) for line in diff_lines(result)))
+    if not result.same:
+        raise typer.Exit(6)
+
+
+@app.command(epilog="Examples: prism-rr export run.prism --format chrome -o trace.json.gz --ranks 0-7 --steps 2:3\n\n"
+             "prism-rr export run.prism --format chakra -o et/run   (et/run.0.et, ..., et/run.comm_groups.json)\n\n"
+             "prism-rr export run.prism --format parquet -o tables/\n\n" + EXIT_CODES)
 def export(
     bundle: Path = typer.Argument(..., help="The .prism bundle to export."),
-    output: Path = typer.Option(..., "-o", "--output", help="The trace file to write."),
-    fmt: str = typer.Option("chrome", "--format", help="chrome: Chrome trace event JSON (open it in Perfetto or chrome://tracing)."),
+    output: Path = typer.Option(..., "-o", "--output", help="chrome: the trace file (.json, or .json.gz gzipped). "
+                                "chakra: the prefix P of P.<rank>.et and P.comm_groups.json. parquet: the directory."),
+    fmt: str = typer.Option("chrome", "--format", help="chrome: Chrome trace event JSON for Perfetto or chrome://tracing. "
+                            "chakra: Chakra execution traces, one per rank, for ASTRA-sim. "
+                            "parquet: tables of calls, compute, steps and groups for DuckDB and the like "
+                            "(needs pip install 'prism-rr\\[parquet]')."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. 0,2,4-7."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Only steps A:B (B excluded)."),
+    gzip: bool = typer.Option(False, "--gzip", help="chrome: write it gzipped (as when OUTPUT ends in .gz)."),
 ) -> None:
-    """Export a bundle as a trace for Perfetto: a process per rank, compute and
-    communication spans, arrows linking the members of each collective, memory counters.
+    """Export a bundle for other tools, written as it is read (large bundles never sit in
+    memory whole).
 
-    The trace is written as it is read, so large bundles never sit in memory whole.
+    chrome: a process per rank, compute and communication spans, arrows linking the
+    members of each collective, memory counters; with --ranks, --steps and .gz, a trace of
+    thousands of ranks stays small enough for Perfetto. chakra: per rank, a node per
+    compute span (its measured duration) and per call (comm type, size, group; src, dst
+    and tag for send/recv), each depending on the one before, plus the communicator-group
+    file ASTRA-sim reads (--comm-group-configuration). parquet: calls.parquet (a row per
+    call per rank: group, seq, op, bytes, times, step), compute.parquet, steps.parquet,
+    groups.parquet.
     """
     from prism_rr import api
 
-    if fmt != "chrome":
-        raise UsageError(f"--format must be chrome, not {fmt!r}")
-    stats = api.export(bundle, output, ranks=ranks, steps=steps)
-    _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
-         f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")
+    stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None)
+    if fmt == "chrome":
+        _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
+             f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")
+    elif fmt == "chakra":
+        _say(f"wrote {output}.<rank>.et for {stats['files']} ranks ({stats['nodes']:,} nodes: {stats['comp']:,} compute, "
+             f"{stats['comm']:,} communication) and {output}.comm_groups.json"
+             + (f"; {stats['unmapped']} calls of ops Chakra has no type for are compute nodes" if stats["unmapped"] else ""))
+    else:
+        _say(f"wrote {output}/: " + ", ".join(f"{name}.parquet {rows:,} rows" for name, rows in stats.items()))
 
 
 @app.command(name="redact", epilog=EXIT_CODES)

@@ -1,15 +1,19 @@
-"""The execution graph over a bundle's events: matching, per-step analysis, diagnosis, export.
+"""The execution graph over a bundle's events: matching, per-step analysis, diagnosis, diff, export.
 
 Reads bundles only through `prism_rr.format`; imports neither torch nor a UI library.
 """
 
 from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
+from prism_rr.analysis._chakra import export_chakra
 from prism_rr.analysis._chrome import export_chrome
 from prism_rr.analysis._diagnose import KINDS, Finding, diagnose, diagnosis_json
+from prism_rr.analysis._diff import BundleDiff, SequenceDifference, diff_bundles, diff_json, diff_lines
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
+from prism_rr.analysis._parquet import export_parquet
 from prism_rr.analysis._steps import CriticalPath, Segment, StepAnalysis, analyze_step, step_durations
 
 __all__ = [
+    "BundleDiff",
     "CriticalPath",
     "ExecutionGraph",
     "Finding",
@@ -19,6 +23,7 @@ __all__ = [
     "P2PMatch",
     "RankTrace",
     "Segment",
+    "SequenceDifference",
     "StepAnalysis",
     "StepStats",
     "analyze_step",
@@ -27,7 +32,12 @@ __all__ = [
     "clock_offsets",
     "diagnose",
     "diagnosis_json",
+    "diff_bundles",
+    "diff_json",
+    "diff_lines",
+    "export_chakra",
     "export_chrome",
+    "export_parquet",
     "signature",
     "step_durations",
 ]
