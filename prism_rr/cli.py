@@ -478,15 +478,24 @@ def diagnose(
     another, after which its calls pair with the wrong ones. Mismatches: members of one call
     that disagree on op, shapes, dtypes, reduce op or root; sends nobody received.
     Stragglers: ranks that arrive last far more often than chance, with the time the
-    others lost waiting. Also dropped records and truncated spools.
+    others lost waiting, and what each late rank cost: how much sooner the steps would
+    have ended had it been on time, re-timed on the execution graph (see `prism-rr
+    analyze --help`). Also dropped records and truncated spools.
     """
     from prism_rr.format import open_bundle
-    from prism_rr.analysis import diagnose as find, diagnosis_json
+    from prism_rr.analysis import attribute, diagnose as find, diagnosis_json, straggler_lines, straggler_totals
 
     with open_bundle(bundle) as b:
         findings = find(b)
+        costs = straggler_totals(attribute(b))
+    cost_of = {e["rank"]: e["cost_ns"] for e in costs}
     if as_json:
-        print(json.dumps(diagnosis_json(findings)))
+        out = diagnosis_json(findings)
+        for f in out["findings"]:
+            if f["kind"] == "straggler":
+                f["cost_ns"] = sum(cost_of.get(r, 0) for r in f["ranks"])
+        out["straggler_cost"] = costs
+        print(json.dumps(out))
     elif not findings:
         print("no problems found")
     else:
@@ -494,10 +503,61 @@ def diagnose(
             where = f"group {f.group} seq {f.seq}" if f.group is not None else ""
             print(f"{i}. [{f.kind}] ranks {format_ranks(list(f.ranks))} {where}".rstrip())
             print(f"   {f.message}")
+            if f.kind == "straggler":
+                cost = sum(cost_of.get(r, 0) for r in f.ranks)
+                print(f"   cost: the steps would have ended {cost / 1e6:,.1f} ms sooner had "
+                      f"{'it' if len(f.ranks) == 1 else 'they'} been on time")
             if f.stack:
                 print(f"   at {' <- '.join(f.stack)}")
+    if not as_json:
+        # Below a millisecond a rank's cost is the jitter of any run.
+        for line in straggler_lines([e for e in costs if e["cost_ns"] >= 1_000_000]):
+            print(line)
     if findings:
         raise typer.Exit(5)
+
+
+@app.command(epilog="Example: prism-rr analyze run.prism --steps 2:4\n\n" + EXIT_CODES)
+def analyze(
+    bundle: Path = typer.Argument(..., help="The .prism bundle to analyse (a recording, or an imported dump)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {steps: [{step, ranks, critical_path, stragglers}, ...], stragglers}."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Only steps A:B (B excluded)."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. 0,2,4-7 (the others' calls are then unseen)."),
+) -> None:
+    """Where each rank's step time went, and who made each step slow, by how much.
+
+    Per rank and step, four times that add up to the step: compute (between calls, no
+    communication in flight); overlapped (between calls while an async collective is in
+    flight: communication hidden behind compute; time in an async call's wait() is
+    here too, as the recording holds no wait); exposed (inside a call after its last
+    member arrived: the transfer the rank sat through); waiting (inside a call before its
+    last member arrived: waiting for a late peer).
+
+    Per step, the critical path through the calls across ranks, and for each late rank
+    on it its straggler cost: how much sooner the step would have ended had that rank
+    never entered a call later than the latest of the others, computed by re-timing the
+    step's execution graph (no replay) with the model `prism-rr replay` uses. Costs are
+    one rank at a time: two equally late ranks each cost little alone. One step is in
+    memory at a time.
+    """
+    from prism_rr.analysis import attribute, attribution_json, attribution_lines
+    from prism_rr.format import open_bundle
+    from prism_rr.specs import parse_ranks, parse_steps
+
+    window = parse_steps(steps)
+    if window is not None:
+        lo, hi = window
+        window = (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
+    chosen = list(parse_ranks(ranks)) if ranks else None
+    with open_bundle(bundle) as b:
+        if chosen is not None and not set(chosen) & set(b.recorded_ranks):
+            raise UsageError(f"none of ranks {ranks} was recorded; recorded: {format_ranks(b.recorded_ranks)}")
+        found = attribute(b, steps=window, ranks=chosen)
+        if as_json:
+            print(json.dumps(attribution_json(found)))
+        else:
+            for line in attribution_lines(found):
+                print(_shown(line))
 
 
 DIFF_CODES = """\

@@ -1,8 +1,20 @@
-"""The execution graph over a bundle's events: matching, per-step analysis, diagnosis, diff, export.
+"""The execution graph over a bundle's events: matching, per-step analysis, attribution, diagnosis, diff, export.
 
 Reads bundles only through `prism_rr.format`; imports neither torch nor a UI library.
 """
 
+from prism_rr.analysis._attribution import (
+    RankTime,
+    StepAttribution,
+    StragglerCost,
+    attribute,
+    attribute_step,
+    attribution_json,
+    attribution_lines,
+    retimed_span,
+    straggler_lines,
+    straggler_totals,
+)
 from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
 from prism_rr.analysis._chakra import export_chakra
 from prism_rr.analysis._chrome import export_chrome
@@ -21,12 +33,19 @@ __all__ = [
     "MatchedCall",
     "Member",
     "P2PMatch",
+    "RankTime",
     "RankTrace",
     "Segment",
     "SequenceDifference",
     "StepAnalysis",
+    "StepAttribution",
     "StepStats",
+    "StragglerCost",
     "analyze_step",
+    "attribute",
+    "attribute_step",
+    "attribution_json",
+    "attribution_lines",
     "build_graph",
     "clock_offset",
     "clock_offsets",
@@ -38,6 +57,9 @@ __all__ = [
     "export_chakra",
     "export_chrome",
     "export_parquet",
+    "retimed_span",
     "signature",
     "step_durations",
+    "straggler_lines",
+    "straggler_totals",
 ]

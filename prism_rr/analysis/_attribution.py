@@ -1,0 +1,630 @@
+"""Where each rank's step went, and what each late rank cost the step.
+
+Per rank and step, the step's wall time is split four ways, which add up to it:
+
+- waiting for late peers: inside a blocking call (a synchronous collective or
+  point-to-point call) before the call's last member entered it;
+- exposed communication: inside a blocking call after the last member entered (the
+  transfer the rank sat through), and inside an asynchronous call until it returned;
+- overlapped communication: between calls while one of the rank's asynchronous calls was
+  in flight (entered, not yet completed): communication hidden behind compute;
+- compute: between calls with nothing in flight.
+
+Compute plus overlapped is all the time between calls. A recording holds when an
+asynchronous call was issued and when it completed, not when the program waited for it,
+so time blocked in an async call's wait() counts as overlapped.
+
+Straggler cost. Each step is re-timed on its execution graph (no replay), with the model
+a replay uses (`prism_rr.replayer`'s timing): each rank enters its next call the recorded
+time after its previous one returned, or after an async call it may have waited for
+completed; a call completes at its last member's entry plus what each member recorded
+after the last entry. Unchanged, the model gives back the recorded times. A rank's
+straggler cost is how much shorter the step (first start to last end, across ranks)
+becomes when that rank is never later into a call than the latest of its other members:
+its lateness removed, nothing else changed. Costs are marginal, one rank at a time: two
+ranks equally late each cost little alone. Only a rank on the step's critical path can
+cost anything, so only late ranks on it are re-timed.
+
+Imports neither torch nor a UI library; reads bundles through `prism_rr.format`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prism_rr.analysis._build import clock_offsets
+from prism_rr.analysis._steps import CriticalPath, Segment
+from prism_rr.format import ops
+from prism_rr.format.reader import Bundle
+from prism_rr.format.records import Collective, PointToPoint, Step
+
+__all__ = [
+    "RankTime",
+    "StepAttribution",
+    "StragglerCost",
+    "attribute",
+    "attribute_step",
+    "attribution_json",
+    "attribution_lines",
+    "retimed_span",
+    "straggler_lines",
+    "straggler_totals",
+]
+
+# Late ranks on the critical path re-timed per step, latest first (each costs one re-timing).
+MAX_CANDIDATES = 8
+# Steps taken from the chunk index when a bundle has no Step records; a chunk that claims
+# a longer run of steps than this (hostile, or a dump's odd numbering) gives only its ends.
+_MAX_STEP_RUN = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTime:
+    """One rank's step, split four ways (ns); the four add up to `total_ns`."""
+
+    rank: int
+    total_ns: int
+    compute_ns: int
+    overlapped_ns: int
+    exposed_ns: int
+    waiting_ns: int
+    late_ns: int = 0  # time the others spent waiting for this rank alone (it entered last)
+    late_calls: int = 0  # calls it entered last while another member waited
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StragglerCost:
+    """How much shorter a step would be had `rank` not been late (ns)."""
+
+    rank: int
+    step: int
+    cost_ns: int
+    late_ns: int
+    late_calls: int
+
+
+@dataclass(slots=True)
+class StepAttribution:
+    """One step across ranks: each rank's time, the critical path and the stragglers' costs."""
+
+    step: int
+    span_ns: int  # first start to last end, across ranks (recorded)
+    modelled_ns: int  # the same span as the re-timing model gives it back (its error: the difference)
+    ranks: dict[int, RankTime] = field(default_factory=dict)
+    critical_path: CriticalPath = field(default_factory=CriticalPath)
+    stragglers: list[StragglerCost] = field(default_factory=list)  # costliest first
+
+
+# --- one step's execution graph ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Node:
+    """One rank's call in one step (times on rank 0's clock)."""
+
+    rank: int
+    key: tuple  # ("c", group, seq) | ("p", group, src, dst, seq) | ("x", id): no partner known
+    start: int
+    end: int | None  # None: never completed
+    issued: int | None  # an async call: when it returned to the program
+    async_op: bool
+    op: str
+    sending: bool = False
+
+
+@dataclass(slots=True)
+class _Graph:
+    ranks: list[int]
+    nodes: list[_Node]
+    by_rank: dict[int, list[int]]  # rank -> its node ids, in call order
+    members: dict[tuple, list[int]]  # key -> node ids of the members present
+    window: dict[int, tuple[int, int]]  # rank -> (step start, step end), recorded
+
+
+def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int]) -> _Graph:
+    nodes: list[_Node] = []
+    by_rank: dict[int, list[int]] = {}
+    members: dict[tuple, list[int]] = {}
+    window: dict[int, tuple[int, int]] = {}
+    for rank in ranks:
+        off = offsets.get(rank, 0)
+        mine: list[_Node] = []
+        lo = hi = None
+        step_rec = None
+        for rec in bundle.events(rank, steps=(step, step)):
+            cls = type(rec)
+            start = rec.start_ns - off
+            end = None if rec.end_ns is None else rec.end_ns - off
+            if end is not None and end < start:
+                end = start  # a hostile or mis-clocked record: no negative durations
+            lo = start if lo is None or start < lo else lo
+            tail = start if end is None else end
+            hi = tail if hi is None or tail > hi else hi
+            if cls is Step:
+                if end is not None:
+                    step_rec = (start, end)
+                continue
+            if cls is Collective:
+                key = ("c", rec.group, rec.seq)
+                sending = False
+            elif cls is PointToPoint:
+                sending = not ops.receives(rec.op)
+                if rec.peer < 0 or rec.seq < 0:
+                    key = ("x", len(nodes) + len(mine))
+                else:
+                    src, dst = (rank, rec.peer) if sending else (rec.peer, rank)
+                    key = ("p", rec.group, src, dst, rec.seq)
+            else:
+                continue
+            issued = None
+            if rec.async_op and rec.issued_ns is not None:
+                issued = min(max(rec.issued_ns - off, start), tail)
+            mine.append(_Node(rank, key, start, end, issued, bool(rec.async_op), rec.op, sending))
+        if lo is None:
+            continue
+        mine.sort(key=lambda n: n.start)
+        ws, we = step_rec if step_rec is not None else (lo, hi)
+        window[rank] = (min(ws, lo), max(we, hi))
+        ids = by_rank[rank] = []
+        for node in mine:
+            present = members.setdefault(node.key, [])
+            if any(nodes[i].rank == rank for i in present):  # the same call twice on one rank
+                node.key = ("x", len(nodes))
+                present = members.setdefault(node.key, [])
+            present.append(len(nodes))
+            ids.append(len(nodes))
+            nodes.append(node)
+    return _Graph(ranks=[r for r in ranks if r in window], nodes=nodes, by_rank=by_rank, members=members,
+                  window=window)
+
+
+# --- the time split ----------------------------------------------------------------------
+
+
+def _measure(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of intervals."""
+    total = 0
+    cur_lo = cur_hi = None
+    for lo, hi in sorted(intervals):
+        if hi <= lo:
+            continue
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        elif hi > cur_hi:
+            cur_hi = hi
+    if cur_hi is not None:
+        total += cur_hi - cur_lo
+    return total
+
+
+def _split(g: _Graph) -> dict[int, RankTime]:
+    last_entry = {key: max(g.nodes[i].start for i in ids) for key, ids in g.members.items()}
+    late: dict[int, list[int]] = {}  # rank -> [late ns, calls]
+    for key, ids in g.members.items():
+        if len(ids) < 2:
+            continue
+        ms = sorted((g.nodes[i] for i in ids), key=lambda n: n.start)
+        last, before = ms[-1], ms[-2]
+        waited = any(not n.async_op and (n.end is None or n.end >= last.start) for n in ms[:-1])
+        if waited and last.start > before.start:
+            acc = late.setdefault(last.rank, [0, 0])
+            acc[0] += last.start - before.start
+            acc[1] += 1
+    out = {}
+    for rank in g.ranks:
+        ws, we = g.window[rank]
+        blocked, waiting, flight = [], [], []
+        for i in g.by_rank.get(rank, ()):
+            n = g.nodes[i]
+            end = we if n.end is None else min(n.end, we)
+            if n.async_op:
+                blocked.append((n.start, n.issued if n.issued is not None else n.start))
+                flight.append((n.start, end))
+                continue
+            blocked.append((n.start, end))
+            last = last_entry[n.key]
+            if last > n.start and (n.end is None or n.end >= last):
+                waiting.append((n.start, min(last, end)))
+        total = we - ws
+        in_calls = _measure(blocked)
+        wait = _measure(waiting)
+        overlapped = _measure(blocked + flight) - in_calls
+        acc = late.get(rank, (0, 0))
+        out[rank] = RankTime(rank=rank, total_ns=total, compute_ns=max(0, total - in_calls - overlapped),
+                             overlapped_ns=overlapped, exposed_ns=in_calls - wait, waiting_ns=wait,
+                             late_ns=acc[0], late_calls=acc[1])
+    return out
+
+
+# --- re-timing ---------------------------------------------------------------------------
+
+
+class _Timing:
+    """One re-timing of a step's graph: when each node is entered and completes.
+
+    `slow`: rank -> factor on its time between calls (as `replay --slow-rank`).
+    `on_time`: ranks never later into a call than the latest of its other members.
+    The causes of each time are kept, for the critical path.
+    """
+
+    def __init__(self, g: _Graph, *, slow: dict[int, float] | None = None, on_time: Iterable[int] = ()):
+        self.g = g
+        self.slow = slow or {}
+        self.on_time = frozenset(on_time)
+        n = len(g.nodes)
+        self.natural: list[int | None] = [None] * n  # entry before any clamp
+        self.entry: list[int | None] = [None] * n
+        self.done: list[int | None] = [None] * n
+        self.entry_cause: list[tuple | None] = [None] * n  # ("gap", node id | None) or ("pending", node id)
+        self.floor: list[int] = [0] * n
+        self.last_in: dict[tuple, int] = {}  # key -> node id of the member that entered last
+        self.closed: set[tuple] = set()  # keys whose members' times are final
+        self.registered: dict[tuple, int] = {}
+        self.end: dict[int, int] = {}  # rank -> its step's modelled end
+        self.end_cause: dict[int, tuple] = {}
+        self._run()
+
+    def _gap(self, rank: int, rec_from: int, rec_to: int) -> int:
+        return int(max(0, rec_to - rec_from) * self.slow.get(rank, 1.0))
+
+    def _run(self) -> None:
+        g = self.g
+        pos = {r: 0 for r in g.ranks}
+        resume = {r: (g.window[r][0], g.window[r][0], None) for r in g.ranks}  # (model, recorded, node id)
+        pending: dict[int, list[int]] = {r: [] for r in g.ranks}
+        self._blocked: dict[tuple, list[int]] = {}  # key -> ranks that wait for it to close
+        self._ready = deque(g.ranks)
+        left = set(g.ranks)
+        while left:
+            while self._ready:
+                r = self._ready.popleft()
+                if r not in left:
+                    continue
+                wait = self._advance(r, pos, resume, pending)
+                if wait is None:
+                    left.discard(r)
+                elif wait in self.closed:
+                    self._ready.append(r)
+                else:
+                    self._blocked.setdefault(wait, []).append(r)
+            if not left or not self._blocked:
+                break
+            # Nothing moves: a call some members never make in this step (a hang, or
+            # members recorded in another step) or an on-time rank's clamp that waits on
+            # itself. Close the stuck call whose entered members came earliest, with them alone.
+            key = min(self._blocked, key=lambda k: (min((self.natural[i] for i in g.members[k]
+                                                         if self.natural[i] is not None), default=0), k))
+            self._close(key)
+
+    def _advance(self, r: int, pos, resume, pending) -> tuple | None:
+        """Move rank `r` as far as it can; the key it waits on, or None when its step is done."""
+        g = self.g
+        ids = g.by_rank.get(r, [])
+        while pos[r] < len(ids):
+            i = ids[pos[r]]
+            n = g.nodes[i]
+            if self.natural[i] is None:
+                t_model, t_rec, src = resume[r]
+                t, cause = t_model + self._gap(r, t_rec, n.start), ("gap", src)
+                keep = []
+                for p in pending[r]:
+                    pn = g.nodes[p]
+                    if pn.end is not None and pn.end <= n.start:
+                        if self.done[p] is None:
+                            if pn.key in self.closed:
+                                continue  # forced closed without it: no completion known
+                            return pn.key
+                        c = self.done[p] + self._gap(r, pn.end, n.start)
+                        if c > t:
+                            t, cause = c, ("pending", p)
+                    else:
+                        keep.append(p)
+                pending[r] = keep
+                self.natural[i], self.entry_cause[i], self.floor[i] = t, cause, t_model
+                if r not in self.on_time or n.key in self.closed:
+                    self.entry[i] = t
+                self._register(i)
+            if self.entry[i] is None:
+                return n.key  # on time: its entry waits for the other members'
+            if n.end is None:  # never completed: the rank's step ends stuck here
+                self.end[r] = self.entry[i]
+                self.end_cause[r] = ("stuck", i)
+                return None
+            if n.async_op:
+                issue = (n.issued if n.issued is not None else n.start) - n.start
+                resume[r] = (self.entry[i] + issue, n.start + issue, i)
+                pending[r].append(i)
+                pos[r] += 1
+                continue
+            if self.done[i] is None:
+                if n.key in self.closed:
+                    self.done[i] = self.entry[i] + (n.end - n.start)
+                else:
+                    return n.key
+            resume[r] = (self.done[i], n.end, i)
+            pos[r] += 1
+        ws, we = g.window[r]
+        t_model, t_rec, src = resume[r]
+        t, cause = t_model + self._gap(r, t_rec, we), ("gap", src)
+        for p in pending[r]:
+            pn = g.nodes[p]
+            if pn.end is not None and pn.end <= we:
+                if self.done[p] is None:
+                    if pn.key in self.closed:
+                        continue
+                    return pn.key
+                c = self.done[p] + self._gap(r, pn.end, we)
+                if c > t:
+                    t, cause = c, ("pending", p)
+        self.end[r] = t
+        self.end_cause[r] = cause
+        return None
+
+    def _register(self, i: int) -> None:
+        key = self.g.nodes[i].key
+        if key in self.closed:
+            n = self.g.nodes[i]
+            self.entry[i] = self.natural[i]
+            if n.end is not None:
+                self.done[i] = self.entry[i] + (n.end - n.start)
+            return
+        self.registered[key] = self.registered.get(key, 0) + 1
+        if self.registered[key] == len(self.g.members[key]):
+            self._close(key)
+
+    def _close(self, key: tuple) -> None:
+        """Every member present has its natural entry (or, when nothing else moves, those
+        that came): settle the on-time members' entries, then every member's completion."""
+        g = self.g
+        self.closed.add(key)
+        self._ready.extend(self._blocked.pop(key, ()))
+        ids = [i for i in g.members[key] if self.natural[i] is not None]
+        if not ids:
+            return
+        for i in ids:
+            if self.entry[i] is None:
+                others = [self.natural[j] for j in ids if j != i]
+                t = self.natural[i]
+                if others:
+                    t = max(self.floor[i], min(t, max(others)))
+                self.entry[i] = t
+        last = max(ids, key=lambda j: (self.entry[j], g.nodes[j].start))
+        self.last_in[key] = last
+        latest = self.entry[last]
+        latest_rec = max(g.nodes[j].start for j in ids)
+        for i in ids:
+            n = g.nodes[i]
+            if n.end is None:
+                continue
+            if n.end >= latest_rec:
+                self.done[i] = max(self.entry[i], latest + (n.end - latest_rec))
+            else:  # it did not need the last member (a buffered send; clocks apart)
+                self.done[i] = self.entry[i] + (n.end - n.start)
+
+    def span(self) -> int:
+        if not self.end:
+            return 0
+        return max(self.end.values()) - min(self.g.window[r][0] for r in self.end)
+
+    def critical_path(self) -> CriticalPath:
+        """Walk back from the rank that ends last through what set each time: the gap
+        before a call, the call's last member, an async call waited for."""
+        g = self.g
+        path = CriticalPath()
+        if not self.end:
+            return path
+        rank = max(self.end, key=lambda r: (self.end[r], -r))
+        segs: list[Segment] = []
+        t = self.end[rank]
+        cause = self.end_cause[rank]
+        budget = 2 * len(g.nodes) + 8
+        while budget > 0:
+            budget -= 1
+            kind, i = cause
+            if kind == "stuck":
+                n = g.nodes[i]
+                cause = self.entry_cause[i]
+                t = self.entry[i]
+                continue
+            if i is None:  # the gap from the step's start
+                segs.append(Segment(rank, "compute", "", g.window[rank][0], t))
+                break
+            n = g.nodes[i]
+            group, seq = _group_seq(n.key)
+            if kind == "pending" or not n.async_op:
+                # resumed where call i completed: the call ran from its last member's entry
+                done = self.done[i]
+                segs.append(Segment(rank, "compute", "", done, t))
+                last = self.last_in.get(n.key, i)
+                lt = self.entry[last]
+                segs.append(Segment(rank, "comm", n.op, max(lt, self.entry[i]), done, group, seq))
+                if last != i and lt > self.entry[i]:
+                    rank, t, cause = g.nodes[last].rank, lt, self.entry_cause[last]
+                    continue
+                t, cause = self.entry[i], self.entry_cause[i]
+                continue
+            # resumed where async call i returned
+            issue = self.entry[i] + ((n.issued if n.issued is not None else n.start) - n.start)
+            segs.append(Segment(rank, "compute", "", issue, t))
+            segs.append(Segment(rank, "comm", n.op, self.entry[i], issue, group, seq))
+            t, cause = self.entry[i], self.entry_cause[i]
+        segs.reverse()
+        path.segments = [s for s in segs if s.end_ns > s.start_ns]
+        return path
+
+
+def _group_seq(key: tuple) -> tuple[int | None, int | None]:
+    if key[0] == "c":
+        return key[1], key[2]
+    if key[0] == "p":
+        return key[1], key[4]
+    return None, None
+
+
+# --- the public face -----------------------------------------------------------------------
+
+
+def _steps_of(bundle: Bundle, ranks: list[int]) -> list[int]:
+    """The bundle's steps; without Step records (an imported dump), those the chunk index names."""
+    steps = bundle.steps
+    if steps:
+        return steps
+    found: set[int] = set()
+    for rank in ranks:
+        for ref in bundle.chunks(rank):
+            lo, hi = ref.step_first, ref.step_last
+            if 0 <= hi - lo <= _MAX_STEP_RUN:
+                found.update(range(lo, hi + 1))
+            else:
+                found.update((lo, hi))
+    return sorted(found)
+
+
+def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
+                   offsets: dict[int, int] | None = None, candidates: int = MAX_CANDIDATES) -> StepAttribution:
+    """Split step `step` of every recorded rank (or `ranks`) four ways, find its critical
+    path and what each late rank on it cost (re-timing at most `candidates` of them)."""
+    ranks = bundle.recorded_ranks if ranks is None else ranks
+    offsets = clock_offsets(bundle, ranks) if offsets is None else offsets
+    g = _read_step(bundle, step, ranks, offsets)
+    out = StepAttribution(step=step, span_ns=0, modelled_ns=0, ranks=_split(g))
+    if not g.ranks:
+        return out
+    out.span_ns = max(w[1] for w in g.window.values()) - min(w[0] for w in g.window.values())
+    base = _Timing(g)
+    out.modelled_ns = base.span()
+    out.critical_path = base.critical_path()
+    on_path = {s.rank for s in out.critical_path.segments}
+    late = sorted((t for t in out.ranks.values() if t.late_ns > 0 and t.rank in on_path),
+                  key=lambda t: (-t.late_ns, t.rank))[:candidates]
+    for t in late:
+        cost = out.modelled_ns - _Timing(g, on_time=(t.rank,)).span()
+        out.stragglers.append(StragglerCost(rank=t.rank, step=step, cost_ns=max(0, cost), late_ns=t.late_ns,
+                                            late_calls=t.late_calls))
+    out.stragglers.sort(key=lambda s: (-s.cost_ns, s.rank))
+    return out
+
+
+def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: list[int] | None = None,
+              candidates: int = MAX_CANDIDATES) -> Iterator[StepAttribution]:
+    """`attribute_step` for each step (of `steps` a..b inclusive, if given), one step in
+    memory at a time: what the TUI and `prism-rr analyze` read."""
+    ranks = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
+    offsets = clock_offsets(bundle, ranks)
+    for step in _steps_of(bundle, ranks):
+        if steps is not None and not steps[0] <= step <= steps[1]:
+            continue
+        yield attribute_step(bundle, step, ranks=ranks, offsets=offsets, candidates=candidates)
+
+
+def retimed_span(bundle: Bundle, step: int, *, slow: dict[int, float] | None = None,
+                 on_time: Iterable[int] = ()) -> int:
+    """Step `step`'s span (ns) re-timed on its graph with ranks' time between calls
+    stretched (`slow`: rank -> factor, as `replay --slow-rank`) or their lateness removed."""
+    ranks = bundle.recorded_ranks
+    g = _read_step(bundle, step, ranks, clock_offsets(bundle, ranks))
+    return _Timing(g, slow=slow, on_time=on_time).span()
+
+
+def straggler_totals(attributions: Iterable[StepAttribution]) -> list[dict]:
+    """Each straggler's cost summed over steps, costliest first:
+    {rank, cost_ns, steps: [step, ...], late_calls}."""
+    by_rank: dict[int, dict] = {}
+    for a in attributions:
+        for s in a.stragglers:
+            if s.cost_ns <= 0:
+                continue
+            e = by_rank.setdefault(s.rank, {"rank": s.rank, "cost_ns": 0, "steps": [], "late_calls": 0})
+            e["cost_ns"] += s.cost_ns
+            e["steps"].append(s.step)
+            e["late_calls"] += s.late_calls
+    return sorted(by_rank.values(), key=lambda e: (-e["cost_ns"], e["rank"]))
+
+
+def attribution_json(attributions: Iterable[StepAttribution]) -> dict:
+    """The `--json` form: {"steps": [...], "stragglers": straggler_totals}."""
+    steps = []
+    kept = []
+    for a in attributions:
+        kept.append(a)
+        path = a.critical_path
+        steps.append({
+            "step": a.step,
+            "span_ns": a.span_ns,
+            "modelled_ns": a.modelled_ns,
+            "ranks": {str(r): {"total_ns": t.total_ns, "compute_ns": t.compute_ns,
+                               "overlapped_ns": t.overlapped_ns, "exposed_ns": t.exposed_ns,
+                               "waiting_ns": t.waiting_ns, "late_ns": t.late_ns, "late_calls": t.late_calls}
+                      for r, t in sorted(a.ranks.items())},
+            "critical_path": {"ranks": path.ranks, "by_kind": path.by_kind(), "total_ns": path.total_ns,
+                              "segments": len(path.segments)},
+            "stragglers": [{"rank": s.rank, "cost_ns": s.cost_ns, "late_ns": s.late_ns,
+                            "late_calls": s.late_calls} for s in a.stragglers],
+        })
+    return {"steps": steps, "stragglers": straggler_totals(kept)}
+
+
+# --- for people ----------------------------------------------------------------------------
+
+# Ranks shown per step before the table is cut (the ones that waited most are kept).
+_MAX_ROWS = 16
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.1f}"
+
+
+def attribution_lines(attributions: Iterable[StepAttribution]) -> Iterator[str]:
+    """`prism-rr analyze`'s text, a step at a time: each rank's split, the critical path
+    and the stragglers' costs; then the costs summed over steps."""
+    kept = []
+    for a in attributions:
+        kept.append(a)
+        if not a.ranks:
+            yield f"step {a.step}: nothing recorded"
+            continue
+        longest = max(a.ranks.values(), key=lambda t: (t.total_ns, -t.rank))
+        yield (f"step {a.step}: {_ms(longest.total_ns)} ms on rank {longest.rank}, the longest "
+               f"({_ms(a.span_ns)} ms from the first rank's start to the last rank's end)")
+        yield f"  {'rank':>6} {'total ms':>10} {'compute':>10} {'overlapped':>10} {'exposed':>10} {'waiting':>10}"
+        rows = sorted(a.ranks.values(), key=lambda t: t.rank)
+        if len(rows) > _MAX_ROWS:
+            rows = sorted(sorted(rows, key=lambda t: (-t.waiting_ns, t.rank))[:_MAX_ROWS], key=lambda t: t.rank)
+        for t in rows:
+            yield (f"  {t.rank:>6} {_ms(t.total_ns):>10} {_ms(t.compute_ns):>10} {_ms(t.overlapped_ns):>10} "
+                   f"{_ms(t.exposed_ns):>10} {_ms(t.waiting_ns):>10}")
+        if len(a.ranks) > len(rows):
+            yield (f"  ... {len(a.ranks) - len(rows)} more ranks (those that waited most are shown; "
+                   f"--json has every rank, --ranks picks some)")
+        path = a.critical_path
+        if path.segments:
+            kinds = ", ".join(f"{k} {_ms(v)} ms" for k, v in sorted(path.by_kind().items()))
+            hops = path.ranks
+            through = " > ".join(str(r) for r in hops[:12]) + (" > ..." if len(hops) > 12 else "")
+            yield f"  critical path: ranks {through} ({kinds})"
+        costly = [s for s in a.stragglers if s.cost_ns > 0]
+        if costly:
+            yield "  stragglers: " + "; ".join(
+                f"rank {s.rank} cost {_ms(s.cost_ns)} ms (late by {_ms(s.late_ns)} ms into "
+                f"{s.late_calls} call{'s' if s.late_calls != 1 else ''})" for s in costly)
+        else:
+            yield "  stragglers: none (no late rank on the critical path)"
+    yield from straggler_lines(straggler_totals(kept))
+
+
+def straggler_lines(totals: list[dict], *, limit: int = 8) -> Iterator[str]:
+    """One line per costly straggler over all steps (what `diagnose` adds), costliest first."""
+    if not totals:
+        return
+    yield "straggler cost (how much sooner the steps would have ended had the rank been on time):"
+    for e in totals[:limit]:
+        steps = e["steps"]
+        where = f"step {steps[0]}" if len(steps) == 1 else f"{len(steps)} steps"
+        yield (f"  rank {e['rank']}: {_ms(e['cost_ns'])} ms over {where} "
+               f"({_ms(e['cost_ns'] // len(steps))} ms a step)")
+    if len(totals) > limit:
+        yield f"  ... {len(totals) - limit} more ranks (--json has them all)"
