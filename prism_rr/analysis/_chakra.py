@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 
 from prism_rr.format import ops
@@ -39,7 +40,12 @@ _COMM_TYPE_OF_FAMILY = {"all_reduce": 0, "all_gather": 2, "all_to_all": 6, "redu
 _ATTR_INT32, _ATTR_INT64, _ATTR_BOOL, _ATTR_STRING = 7, 9, 27, 29
 
 
+_SMALL = [bytes((i,)) for i in range(128)]
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _SMALL[n]
     if n < 0:  # int32/int64: two's complement, always ten bytes
         n += 1 << 64
     out = bytearray()
@@ -50,6 +56,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+@lru_cache(maxsize=None)
 def _tag(field: int, wire: int) -> bytes:
     return _varint(field << 3 | wire)
 
@@ -67,6 +74,7 @@ def _str(field: int, text: str) -> bytes:
     return _bytes(field, text.encode()) if text else b""
 
 
+@lru_cache(maxsize=4096)  # most attributes repeat: is_cpu_op, pg_name, comm_type, sizes
 def _attr(name: str, kind: int, value) -> bytes:
     """Field 10 of a Node (2 of GlobalMetadata): an AttributeProto. A oneof member is
     written even when it is 0: its presence is the value."""
@@ -90,6 +98,7 @@ def _node(nid: int, name: str, ntype: int, dep: int | None, start_us: int, dur_u
     return body
 
 
+@lru_cache(maxsize=4096)
 def _io(shapes, dtypes) -> bytes:
     return _str(2, json.dumps([list(s) for s in shapes])) + _str(3, json.dumps(list(dtypes)))
 
