@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RecordResult",
+    "check_replayable",
     "export",
     "pack",
     "record",
@@ -273,6 +274,7 @@ def replay(bundle, **options) -> ReplayResult:
     `prism_rr.replayer.replay`'s. Never raises on a divergence: see the result's exit_code."""
     from prism_rr.replayer import replay as run_replay
 
+    check_replayable(bundle)
     return run_replay(bundle, **options)
 
 
@@ -281,7 +283,21 @@ def recorded_commands(bundle, ranks=(0,)) -> dict[int, tuple[list[str], str]]:
     for showing to a user before they agree to run it."""
     from prism_rr.replayer.launch import recorded_commands as commands
 
+    check_replayable(bundle)
     return commands(bundle, ranks)
+
+
+def check_replayable(bundle) -> None:
+    """UsageError for a bundle replay cannot run: one imported from another tool's dumps
+    (`prism-rr import fr`) holds no command, payloads or steps to replay."""
+    from prism_rr.format import open_bundle
+
+    with open_bundle(bundle) as b:
+        imported = b.manifest.get("imported")
+    if isinstance(imported, dict):
+        raise UsageError(f"{Path(bundle).name} was imported from PyTorch Flight Recorder dumps, which hold no "
+                         f"command, payloads or steps: replay cannot run it (info, diagnose, export, tui and "
+                         f"diff read it)")
 
 
 def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = None, mesh=None,

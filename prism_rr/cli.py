@@ -88,6 +88,7 @@ def info(
         + (f" ({facts['bytes'] / facts['event_count']:.1f} per event)" if facts["event_count"] else ""),
     ]
     lines += _node_and_clock_lines(manifest)
+    lines += _imported_lines(manifest)
     flight = facts["flight"]
     if flight is not None:
         what = _shown(str(flight.get("trigger")))
@@ -111,6 +112,19 @@ def info(
     for f in facts["recorder_failures"]:
         lines.append(f"recorder off    rank {f['rank']} from step {f['step']}: {f['reason']}")
     print("\n".join(lines))
+
+
+def _imported_lines(manifest: dict) -> list[str]:
+    """`info`'s line for a bundle made by `import` (the manifest's `imported`, type-checked)."""
+    imported = manifest.get("imported")
+    if not isinstance(imported, dict) or imported.get("from") != "flight_recorder":
+        return []
+
+    def words(key: str) -> str:
+        v = imported.get(key)
+        return ", ".join(_shown(str(x))[:40] for x in v[:4]) if isinstance(v, (list, tuple)) else "?"
+    return [f"imported        from PyTorch Flight Recorder dumps ({words('forms')}, version {words('versions')}): "
+            f"no steps, payloads or command; replay refuses it"]
 
 
 def _node_and_clock_lines(manifest: dict) -> list[str]:
@@ -373,6 +387,7 @@ def replay(
         raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
     if cmd and run_recorded:
         raise UsageError("give either -- CMD or --run-recorded-command, not both")
+    api.check_replayable(bundle)
     if not cmd:
         _consent_to_recorded_command(bundle, ranks, asked=run_recorded)
     result = api.replay(
@@ -727,6 +742,44 @@ def scale(
             for fam, row in c["ops"].items():
                 _say(f"  {fam:<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
                      f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
+
+
+import_app = typer.Typer(
+    name="import",
+    help="Make a bundle of another tool's recording, for info, diagnose, export, tui and diff.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(import_app, name="import")
+
+
+@import_app.command(name="fr", epilog="Example: prism-rr import fr /tmp/fr-dumps/ -o run.prism\n\n" + EXIT_CODES)
+def import_fr(
+    dumps: list[Path] = typer.Argument(..., help="PyTorch Flight Recorder dumps, one file per rank named <prefix><rank> (torch's pickle, e.g. nccl_trace_rank_0, or the JSON of _dump_fr_trace_json), or directories of them."),
+    output: Path = typer.Option(..., "-o", "--output", help="The bundle to write."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was imported (ranks, entries, left out) as JSON on stdout."),
+) -> None:
+    """Import PyTorch Flight Recorder dumps (one per rank) as a bundle that info, verify,
+    diagnose, export, tui and diff read; replay cannot run it.
+
+    Each entry becomes a call: its process group (named as torch named it), sequence
+    number, op, sizes, dtypes, when it was created and whether it completed, and the
+    user's frames of its stack (pickle dumps only). A pickle is read by an interpreter
+    that builds only plain containers and scalars: a dump that names or calls anything
+    is refused (exit 4) before anything runs. Lost: payloads, step boundaries, compute,
+    memory, the root of broadcasts and the reduce op; gloo dumps have no completion times
+    and no sends or receives.
+    """
+    from prism_rr.format.fr import import_fr as read_dumps
+
+    note = read_dumps(dumps, output, progress=_progress("reading dumps"))
+    if as_json:
+        print(json.dumps(note))
+    left = note["trimmed"] + note["coalesced"] + note["unplaced"] + note["unread"]
+    _say(f"wrote {output}: {note['ranks']} ranks, {note['entries']:,} Flight Recorder entries "
+         f"({', '.join(note['forms'])}, version {', '.join(note['versions'])})"
+         + (f", {left:,} left out (see --json)" if left else "")
+         + f"; look further: prism-rr diagnose {output}")
 
 
 def _progress(label: str):

@@ -1,0 +1,803 @@
+"""PyTorch Flight Recorder dumps as a bundle: `prism-rr import fr`.
+
+Flight Recorder keeps, per rank, a ring of its last N collectives (TORCH_FR_BUFFER_SIZE)
+and dumps it, one file per rank, as a pickle (`_dump_fr_trace`; what torch writes on a
+watchdog timeout, `nccl_trace_rank_<r>`) or as JSON (`_dump_fr_trace_json`). Each entry
+names its process group, its sequence number in that group, the op, input and output
+sizes and dtypes, when it was created, its state and, in the pickle, its Python stack.
+
+    note = import_fr(["dumps/"], "run.prism")
+
+The dumps become one spool per rank (group records, then one record per entry, then a
+`recording_end` marker: the rank was alive when it dumped), packed through `Rewrite`, so
+`info`, `verify`, `diagnose`, `export` and `tui` read the bundle as they read a recording.
+The manifest's `imported` says where it came from; `replay` refuses it, for it holds no
+command and no payloads.
+
+The pickle is a stranger's: it is read by `safe_loads`, an interpreter of the pickle
+opcodes that build plain containers and scalars, and of nothing else. Every opcode that
+names or calls an object (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*,
+PERSID, buffers) is refused before anything is looked up, so no dump runs code. Sizes are
+bounded (a file of at most 256 MiB, containers, nesting, integers), and every field is
+type-checked where it is read: a malformed dump is one FormatError naming file and field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from prism_rr.errors import FormatError, UsageError
+from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint, Record
+from prism_rr.format.rewrite import Rewrite
+
+__all__ = ["MAX_DUMP_BYTES", "import_fr", "read_dump", "safe_loads"]
+
+MAX_DUMP_BYTES = 256 << 20  # a dump of 20,000 entries with stacks is about 20 MiB
+MAX_DEPTH = 32  # a dump nests 5 deep
+MAX_TENSORS = 4096  # sizes or dtypes of one entry
+MAX_DIMS = 64
+MAX_FRAMES = 256  # frames of one entry read; the stack keeps the first user frames
+STACK_DEPTH = 16
+CHUNK_RECORDS = 2048
+
+
+# --- the restricted unpickler --------------------------------------------------------
+
+# Opcodes that name, build or call objects: refused wherever they appear.
+_REFUSED = {
+    ord("c"): "GLOBAL", 0x93: "STACK_GLOBAL", ord("R"): "REDUCE", ord("b"): "BUILD",
+    ord("i"): "INST", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1",
+    0x83: "EXT2", 0x84: "EXT4", ord("P"): "PERSID", ord("Q"): "BINPERSID",
+    0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER", ord("S"): "STRING", ord("T"): "BINSTRING",
+    ord("U"): "SHORT_BINSTRING",
+}
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct(">d")
+
+
+def safe_loads(data: bytes, where: str) -> Any:
+    """The value a pickle builds, if it builds only None, bools, ints, floats, str, bytes,
+    lists, tuples, dicts and sets; else FormatError naming the opcode and its offset.
+
+    Containers are bounded by the input's size (one per 8 bytes, plus 65536), integers
+    by 64 bits and nesting by MAX_DEPTH, so the result costs a few times the input.
+    """
+    n = len(data)
+    if n > MAX_DUMP_BYTES:
+        raise FormatError(f"{where}: {n:,} bytes, more than the {MAX_DUMP_BYTES:,} a dump may have")
+    containers_left = 65536 + n // 8
+    stack: list = []
+    marks: list[int] = []  # where each open MARK left the stack: a fence below it
+    memo: dict[int, Any] = {}
+    pos = 0
+
+    def fail(what: str, at: int) -> FormatError:
+        return FormatError(f"{where}: pickle offset {at}: {what}")
+
+    def take(size: int, at: int) -> bytes:
+        nonlocal pos
+        end = pos + size
+        if size < 0 or end > n:
+            raise fail("truncated (data runs past the end of the file)", at)
+        piece = data[pos:end]
+        pos = end
+        return piece
+
+    def line(at: int) -> bytes:
+        nonlocal pos
+        end = data.find(b"\n", pos, pos + 64)
+        if end < 0:
+            raise fail("a text argument longer than 64 bytes or unterminated", at)
+        piece = data[pos:end]
+        pos = end + 1
+        return piece
+
+    def pop_mark(at: int) -> list:
+        if not marks:
+            raise fail("no MARK before this opcode", at)
+        start = marks.pop()
+        items = stack[start:]
+        del stack[start:]
+        return items
+
+    def top(at: int, depth: int = 1):
+        if len(stack) - (marks[-1] if marks else 0) < depth:
+            raise fail("stack underflow", at)
+        return stack[-1]
+
+    def container(at: int) -> None:
+        nonlocal containers_left
+        containers_left -= 1
+        if containers_left < 0:
+            raise fail("more containers than a file of this size can hold", at)
+
+    while True:
+        if pos >= n:
+            raise fail("truncated (no STOP)", pos)
+        at = pos
+        op = data[pos]
+        pos += 1
+        try:
+            if op == 0x68:  # BINGET
+                stack.append(memo[take(1, at)[0]])
+            elif op == 0x71:  # BINPUT
+                memo[take(1, at)[0]] = top(at)
+            elif op == 0x58:  # BINUNICODE
+                stack.append(str(take(_U32.unpack(take(4, at))[0], at), "utf-8", "surrogatepass"))
+            elif op == 0x8C:  # SHORT_BINUNICODE
+                stack.append(str(take(take(1, at)[0], at), "utf-8", "surrogatepass"))
+            elif op == 0x28:  # MARK
+                marks.append(len(stack))
+            elif op == 0x4B:  # BININT1
+                stack.append(take(1, at)[0])
+            elif op == 0x4D:  # BININT2
+                stack.append(int.from_bytes(take(2, at), "little"))
+            elif op == 0x4A:  # BININT
+                stack.append(_I32.unpack(take(4, at))[0])
+            elif op == 0x5D:  # EMPTY_LIST
+                container(at)
+                stack.append([])
+            elif op == 0x7D:  # EMPTY_DICT
+                container(at)
+                stack.append({})
+            elif op == 0x29:  # EMPTY_TUPLE
+                stack.append(())
+            elif op == 0x65:  # APPENDS
+                items = pop_mark(at)
+                target = top(at)
+                if type(target) is not list:
+                    raise fail(f"APPENDS to a {type(target).__name__}", at)
+                target.extend(items)
+            elif op == 0x61:  # APPEND
+                top(at, 2)
+                item = stack.pop()
+                target = stack[-1]
+                if type(target) is not list:
+                    raise fail(f"APPEND to a {type(target).__name__}", at)
+                target.append(item)
+            elif op == 0x75:  # SETITEMS
+                items = pop_mark(at)
+                target = top(at)
+                if type(target) is not dict or len(items) % 2:
+                    raise fail("SETITEMS needs a dict and pairs", at)
+                for i in range(0, len(items), 2):
+                    target[items[i]] = items[i + 1]
+            elif op == 0x73:  # SETITEM
+                top(at, 3)
+                value, key = stack.pop(), stack.pop()
+                target = stack[-1]
+                if type(target) is not dict:
+                    raise fail(f"SETITEM on a {type(target).__name__}", at)
+                target[key] = value
+            elif op == 0x4E:  # NONE
+                stack.append(None)
+            elif op == 0x88:  # NEWTRUE
+                stack.append(True)
+            elif op == 0x89:  # NEWFALSE
+                stack.append(False)
+            elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
+                size = take(1, at)[0] if op == 0x8A else _U32.unpack(take(4, at))[0]
+                if size > 9:
+                    raise fail(f"an integer of {size} bytes (at most 64 bits are read)", at)
+                stack.append(int.from_bytes(take(size, at), "little", signed=True))
+            elif op == 0x47:  # BINFLOAT
+                stack.append(_F64.unpack(take(8, at))[0])
+            elif 0x85 <= op <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
+                k = op - 0x84
+                top(at, k)
+                items = tuple(stack[-k:])
+                del stack[-k:]
+                stack.append(items)
+            elif op == 0x74:  # TUPLE
+                items = pop_mark(at)
+                stack.append(tuple(items))
+            elif op == 0x6C:  # LIST
+                container(at)
+                stack.append(pop_mark(at))
+            elif op == 0x64:  # DICT
+                container(at)
+                items = pop_mark(at)
+                if len(items) % 2:
+                    raise fail("DICT needs pairs", at)
+                stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+            elif op == 0x8F:  # EMPTY_SET
+                container(at)
+                stack.append(set())
+            elif op == 0x90:  # ADDITEMS
+                items = pop_mark(at)
+                target = top(at)
+                if type(target) is not set:
+                    raise fail("ADDITEMS needs a set", at)
+                target.update(items)
+            elif op == 0x91:  # FROZENSET
+                container(at)
+                stack.append(frozenset(pop_mark(at)))
+            elif op == 0x94:  # MEMOIZE
+                memo[len(memo)] = top(at)
+            elif op == 0x72:  # LONG_BINPUT
+                memo[_U32.unpack(take(4, at))[0]] = top(at)
+            elif op == 0x6A:  # LONG_BINGET
+                stack.append(memo[_U32.unpack(take(4, at))[0]])
+            elif op == 0x70:  # PUT
+                memo[int(line(at))] = top(at)
+            elif op == 0x67:  # GET
+                stack.append(memo[int(line(at))])
+            elif op in (0x42, 0x43, 0x8E, 0x96):  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
+                size = (_U32.unpack(take(4, at))[0] if op == 0x42 else take(1, at)[0] if op == 0x43
+                        else _U64.unpack(take(8, at))[0])
+                stack.append(bytes(take(size, at)))
+            elif op == 0x8D:  # BINUNICODE8
+                stack.append(str(take(_U64.unpack(take(8, at))[0], at), "utf-8", "surrogatepass"))
+            elif op == 0x56:  # UNICODE (protocol 0)
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    raise fail("unterminated UNICODE", at)
+                stack.append(data[pos:end].decode("raw-unicode-escape"))
+                pos = end + 1
+            elif op == 0x49 or op == 0x4C:  # INT, LONG (protocol 0)
+                text = line(at).rstrip(b"L")
+                stack.append(True if text == b"01" and op == 0x49 else False if text == b"00" and op == 0x49
+                             else int(text))
+            elif op == 0x46:  # FLOAT (protocol 0)
+                stack.append(float(line(at)))
+            elif op == 0x30:  # POP: the top value, or the MARK when nothing lies above it
+                if len(stack) > (marks[-1] if marks else 0):
+                    stack.pop()
+                else:
+                    pop_mark(at)
+            elif op == 0x31:  # POP_MARK
+                pop_mark(at)
+            elif op == 0x32:  # DUP
+                stack.append(top(at))
+            elif op == 0x80:  # PROTO
+                if take(1, at)[0] > 5:
+                    raise fail("a pickle protocol above 5", at)
+            elif op == 0x95:  # FRAME: a hint of the next frame's size
+                take(8, at)
+            elif op == 0x2E:  # STOP
+                if len(stack) != 1 or marks:
+                    raise fail("STOP with a stack of other than one value", at)
+                value = stack[0]
+                check_tree(value, where, budget=65536 + 2 * n)
+                return value
+            elif op in _REFUSED:
+                raise fail(f"{_REFUSED[op]} opcode refused: a Flight Recorder dump holds only plain "
+                           f"containers and scalars, and prism-rr never imports, builds or calls what a file names", at)
+            else:
+                raise fail(f"unknown opcode 0x{op:02x}", at)
+        except FormatError:
+            raise
+        except KeyError:
+            raise fail("a memo entry that was never stored", at) from None
+        except TypeError:
+            raise fail("an unhashable dict key or set member", at) from None
+        except (ValueError, UnicodeDecodeError, struct.error, IndexError) as exc:
+            raise fail(f"malformed argument ({type(exc).__name__})", at) from None
+
+
+def check_tree(value: Any, where: str, *, budget: int) -> None:
+    """FormatError unless `value` nests at most MAX_DEPTH deep and visiting it (shared
+    parts once per reference) takes at most `budget` steps: what reads it later walks
+    it without recursion limits or blow-ups."""
+    todo = [(value, 1)]
+    steps = 0
+    while todo:
+        v, depth = todo.pop()
+        steps += 1
+        if steps > budget:
+            raise FormatError(f"{where}: more values than a file of this size can hold (shared references?)")
+        t = type(v)
+        if t is dict:
+            if depth >= MAX_DEPTH:
+                raise FormatError(f"{where}: nested more than {MAX_DEPTH} deep")
+            steps += len(v)
+            todo.extend((x, depth + 1) for x in v.values())
+        elif t is list or t is tuple or t is set or t is frozenset:
+            if depth >= MAX_DEPTH:
+                raise FormatError(f"{where}: nested more than {MAX_DEPTH} deep")
+            todo.extend((x, depth + 1) for x in v)
+        elif t is float and not math.isfinite(v):
+            raise FormatError(f"{where}: a float that is not finite")
+
+
+def _loads_json(data: bytes, where: str) -> Any:
+    if len(data) > MAX_DUMP_BYTES:
+        raise FormatError(f"{where}: {len(data):,} bytes, more than the {MAX_DUMP_BYTES:,} a dump may have")
+
+    def refuse(name: str):
+        raise FormatError(f"{where}: JSON constant {name} is not a number")
+
+    try:
+        value = json.loads(data, parse_constant=refuse)
+    except RecursionError:
+        raise FormatError(f"{where}: JSON nested too deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{where}: not JSON ({str(exc)[:120]})") from None
+    check_tree(value, where, budget=65536 + 2 * len(data))
+    return value
+
+
+# --- one dump ------------------------------------------------------------------------
+
+# c10's ScalarType names (what a dump says) -> torch's dtype names (what records say), bytes.
+_DTYPES = {
+    "Byte": ("uint8", 1), "Char": ("int8", 1), "Short": ("int16", 2), "Int": ("int32", 4),
+    "Long": ("int64", 8), "Half": ("float16", 2), "Float": ("float32", 4), "Double": ("float64", 8),
+    "ComplexHalf": ("complex32", 4), "ComplexFloat": ("complex64", 8), "ComplexDouble": ("complex128", 16),
+    "Bool": ("bool", 1), "QInt8": ("qint8", 1), "QUInt8": ("quint8", 1), "QInt32": ("qint32", 4),
+    "BFloat16": ("bfloat16", 2), "UInt16": ("uint16", 2), "UInt32": ("uint32", 4), "UInt64": ("uint64", 8),
+    "Float8_e5m2": ("float8_e5m2", 1), "Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "Float8_e5m2fnuz": ("float8_e5m2fnuz", 1), "Float8_e4m3fnuz": ("float8_e4m3fnuz", 1),
+    "Float8_e8m0fnu": ("float8_e8m0fnu", 1),
+}
+# Names backends give their ops in profiling names -> the op names of records (format/ops.py).
+_OPS = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather_into_tensor", "all_gather_single": "all_gather_into_tensor",
+    "all_gather_base": "all_gather_into_tensor", "ALLGATHER_coalesced": "all_gather_into_tensor_coalesced",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_base": "reduce_scatter_tensor", "REDUCE_SCATTER_coalesced": "reduce_scatter_tensor_coalesced",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_allv": "all_to_all_single",
+    "all_to_all_v_single": "all_to_all_single", "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
+    "all_reduce_barrier": "barrier",
+}
+_P2P_NAME = re.compile(r"(send|recv) (\d{1,7})(->|<-)(\d{1,7})")
+_RANK_IN_NAME = re.compile(r"(\d{1,7})(?:\.json|\.pkl|\.pickle)?")
+_TORCH_FRAME = re.compile(r"[/\\]torch[/\\]|[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One Flight Recorder entry, its fields checked and its names mapped."""
+
+    record_id: int
+    pg_id: int
+    pg_name: str
+    pg_desc: str
+    backend: str  # the profiling name's prefix: nccl, gloo, ...
+    op: str
+    seq: int  # collective_seq_id, or p2p_seq_id for a p2p entry
+    p2p: tuple[str, int, int] | None  # (send | recv, src, dst) in group ranks
+    in_sizes: tuple[tuple[int, ...], ...]
+    in_dtypes: tuple[str, ...]
+    out_sizes: tuple[tuple[int, ...], ...]
+    out_dtypes: tuple[str, ...]
+    created_ns: int
+    started_ns: int | None
+    completed_ns: int | None
+    duration_ms: float | None
+    state: str
+    retired: bool
+    stack: tuple[str, ...] | None
+
+
+@dataclass(slots=True)
+class Dump:
+    """One rank's dump: its entries in recording order and what the dump says of groups."""
+
+    rank: int
+    path: Path
+    form: str  # "pickle" or "json"
+    version: str
+    entries: list[Entry]
+    pg_ranks: dict[str, tuple[int, ...]]  # pg_config: group name -> global ranks, where given
+    completed: dict[tuple[int, bool], int]  # pg_status: (pg_id, p2p) -> last completed seq
+    comm_lib_version: str = ""
+    unread: int = 0  # entries of a kind this reader cannot place (e.g. coalesced p2p)
+
+
+def rank_of(path: Path) -> int | None:
+    """The rank a dump file's name ends with (`nccl_trace_rank_3`, `rank_3.json`), as
+    torch's own reader finds it."""
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m and m.end() == len(path.name) else None
+
+
+def read_dump(path: str | os.PathLike, rank: int | None = None) -> Dump:
+    """One rank's dump, pickle or JSON (which starts with { or [)."""
+    path = Path(path)
+    rank = rank_of(path) if rank is None else rank
+    where = path.name
+    if rank is None:
+        raise UsageError(f"{path}: no rank at the end of its name (torch names dumps <prefix><rank>)")
+    try:
+        size = path.stat().st_size
+        if size > MAX_DUMP_BYTES:
+            raise FormatError(f"{where}: {size:,} bytes, more than the {MAX_DUMP_BYTES:,} a dump may have")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    if not data.strip():
+        raise FormatError(f"{where}: empty")
+    if data.lstrip()[:1] in (b"{", b"["):
+        form, value = "json", _loads_json(data, where)
+    else:  # torch writes protocol 2; older protocols start with any opcode
+        form, value = "pickle", safe_loads(data, where)
+    if type(value) is not dict:
+        raise FormatError(f"{where}: the dump is a {type(value).__name__}, not a map")
+    return _dump(value, rank, path, form)
+
+
+class _Fields:
+    """Type-checked reads of one map of a dump; errors name the file, the entry and the field."""
+
+    def __init__(self, value: Any, where: str):
+        if type(value) is not dict:
+            raise FormatError(f"{where}: a {type(value).__name__} where a map belongs")
+        self.value, self.where = value, where
+
+    def bad(self, key: str, what: str) -> FormatError:
+        return FormatError(f"{self.where}: field {key!r} {what}")
+
+    def int(self, key: str, default: Any = ..., *, low: int = 0, high: int = 1 << 63) -> Any:
+        v = self.value.get(key, default)
+        if v is ...:
+            raise self.bad(key, "is missing")
+        if v is None or v is default:
+            return default
+        if type(v) is str and re.fullmatch(r"-?\d{1,19}", v):  # JSON dumps write some ints as text
+            v = int(v)
+        if type(v) is not int or not low <= v < high:
+            raise self.bad(key, f"is not an integer in [{low}, {high})")
+        return v
+
+    def str(self, key: str, default: Any = ..., limit: int = 4096) -> Any:
+        v = self.value.get(key, default)
+        if v is ...:
+            raise self.bad(key, "is missing")
+        if v is default:
+            return v
+        if type(v) is not str or len(v) > limit:
+            raise self.bad(key, f"is not a string of at most {limit} characters")
+        return v
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.value.get(key, default)
+        if type(v) is not bool:
+            raise self.bad(key, "is not a boolean")
+        return v
+
+    def sizes(self, key: str) -> tuple[tuple[int, ...], ...]:
+        v = self.value.get(key, [])
+        if type(v) not in (list, tuple) or len(v) > MAX_TENSORS:
+            raise self.bad(key, f"is not a list of at most {MAX_TENSORS} shapes")
+        out = []
+        for shape in v:
+            if (type(shape) not in (list, tuple) or len(shape) > MAX_DIMS
+                    or not all(type(d) is int and 0 <= d < 1 << 48 for d in shape)):
+                raise self.bad(key, "holds a shape that is not a list of sizes")
+            out.append(tuple(shape))
+        return tuple(out)
+
+    def dtypes(self, key: str) -> tuple[str, ...]:
+        v = self.value.get(key, [])
+        if (type(v) not in (list, tuple) or len(v) > MAX_TENSORS
+                or not all(type(d) is str and len(d) <= 64 for d in v)):
+            raise self.bad(key, f"is not a list of at most {MAX_TENSORS} dtype names")
+        return tuple(_DTYPES[d][0] if d in _DTYPES else d.lower() for d in v)
+
+
+def _dump(value: dict, rank: int, path: Path, form: str) -> Dump:
+    where = path.name
+    top = _Fields(value, where)
+    version = value.get("version", "")
+    version = version if type(version) is str and len(version) <= 32 else str(version)[:32]
+    raw = value.get("entries", [])
+    if type(raw) not in (list, tuple):
+        raise top.bad("entries", "is not a list")
+    pg_ranks = {}
+    config = value.get("pg_config", {})
+    if type(config) is not dict:
+        raise top.bad("pg_config", "is not a map")
+    for name, cfg in config.items():
+        if type(name) is str and type(cfg) is dict:
+            ranks = _ranks(cfg.get("ranks"))
+            if ranks:
+                pg_ranks[name] = ranks
+    completed: dict[tuple[int, bool], int] = {}
+    status = value.get("pg_status", {})
+    if type(status) is not dict:
+        raise top.bad("pg_status", "is not a map")
+    for pg, st in status.items():
+        f = _Fields(st, f"{where}: pg_status {str(pg)[:40]}")
+        if type(pg) is str and pg.isdigit() and len(pg) < 10:  # pg ids: text in both forms
+            pg = int(pg)
+        if type(pg) is not int:
+            continue
+        for key, p2p in (("last_completed_collective", False), ("last_completed_p2p", True)):
+            done = f.int(key, None, low=-1)
+            if done is not None:
+                completed[(pg, p2p)] = done
+    lib = value.get("comm_lib_version", "")
+    dump = Dump(rank=rank, path=path, form=form, version=version, entries=[], pg_ranks=pg_ranks,
+                completed=completed, comm_lib_version=lib[:200] if type(lib) is str else "")
+    for i, e in enumerate(raw):
+        entry = _entry(_Fields(e, f"{where}: entry {i}"))
+        if entry is None:
+            dump.unread += 1
+        else:
+            dump.entries.append(entry)
+    dump.entries.sort(key=lambda e: e.record_id)
+    return dump
+
+
+def _ranks(v: Any) -> tuple[int, ...] | None:
+    """pg_config's ranks: a list of ints, or its text ("[0, 1, 2]", as dumps write it)."""
+    if type(v) is str and len(v) <= 16 << 20 and re.fullmatch(r"\[\s*(\d+\s*(,\s*\d+\s*)*)?\]", v):
+        v = [int(x) for x in re.findall(r"\d+", v)]
+    if type(v) in (list, tuple) and v and all(type(r) is int and 0 <= r < 1 << 20 for r in v):
+        return tuple(sorted(set(v)))
+    return None
+
+
+def _entry(f: _Fields) -> Entry | None:
+    pg = f.value.get("process_group")
+    if type(pg) not in (list, tuple) or len(pg) != 2 or not all(type(x) is str and len(x) <= 512 for x in pg):
+        raise f.bad("process_group", "is not [name, description]")
+    name = f.str("profiling_name", limit=512)
+    backend, _, op = name.partition(":")
+    if not op:
+        backend, op = "", backend
+    is_p2p = f.bool("is_p2p", False)
+    p2p = None
+    if is_p2p:
+        m = _P2P_NAME.fullmatch(op)
+        if m is None:
+            return None  # a coalesced or unnamed p2p: which peer is unknown
+        kind, a, arrow, b = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+        src, dst = (a, b) if arrow == "->" else (b, a)
+        p2p, op = (kind, src, dst), kind
+    else:
+        op = _OPS.get(op, op)
+    frames = f.value.get("frames")
+    stack = None
+    if frames is not None:
+        if type(frames) not in (list, tuple):
+            raise f.bad("frames", "is not a list")
+        stack = _stack(frames[:MAX_FRAMES], f)
+    duration = f.value.get("duration_ms")
+    if duration is not None and (type(duration) not in (int, float) or not 0 <= duration < 1e12):
+        raise f.bad("duration_ms", "is not a duration")
+    return Entry(
+        record_id=f.int("record_id", 0), pg_id=f.int("pg_id", 0, high=1 << 31),
+        pg_name=pg[0], pg_desc=pg[1], backend=backend[:32], op=op[:64],
+        seq=f.int("p2p_seq_id" if is_p2p else "collective_seq_id", 0, high=1 << 62),
+        p2p=p2p, in_sizes=f.sizes("input_sizes"), in_dtypes=f.dtypes("input_dtypes"),
+        out_sizes=f.sizes("output_sizes"), out_dtypes=f.dtypes("output_dtypes"),
+        created_ns=f.int("time_created_ns", high=1 << 62),
+        started_ns=f.int("time_discovered_started_ns", None, high=1 << 62) or None,
+        completed_ns=f.int("time_discovered_completed_ns", None, high=1 << 62) or None,
+        duration_ms=duration, state=f.str("state", "", limit=32), retired=f.bool("retired", False),
+        stack=stack,
+    )
+
+
+def _stack(frames, f: _Fields) -> tuple[str, ...] | None:
+    """Innermost-first "file:line in function" of the user's frames (torch's own and the
+    standard library's left out), as a recording's stacks are."""
+    out = []
+    for fr in frames:
+        if type(fr) is not dict:
+            raise f.bad("frames", "holds a frame that is not a map")
+        file, line, name = fr.get("filename"), fr.get("line"), fr.get("name")
+        if type(file) is not str or type(name) is not str or type(line) is not int:
+            raise f.bad("frames", "holds a frame without filename, line and name")
+        if not file or file.startswith("<") or _TORCH_FRAME.search(file):
+            continue
+        out.append(f"{os.path.basename(file)[:200]}:{line} in {name[:200]}")
+        if len(out) >= STACK_DEPTH:
+            break
+    return tuple(out) or None
+
+
+# --- many dumps, one bundle ------------------------------------------------------------
+
+
+def find_dumps(paths: Iterable[str | os.PathLike]) -> dict[int, Path]:
+    """The dump of each rank among `paths` (files, or directories whose files are dumps:
+    names that end in a rank, `.json` allowed). A rank with two dumps is an error."""
+    found: dict[int, Path] = {}
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(q for q in p.iterdir() if q.is_file() and rank_of(q) is not None)
+            if not files:
+                raise UsageError(f"{p}: no Flight Recorder dumps in it (files named <prefix><rank>)")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise UsageError(f"{p}: no such file or directory")
+        for q in files:
+            rank = rank_of(q)
+            if rank is None:
+                raise UsageError(f"{q}: no rank at the end of its name (torch names dumps <prefix><rank>)")
+            if rank in found and found[rank].resolve() != q.resolve():
+                raise UsageError(f"rank {rank} has two dumps: {found[rank]} and {q}; import one of them")
+            found[rank] = q
+    if not found:
+        raise UsageError("no Flight Recorder dumps given")
+    return dict(sorted(found.items()))
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What every dump says about the world, its groups and the window they all cover."""
+
+    world: int = 0
+    names: dict[str, str] = field(default_factory=dict)  # group name -> description
+    members: dict[str, set[int]] = field(default_factory=dict)  # ranks seen with entries in it
+    configured: dict[str, tuple[int, ...]] = field(default_factory=dict)  # from pg_config
+    cut: dict[str, int] = field(default_factory=dict)  # group -> first seq every window holds
+    ids: dict[str, int] = field(default_factory=dict)
+    ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    backends: set[str] = field(default_factory=set)
+    versions: set[str] = field(default_factory=set)
+    forms: set[str] = field(default_factory=set)
+
+    def learn(self, dump: Dump) -> None:
+        self.world = max(self.world, dump.rank + 1)
+        self.versions.add(dump.version)
+        self.forms.add(dump.form)
+        for name, ranks in dump.pg_ranks.items():
+            self.configured[name] = tuple(sorted(set(self.configured.get(name, ())) | set(ranks)))
+        wrapped = bool(dump.entries) and dump.entries[0].record_id > 0
+        first: dict[str, int] = {}
+        for e in dump.entries:
+            self.names.setdefault(e.pg_name, e.pg_desc)
+            self.members.setdefault(e.pg_name, set()).add(dump.rank)
+            if e.backend:
+                self.backends.add(e.backend)
+            if e.p2p is None and e.pg_name not in first:
+                first[e.pg_name] = e.seq
+        if wrapped:  # its ring lost older entries: calls before its window are unknown
+            for name, seq in first.items():
+                self.cut[name] = max(self.cut.get(name, 0), seq)
+
+    def settle(self) -> None:
+        """Group ids and members, once every dump is read."""
+        for ranks in self.configured.values():
+            self.world = max(self.world, ranks[-1] + 1)
+        names = sorted(self.names, key=lambda s: (not _is_world(s, self.names[s]), _number(s), s))
+        numbered = all(s.isdigit() and len(s) < 9 for s in names) and len({int(s) for s in names}) == len(names)
+        for i, name in enumerate(names):
+            self.ids[name] = int(name) if numbered else i
+            if name in self.configured:
+                self.ranks[name] = self.configured[name]
+            elif _is_world(name, self.names[name]):
+                self.ranks[name] = tuple(range(self.world))
+            else:
+                self.ranks[name] = tuple(sorted(self.members[name]))
+
+
+def _is_world(name: str, desc: str) -> bool:
+    return desc == "default_pg" or name == "0"
+
+
+def _number(name: str) -> int:
+    return int(name) if name.isdigit() and len(name) < 18 else 1 << 62
+
+
+def _bytes(sizes, dtypes) -> int:
+    total = 0
+    for i, shape in enumerate(sizes):
+        dtype = dtypes[i] if i < len(dtypes) else (dtypes[-1] if dtypes else None)
+        size = next((b for n, b in _DTYPES.values() if n == dtype), 0)
+        total += math.prod(shape) * size
+    return total
+
+
+def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
+    """A rank's records: its groups, one record per entry inside the common window, and
+    `recording_end` (it was alive to dump)."""
+    rank = dump.rank
+    t0 = min((e.created_ns for e in dump.entries), default=0)
+    for name, gid in sorted(plan.ids.items(), key=lambda kv: kv[1]):
+        if rank in plan.ranks[name]:
+            yield GroupInfo(start_ns=t0, end_ns=t0, step=0, group=gid, ranks=plan.ranks[name], name=name,
+                            text=plan.names[name], backend=next(iter(sorted(plan.backends)), ""))
+    tracks_state = any(e.state in ("started", "completed") or e.completed_ns for e in dump.entries)
+    seen: set[tuple[str, int]] = set()
+    messages: dict[tuple[int, int, int], int] = {}
+    last = t0
+    open_calls = 0
+    for e in dump.entries:
+        if e.p2p is None:
+            if e.seq < plan.cut.get(e.pg_name, 0):
+                note["trimmed"] += 1
+                continue
+            if (e.pg_name, e.seq) in seen:  # the later ops of a coalesced call share its seq
+                note["coalesced"] += 1
+                continue
+            seen.add((e.pg_name, e.seq))
+        done = (e.state == "completed" or e.completed_ns is not None
+                or e.seq <= dump.completed.get((e.pg_id, e.p2p is not None), -1)
+                or (e.retired and not tracks_state))
+        start = e.created_ns
+        end = None
+        if done:
+            begun = e.started_ns or start
+            end = (e.completed_ns if e.completed_ns and e.completed_ns >= start
+                   else begun + int(e.duration_ms * 1e6) if e.duration_ms is not None else start)
+        else:
+            open_calls += 1
+        last = max(last, start if end is None else end)
+        gid = plan.ids[e.pg_name]
+        if e.p2p is None:
+            yield Collective(
+                start_ns=start, end_ns=end, step=0, op=e.op, group=gid, seq=max(0, e.seq - 1),
+                in_shapes=e.in_sizes, in_dtypes=e.in_dtypes, in_bytes=_bytes(e.in_sizes, e.in_dtypes),
+                out_shapes=e.out_sizes, out_dtypes=e.out_dtypes, out_bytes=_bytes(e.out_sizes, e.out_dtypes),
+                stack=e.stack,
+            )
+            continue
+        kind, src, dst = e.p2p
+        members = plan.ranks[e.pg_name]
+        if e.pg_name not in plan.configured and not _is_world(e.pg_name, plan.names[e.pg_name]) \
+                or max(src, dst) >= len(members):
+            note["unplaced"] += 1  # group ranks to global ranks: unknown
+            continue
+        src, dst = members[src], members[dst]
+        peer = dst if kind == "send" else src
+        key = (gid, src, dst)
+        seq = messages[key] = messages.get(key, -1) + 1
+        sizes, dtypes = (e.in_sizes, e.in_dtypes) if kind == "send" else (e.out_sizes or e.in_sizes,
+                                                                           e.out_dtypes or e.in_dtypes)
+        yield PointToPoint(start_ns=start, end_ns=end, step=0, op=kind, group=gid, seq=seq, peer=peer,
+                           shapes=sizes, dtypes=dtypes, nbytes=_bytes(sizes, dtypes), stack=e.stack)
+    yield Marker(start_ns=last, end_ns=last, step=0, name="recording_end", value=open_calls,
+                 text=f"Flight Recorder dump {dump.path.name}")
+
+
+def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Write the bundle `out` from the Flight Recorder dumps among `paths` (files or
+    directories); returns what the manifest's `imported` says.
+
+    Every dump is read twice, so that memory holds one rank's entries at a time: once
+    for the groups and the window every rank covers, once to write its records.
+    """
+    dumps = find_dumps(paths)
+    out = Path(out)
+    if any(out.resolve() == p.resolve() for p in dumps.values()):
+        raise UsageError(f"{out}: import writes a new bundle; give another output path")
+    plan = _Plan()
+    for i, (rank, path) in enumerate(dumps.items()):
+        plan.learn(read_dump(path, rank))
+        if progress:
+            progress(i + 1, 2 * len(dumps))
+    plan.settle()
+    totals = {"entries": 0, "trimmed": 0, "coalesced": 0, "unplaced": 0, "unread": 0}
+    with Rewrite(out, prefix=".import-fr-") as new:
+        for i, (rank, path) in enumerate(dumps.items()):
+            dump = read_dump(path, rank)
+            note = {"trimmed": 0, "coalesced": 0, "unplaced": 0}
+            records = list(_records(dump, plan, note))
+            info = {
+                "rank": rank, "world_size": plan.world, "backend": ",".join(sorted(plan.backends)),
+                "imported": {"from": "flight_recorder", "file": path.name[:200], "form": dump.form,
+                             "version": dump.version, "comm_lib_version": dump.comm_lib_version,
+                             "entries": len(dump.entries) + dump.unread, "unread": dump.unread, **note},
+            }
+            totals["entries"] += len(dump.entries) + dump.unread
+            totals["unread"] += dump.unread
+            for k, v in note.items():
+                totals[k] += v
+            new.write_rank(rank, info, (records[j:j + CHUNK_RECORDS] for j in range(0, len(records), CHUNK_RECORDS)))
+            if progress:
+                progress(len(dumps) + i + 1, 2 * len(dumps))
+        imported = {
+            "from": "flight_recorder", "forms": sorted(plan.forms), "versions": sorted(plan.versions),
+            "ranks": len(dumps), "replayable": False, **totals,
+        }
+        new.pack({"command": ["prism-rr", "import", "fr"], "imported": "flight_recorder"},
+                 manifest_extra={"imported": imported})
+    return imported

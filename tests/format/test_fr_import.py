@@ -1,0 +1,283 @@
+"""`prism-rr import fr`: PyTorch Flight Recorder dumps become a bundle that info, verify,
+diagnose and export read, and a stranger's dump never runs code.
+
+The dumps in tests/data/fr are real: torch 2.13 on gloo wrote them, run by
+tests/format/scripts/fr_dumps.py (`python tests/format/scripts/fr_dumps.py tests/data/fr`
+makes them again); one test runs that script's skip scenario live.
+"""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism_rr.errors import FormatError, UsageError
+from prism_rr.format import open_bundle, verify
+from prism_rr.format.fr import import_fr, read_dump, safe_loads
+from prism_rr.format.records import Collective, GroupInfo, Marker
+from prism_rr.analysis import diagnose
+
+from tests.cli_helpers import run_cli
+
+FR = Path(__file__).parent.parent / "data" / "fr"
+SCRIPT = Path(__file__).parent / "scripts" / "fr_dumps.py"
+WORLDS = {"normal": 2, "skip": 3, "groups": 4}
+
+
+def _records(bundle, rank, kind):
+    with open_bundle(bundle) as b:
+        return [r for r in b.events(rank) if type(r) is kind]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """Every fixture, imported once: {(scenario, form): bundle path}."""
+    d = tmp_path_factory.mktemp("fr")
+    out = {}
+    for scenario in WORLDS:
+        for form in ("pickle", "json"):
+            out[scenario, form] = d / f"{scenario}-{form}.prism"
+            import_fr([FR / scenario / form], out[scenario, form])
+    return out
+
+
+@pytest.mark.parametrize("scenario", sorted(WORLDS))
+@pytest.mark.parametrize("form", ["pickle", "json"])
+def test_imported_bundle_verifies_and_says_where_it_came_from(imported, scenario, form):
+    with open_bundle(imported[scenario, form]) as b:
+        verify(b)
+        assert b.world_size == WORLDS[scenario]
+        assert b.recorded_ranks == list(range(WORLDS[scenario]))
+        note = b.manifest["imported"]
+        assert note["from"] == "flight_recorder" and list(note["forms"]) == [form] and note["replayable"] is False
+        assert b.rank_info(0)["imported"]["file"].startswith("nccl_trace_rank_0")
+
+
+def test_entries_map_to_collectives(imported):
+    """The normal run: 3 steps of all_reduce, all_gather, broadcast, all_reduce (gloo's
+    reduce_scatter) and barrier on WORLD, each completed, in order, with sizes and dtypes;
+    the pickle keeps the user's frames of each call's stack, the JSON has none."""
+    for form in ("pickle", "json"):
+        calls = _records(imported["normal", form], 1, Collective)
+        assert [c.seq for c in calls] == list(range(15))
+        assert [c.op for c in calls[:5]] == ["all_reduce", "all_gather", "broadcast", "all_reduce", "barrier"]
+        assert all(c.group == 0 and c.end_ns is not None for c in calls)
+        assert calls[0].in_shapes == ((2, 3),) and calls[0].in_dtypes == ("float32",) and calls[0].in_bytes == 24
+        assert calls[1].out_shapes == ((2, 2, 3),) and calls[1].out_bytes == 48
+        assert calls[0].start_ns < calls[1].start_ns < calls[14].start_ns
+        if form == "pickle":
+            assert calls[0].stack[0].startswith("fr_dumps.py:") and calls[0].stack[0].endswith("in _normal")
+            assert not any("distributed_c10d" in f for c in calls for f in c.stack)
+        else:
+            assert calls[0].stack is None
+        end = _records(imported["normal", form], 1, Marker)[-1]
+        assert end.name == "recording_end" and end.value == 0 and "nccl_trace_rank_1" in end.text
+    with open_bundle(imported["normal", "pickle"]) as b:
+        assert diagnose(b) == []
+
+
+def test_several_groups_get_their_members_and_fr_names(imported):
+    """gloo's dumps say nothing of a group's ranks (pg_config is empty) and number groups
+    per rank (pg_id): groups are told apart by name, their members are the ranks with
+    entries in them, WORLD is every rank."""
+    for form in ("pickle", "json"):
+        with open_bundle(imported["groups", form]) as b:
+            groups = {g["id"]: (tuple(g["ranks"]), g["name"], g["desc"]) for g in b.groups}
+            assert groups == {0: ((0, 1, 2, 3), "0", "default_pg"), 1: ((0, 1), "1", "row0"), 2: ((2, 3), "2", "row1"),
+                              3: ((0, 2), "3", "col0"), 4: ((1, 3), "4", "col1")}
+            assert diagnose(b) == []
+        assert {g.group for g in _records(imported["groups", form], 3, GroupInfo)} == {0, 2, 4}
+        calls = _records(imported["groups", form], 3, Collective)
+        assert [(c.op, c.group, c.seq) for c in calls] == [
+            ("all_reduce", 2, 0), ("all_gather", 4, 0), ("all_reduce", 2, 1), ("all_gather", 4, 1), ("broadcast", 0, 0)]
+        assert calls[0].in_dtypes == ("float64",)
+
+
+def _skip_findings(bundle):
+    with open_bundle(bundle) as b:
+        return diagnose(b)
+
+
+def test_skipped_collective_is_diagnosed_as_hang_through_the_cli(imported, tmp_path):
+    """Rank 1 skipped the all_reduce that ranks 0 and 2 wait in: `diagnose` names it."""
+    out = tmp_path / "skip.prism"
+    r = run_cli("import", "fr", FR / "skip" / "pickle", "-o", out, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ranks"] == 3 and str(out) in r.stderr
+    r = run_cli("diagnose", out, "--json")
+    assert r.returncode == 5, r.stderr
+    hangs = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "hang"]
+    assert [(f["ranks"], f["group"], f["seq"], f["details"]["op"]) for f in hangs] == [([1], 0, 2, "all_reduce")]
+    assert hangs[0]["details"]["entered"] == [0, 2]
+    r = run_cli("info", out)
+    assert r.returncode == 0 and "Flight Recorder" in r.stdout
+    r = run_cli("replay", out, "--ranks", "0", "--", sys.executable, "-c", "pass")
+    assert r.returncode == 2 and "Flight Recorder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_skip_scenario_live(tmp_path):
+    """torch as installed writes dumps that import: the skip scenario, run now on gloo."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, SCRIPT, tmp_path, "skip"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import_fr([tmp_path / "skip" / "json"], tmp_path / "live.prism")
+    hangs = [f for f in _skip_findings(tmp_path / "live.prism") if f.kind == "hang"]
+    assert [(f.ranks, f.group, f.seq) for f in hangs] == [((1,), 0, 2)]
+
+
+def test_export_reads_an_imported_bundle(imported, tmp_path):
+    from prism_rr import api
+
+    stats = api.export(imported["groups", "pickle"], tmp_path / "trace.json")
+    assert stats["ranks"] == 4 and stats["events"] > 20
+    json.loads((tmp_path / "trace.json").read_text())
+
+
+def test_a_wrapped_ring_keeps_only_the_calls_every_rank_holds(tmp_path):
+    """A rank whose ring lost its oldest entries (its first record_id is not 0) cannot show
+    whether it made the calls before its window: those calls are left out on every rank,
+    rather than reported as calls it never entered."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for r in range(2):
+        dump = pickle.loads((FR / "normal" / "pickle" / f"nccl_trace_rank_{r}").read_bytes())
+        if r == 1:
+            dump["entries"] = dump["entries"][5:]  # the first 5 calls fell out of its ring
+        (dumps / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
+    note = import_fr([dumps], tmp_path / "w.prism")
+    assert note["trimmed"] == 5
+    assert [c.seq for c in _records(tmp_path / "w.prism", 0, Collective)] == list(range(5, 15))
+    with open_bundle(tmp_path / "w.prism") as b:
+        assert diagnose(b) == []
+
+
+# --- hostile input --------------------------------------------------------------------
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/prism-rr-fr-pwned",))
+
+
+def _evil_pickles():
+    dump = {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": []}
+    yield "reduce-os-system", pickle.dumps(dict(dump, entries=[Evil()]), protocol=2)
+    yield "stack-global", pickle.dumps(dict(dump, x=os.system), protocol=4)
+    yield "global", pickle.dumps(dict(dump, x=os.system), protocol=0)
+    for name, op in (("build", b"b"), ("inst", b"i"), ("obj", b"o"), ("newobj", b"\x81"), ("ext1", b"\x82\x01"),
+                     ("persid", b"P0\n"), ("next-buffer", b"\x97")):
+        yield name, b"\x80\x02}q\x00(" + op + b"u."
+
+
+@pytest.mark.parametrize("name,data", list(_evil_pickles()), ids=[n for n, _ in _evil_pickles()])
+def test_a_pickle_that_names_or_calls_anything_is_refused(tmp_path, name, data):
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(data)
+    with pytest.raises(FormatError, match="opcode refused|pickle offset"):
+        read_dump(path)
+    assert not Path("/tmp/prism-rr-fr-pwned").exists()
+
+
+def test_a_pickle_with_a_global_is_refused_with_exit_4(tmp_path):
+    """Through the real CLI: one line on stderr, exit 4, nothing run, no bundle."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "nccl_trace_rank_0").write_bytes(next(_evil_pickles())[1])
+    r = run_cli("import", "fr", dumps, "-o", tmp_path / "x.prism")
+    assert r.returncode == 4, r.stderr
+    assert "REDUCE opcode refused" in r.stderr or "GLOBAL opcode refused" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not Path("/tmp/prism-rr-fr-pwned").exists() and not (tmp_path / "x.prism").exists()
+
+
+def _nested(depth):
+    return b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
+
+
+def _entry(**change):
+    e = {"record_id": 0, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 1,
+         "p2p_seq_id": 0, "op_id": 1, "profiling_name": "nccl:all_reduce", "time_created_ns": 10,
+         "input_sizes": [[4]], "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
+         "state": "completed", "retired": True, "is_p2p": False}
+    e.update(change)
+    return e
+
+
+def _dump(*entries, **change):
+    d = {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": list(entries)}
+    d.update(change)
+    return pickle.dumps(d, protocol=2)
+
+
+HOSTILE = {
+    "deep-nesting": (_nested(1000), "nested more than"),
+    "huge-containers": (b"\x80\x02]" + b"}" * 300_000 + b".", "more containers"),
+    "truncated": (None, "truncated"),
+    "memo-miss": (b"\x80\x02h\x07.", "memo entry"),
+    "long4-huge": (b"\x80\x02\x8b\x00\x00\x00\x10" + b"\x01" * 64 + b".", "integer of"),
+    "not-a-map": (pickle.dumps([1, 2], protocol=2), "not a map"),
+    "entries-not-list": (_dump(entries="x"), "'entries' is not a list"),
+    "sizes-a-string": (_dump(_entry(input_sizes="[[4]]")), "'input_sizes'"),
+    "time-a-word": (_dump(_entry(time_created_ns="soon")), "'time_created_ns'"),
+    "process-group": (_dump(_entry(process_group=5)), "'process_group'"),
+    "frames": (_dump(_entry(frames=[{"filename": 3}])), "'frames'"),
+    "negative-size": (_dump(_entry(output_sizes=[[-1]])), "'output_sizes'"),
+    "json-list": (b"[1, 2]", "not a map"),
+    "text": (b"\x00hello", "unknown opcode"),
+    "json-nan": (b'{"version": NaN}', "not a number"),
+    "json-deep": (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+    "json-shallow-but-deep": (b'{"a":' + b"[" * 40 + b"]" * 40 + b"}", "nested more than"),
+    "json-broken": (b'{"version": "2.10", "entries": [', "not JSON"),
+    "empty": (b"", "empty"),
+}
+
+
+def _shared_bomb():
+    """A list of 64 references to a list of 64 references to ... 8 deep: 64**8 visits."""
+    out = b"\x80\x02]q\x000"
+    for _ in range(8):
+        out += b"](" + b"h\x00" * 64 + b"eq\x000"
+    return out + b"h\x00."
+
+
+HOSTILE["shared-reference-bomb"] = (_shared_bomb(), "more values than")
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_dumps_end_in_one_format_error(tmp_path, case):
+    data, message = HOSTILE[case]
+    if data is None:  # truncated: a real dump cut short
+        data = (FR / "normal" / "pickle" / "nccl_trace_rank_0").read_bytes()[:1500]
+    path = tmp_path / ("nccl_trace_rank_0.json" if case.startswith("json") else "nccl_trace_rank_0")
+    path.write_bytes(data)
+    with pytest.raises(FormatError, match=message) as err:
+        import_fr([path], tmp_path / "x.prism")
+    assert "nccl_trace_rank_0" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "x.prism").exists()
+
+
+def test_safe_loads_reads_what_pickle_reads():
+    """Every real dump, and plain values in each protocol that writes them without globals."""
+    for path in sorted(FR.glob("*/pickle/*")):
+        data = path.read_bytes()
+        assert safe_loads(data, path.name) == pickle.loads(data)
+    value = {"a": [1, -2, (3, 4.5)], "b": None, "c": True, "d": "ü" * 300, "e": 2**62, "f": -(2**63), "g": [[], {}]}
+    for protocol in range(6):
+        data = pickle.dumps(value, protocol=protocol)
+        assert safe_loads(data, "x") == value
+
+
+def test_usage_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="no Flight Recorder dumps"):
+        import_fr([empty], tmp_path / "x.prism")
+    with pytest.raises(UsageError, match="rank 0 has two dumps"):
+        import_fr([FR / "normal" / "pickle", FR / "normal" / "json"], tmp_path / "x.prism")
+    with pytest.raises(UsageError, match="no such file"):
+        import_fr([tmp_path / "missing"], tmp_path / "x.prism")
