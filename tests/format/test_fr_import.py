@@ -138,6 +138,43 @@ def test_export_reads_an_imported_bundle(imported, tmp_path):
     json.loads((tmp_path / "trace.json").read_text())
 
 
+def test_diff_of_the_pickle_and_json_dumps_of_one_run(imported):
+    """Both forms of the same run's dumps issue the same collectives; the skipped one does not."""
+    from prism_rr.analysis import diff_bundles
+
+    with open_bundle(imported["groups", "pickle"]) as a, open_bundle(imported["groups", "json"]) as b:
+        assert diff_bundles(a, b).same
+    with open_bundle(imported["skip", "pickle"]) as a, open_bundle(imported["normal", "pickle"]) as b:
+        assert not diff_bundles(a, b).same
+
+
+def test_tui_opens_an_imported_bundle(imported):
+    """The overview, then the collectives screen with the skipped call, in the terminal UI."""
+    import asyncio
+
+    from prism_rr.tui.app import PrismApp
+    from prism_rr.tui.screens.collectives import CollectivesScreen
+
+    async def run():
+        app = PrismApp(imported["skip", "pickle"], None)
+        app.animation_level = "none"
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+            assert "3 ranks, 3 recorded" in text and "default_pg" in text
+            await pilot.press("3")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert isinstance(app.screen, CollectivesScreen)
+            text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+            assert "all_reduce" in text
+        assert app.bundle_error is None
+
+    asyncio.run(run())
+
+
 def test_a_wrapped_ring_keeps_only_the_calls_every_rank_holds(tmp_path):
     """A rank whose ring lost its oldest entries (its first record_id is not 0) cannot show
     whether it made the calls before its window: those calls are left out on every rank,
