@@ -4,6 +4,8 @@ For CI: record a short window after every change and diff it against a reference
 The calls of each (rank, group) are compared in order, by what the members of one call
 must agree on (op, shapes, dtypes, reduce op, root; peer and tag for point-to-point), not
 by timing or data; the first position where they disagree is that sequence's difference.
+Windows of a longer run that start at different sequence numbers (flight dumps, imported
+Flight Recorder rings) are compared from the first sequence number both hold.
 Then, per step and rank, the step's time and the time spent in calls, A against B.
 
 Each rank is read once per bundle, one rank at a time: memory holds one rank's calls.
@@ -34,7 +36,7 @@ class SequenceDifference:
 
     rank: int
     group: int
-    index: int  # position among this rank's calls of this group, from 0
+    index: int  # position among this rank's calls of this group compared, from 0
     a: Call | None
     b: Call | None
 
@@ -140,6 +142,23 @@ def _read_rank(bundle: Bundle, rank: int, steps: tuple[int, int] | None) -> tupl
     return by_group, comm, n
 
 
+def _aligned(xs: list[Call], ys: list[Call]) -> tuple[list[Call], list[Call]]:
+    """Two windows of one group's calls that start at different sequence numbers (a flight
+    dump, an imported ring, a recording of later steps), cut to start at the first
+    sequence number both hold; others as they are."""
+    if not (xs and ys and type(xs[0]) is Collective and type(ys[0]) is Collective) or xs[0].seq == ys[0].seq:
+        return xs, ys
+    lo = max(xs[0].seq, ys[0].seq)
+
+    def cut(calls: list[Call]) -> list[Call]:
+        for i, c in enumerate(calls):
+            if type(c) is Collective and c.seq >= lo:
+                return calls[i:]
+        return []
+
+    return cut(xs), cut(ys)
+
+
 def _common_steps(a: Bundle, b: Bundle) -> tuple[int, int] | None:
     """The steps both recorded, when their windows differ (None: compare everything)."""
     sa, sb = a.steps, b.steps
@@ -175,7 +194,8 @@ def diff_bundles(a: Bundle, b: Bundle) -> BundleDiff:
         calls_a += na
         calls_b += nb
         for group in sorted(seq_a.keys() | seq_b.keys()):
-            for i, (x, y) in enumerate(zip_longest(seq_a.get(group, ()), seq_b.get(group, ()))):
+            xs, ys = _aligned(seq_a.get(group, []), seq_b.get(group, []))
+            for i, (x, y) in enumerate(zip_longest(xs, ys)):
                 if x is None or y is None or type(x) is not type(y) or _key(x) != _key(y):
                     out.sequences.append(SequenceDifference(rank=rank, group=group, index=i, a=x, b=y))
                     break
@@ -286,6 +306,8 @@ def _time_lines(times: list[StepTime]) -> list[str]:
         by_step.setdefault(t.step, []).append(t)
     if not by_step:
         return []
+    if all(t.a_ns is None and t.b_ns is None and not t.a_comm_ns and not t.b_comm_ns for t in times):
+        return ["time: not compared (neither bundle holds step times or call durations, as imported dumps may not)"]
     out = ["time per step, A -> B (slowest rank's step; time inside calls, all ranks together):"]
     for step, rows in sorted(by_step.items()):
         wa = [t.a_ns for t in rows if t.a_ns is not None]

@@ -15,7 +15,7 @@ import pytest
 from cli_helpers import run_cli
 from graph_sim import SimRun
 from prism_rr.analysis import diff_bundles, diff_json, diff_lines
-from prism_rr.format import open_bundle
+from prism_rr.format import Collective, PointToPoint, open_bundle
 
 SCRIPT = Path(__file__).parent / "scripts" / "collectives.py"
 
@@ -134,3 +134,27 @@ def test_group_with_other_members(tmp_path):
     assert not d.same and not d.sequences
     assert [(g.group, g.a, g.b) for g in d.groups] == [(1, (0, 1), (0, 2))]
     assert "  group 1: ranks 0-1 in A, 0,2 in B" in diff_lines(d)
+
+
+def test_windows_starting_at_other_sequence_numbers(tmp_path):
+    """Two rings of one run without steps (as imported Flight Recorder dumps are): B lost its
+    first step's calls; both are compared from the first sequence number both hold."""
+    from prism_rr.format import Step
+
+    a, b = SimRun(2), SimRun(2)
+    for run in (a, b):
+        run.train(3)
+        for r in range(2):
+            run.recs[r] = [x for x in run.recs[r] if type(x) is not Step
+                           and not (run is b and x.step == 0 and type(x) in (Collective, PointToPoint))]
+    with open_bundle(a.bundle(tmp_path, "a")) as ba, open_bundle(b.bundle(tmp_path, "b")) as bb:
+        assert ba.steps == [] and bb.steps == []
+        d = diff_bundles(ba, bb)
+        assert d.same, diff_lines(d)
+        assert d.calls == (18, 12)
+    # and a difference after the cut is still found, at B's sequence number
+    a.collective(0)
+    b.collective(0, shape=(5,))
+    with open_bundle(a.bundle(tmp_path, "a2")) as ba, open_bundle(b.bundle(tmp_path, "b2")) as bb:
+        d = diff_bundles(ba, bb)
+    assert [(s.rank, s.a.seq, s.b.seq, s.fields) for s in d.sequences] == [(0, 6, 6, ("shapes",)), (1, 6, 6, ("shapes",))]
