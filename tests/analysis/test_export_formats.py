@@ -235,3 +235,36 @@ def test_exports_of_the_demo(make_demo, tmp_path):
     assert dict(rows) == calls
     doc = json.loads(gzip.decompress((tmp_path / "demo.json.gz").read_bytes()))
     assert {e["pid"] for e in doc["traceEvents"]} == set(calls)
+
+
+def test_exports_and_diff_of_imported_flight_recorder_dumps(tmp_path):
+    """Real gloo Flight Recorder dumps (tests/data/fr), imported: no compute records, no
+    steps. Chakra gets a compute node for each gap between calls; diff exits 6 for the
+    run where a rank skipped a collective."""
+    duckdb = pytest.importorskip("duckdb")
+    from prism_rr.format.fr import import_fr
+
+    fr = Path(__file__).resolve().parents[1] / "data" / "fr"
+    for name in ("normal", "skip", "groups"):
+        import_fr([fr / name / "pickle"], tmp_path / f"{name}.prism")
+    out = run_cli("export", tmp_path / "groups.prism", "--format", "chakra", "-o", tmp_path / "et" / "g")
+    assert out.returncode == 0, out.stderr
+    with open_bundle(tmp_path / "groups.prism") as b:
+        groups = {str(g["id"]): list(g["ranks"]) for g in b.groups}
+        total = 0
+        for r in b.recorded_ranks:
+            calls = [e for e in b.events(r) if type(e) is Collective]
+            total += len(calls)
+            nodes = _read_et(tmp_path / "et" / f"g.{r}.et")[2]
+            comm = [n for n in nodes if n["type"] == 7]
+            assert len(comm) == len(calls) and {n["attrs"]["pg_name"][1] for n in comm} <= set(groups)
+            assert all(n["type"] in (4, 7) for n in nodes)
+    assert json.loads((tmp_path / "et" / "g.comm_groups.json").read_text()) == groups
+    assert run_cli("export", tmp_path / "groups.prism", "--format", "parquet", "-o", tmp_path / "t").returncode == 0
+    rows = duckdb.connect().execute(f"SELECT count(*), count(DISTINCT \"group\") FROM '{tmp_path}/t/calls.parquet'").fetchall()
+    assert rows == [(total, len(groups))]  # the world, two rows and two columns of a 2x2 mesh
+    same = run_cli("diff", tmp_path / "normal.prism", tmp_path / "normal.prism")
+    assert same.returncode == 0 and "time: not compared" in same.stdout
+    differ = run_cli("diff", tmp_path / "normal.prism", tmp_path / "skip.prism", "--json")
+    assert differ.returncode == 6
+    assert json.loads(differ.stdout)["first_difference"]["a"]["stack"]
