@@ -2,22 +2,25 @@
 
 Per rank and step, the step's wall time is split four ways, which add up to it:
 
-- waiting for late peers: inside a blocking call (a synchronous collective or
-  point-to-point call) before the call's last member entered it;
-- exposed communication: inside a blocking call after the last member entered (the
-  transfer the rank sat through), and inside an asynchronous call until it returned;
-- overlapped communication: between calls while one of the rank's asynchronous calls was
-  in flight (entered, not yet completed): communication hidden behind compute;
+- waiting for late peers: inside a call, before the call's last member entered it; for
+  an async call, while it was in flight before its last member entered (the program
+  waits for it in wait(), which the recording does not hold);
+- exposed communication: inside a blocking call (a synchronous collective or
+  point-to-point call) after its last member entered: the transfer the rank sat
+  through; and inside an async call until it returned;
+- overlapped communication: between calls while one of the rank's async calls was in
+  flight after its last member entered: transfer hidden behind compute (or, as the
+  recording cannot tell, waited for in wait());
 - compute: between calls with nothing in flight.
 
-Compute plus overlapped is all the time between calls. A recording holds when an
-asynchronous call was issued and when it completed, not when the program waited for it,
-so time blocked in an async call's wait() counts as overlapped.
+A call that completed before its last member entered did not need it (a buffered send,
+or clocks apart): no waiting is counted in it.
 
 Straggler cost. Each step is re-timed on its execution graph (no replay), with the model
 a replay uses (`prism_rr.replayer`'s timing): each rank enters its next call the recorded
 time after its previous one returned, or after an async call it may have waited for
-completed; a call completes at its last member's entry plus what each member recorded
+completed (its time in flight before its last member came counted as waiting, as in the
+split); a call completes at its last member's entry plus what each member recorded
 after the last entry. Unchanged, the model gives back the recorded times. A rank's
 straggler cost is how much shorter the step (first start to last end, across ranks)
 becomes when that rank is never later into a call than the latest of its other members:
@@ -92,6 +95,7 @@ class StepAttribution:
     step: int
     span_ns: int  # first start to last end, across ranks (recorded)
     modelled_ns: int  # the same span as the re-timing model gives it back (its error: the difference)
+    call_durations: bool = True  # False: no call lasted any time (an imported dump without timing)
     ranks: dict[int, RankTime] = field(default_factory=dict)
     critical_path: CriticalPath = field(default_factory=CriticalPath)
     stragglers: list[StragglerCost] = field(default_factory=list)  # costliest first
@@ -121,6 +125,7 @@ class _Graph:
     by_rank: dict[int, list[int]]  # rank -> its node ids, in call order
     members: dict[tuple, list[int]]  # key -> node ids of the members present
     window: dict[int, tuple[int, int]]  # rank -> (step start, step end), recorded
+    last_entry: dict[tuple, int]  # key -> the latest recorded entry among its members
 
 
 def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int]) -> _Graph:
@@ -176,8 +181,9 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
             present.append(len(nodes))
             ids.append(len(nodes))
             nodes.append(node)
+    last_entry = {key: max(nodes[i].start for i in ids) for key, ids in members.items()}
     return _Graph(ranks=[r for r in ranks if r in window], nodes=nodes, by_rank=by_rank, members=members,
-                  window=window)
+                  window=window, last_entry=last_entry)
 
 
 # --- the time split ----------------------------------------------------------------------
@@ -202,14 +208,14 @@ def _measure(intervals: list[tuple[int, int]]) -> int:
 
 
 def _split(g: _Graph) -> dict[int, RankTime]:
-    last_entry = {key: max(g.nodes[i].start for i in ids) for key, ids in g.members.items()}
     late: dict[int, list[int]] = {}  # rank -> [late ns, calls]
     for key, ids in g.members.items():
         if len(ids) < 2:
             continue
         ms = sorted((g.nodes[i] for i in ids), key=lambda n: n.start)
         last, before = ms[-1], ms[-2]
-        waited = any(not n.async_op and (n.end is None or n.end >= last.start) for n in ms[:-1])
+        # someone's call ended after the last came: it waited (blocked, or in an async call's wait())
+        waited = any(n.end is None or n.end >= last.start for n in ms[:-1])
         if waited and last.start > before.start:
             acc = late.setdefault(last.rank, [0, 0])
             acc[0] += last.start - before.start
@@ -217,25 +223,25 @@ def _split(g: _Graph) -> dict[int, RankTime]:
     out = {}
     for rank in g.ranks:
         ws, we = g.window[rank]
-        blocked, waiting, flight = [], [], []
+        waiting, blocked, flight = [], [], []
         for i in g.by_rank.get(rank, ()):
             n = g.nodes[i]
             end = we if n.end is None else min(n.end, we)
+            last = g.last_entry[n.key]
+            if last > n.start and (n.end is None or n.end >= last):
+                waiting.append((n.start, min(last, end)))
             if n.async_op:
                 blocked.append((n.start, n.issued if n.issued is not None else n.start))
                 flight.append((n.start, end))
-                continue
-            blocked.append((n.start, end))
-            last = last_entry[n.key]
-            if last > n.start and (n.end is None or n.end >= last):
-                waiting.append((n.start, min(last, end)))
+            else:
+                blocked.append((n.start, end))
         total = we - ws
-        in_calls = _measure(blocked)
         wait = _measure(waiting)
-        overlapped = _measure(blocked + flight) - in_calls
+        in_calls = _measure(waiting + blocked)
+        busy = _measure(waiting + blocked + flight)
         acc = late.get(rank, (0, 0))
-        out[rank] = RankTime(rank=rank, total_ns=total, compute_ns=max(0, total - in_calls - overlapped),
-                             overlapped_ns=overlapped, exposed_ns=in_calls - wait, waiting_ns=wait,
+        out[rank] = RankTime(rank=rank, total_ns=total, compute_ns=max(0, total - busy),
+                             overlapped_ns=busy - in_calls, exposed_ns=in_calls - wait, waiting_ns=wait,
                              late_ns=acc[0], late_calls=acc[1])
     return out
 
@@ -308,23 +314,11 @@ class _Timing:
             i = ids[pos[r]]
             n = g.nodes[i]
             if self.natural[i] is None:
-                t_model, t_rec, src = resume[r]
-                t, cause = t_model + self._gap(r, t_rec, n.start), ("gap", src)
-                keep = []
-                for p in pending[r]:
-                    pn = g.nodes[p]
-                    if pn.end is not None and pn.end <= n.start:
-                        if self.done[p] is None:
-                            if pn.key in self.closed:
-                                continue  # forced closed without it: no completion known
-                            return pn.key
-                        c = self.done[p] + self._gap(r, pn.end, n.start)
-                        if c > t:
-                            t, cause = c, ("pending", p)
-                    else:
-                        keep.append(p)
-                pending[r] = keep
-                self.natural[i], self.entry_cause[i], self.floor[i] = t, cause, t_model
+                at = self._reach(r, n.start, resume, pending)
+                if type(at[0]) is tuple:
+                    return at[0]
+                t, cause = at
+                self.natural[i], self.entry_cause[i], self.floor[i] = t, cause, resume[r][0]
                 if r not in self.on_time or n.key in self.closed:
                     self.entry[i] = t
                 self._register(i)
@@ -347,22 +341,46 @@ class _Timing:
                     return n.key
             resume[r] = (self.done[i], n.end, i)
             pos[r] += 1
-        ws, we = g.window[r]
+        at = self._reach(r, g.window[r][1], resume, pending)
+        if type(at[0]) is tuple:
+            return at[0]
+        self.end[r], self.end_cause[r] = at
+        return None
+
+    def _reach(self, r: int, rec_t: int, resume, pending) -> tuple:
+        """When rank `r` reaches the point it recorded at `rec_t` (a call's entry, its
+        step's end): (time, cause), or (key,) of an async call it must see complete first.
+
+        From where it resumed, the recorded time in between; and, after each async call
+        that completed before `rec_t`, that call's completion plus the recorded time
+        since. The part of the time in between that such a call spent before its last
+        member entered is taken as waiting, not compute (a wait() soon after the call,
+        as DTensor's and FSDP's make): it shrinks when that member comes sooner.
+        """
+        g = self.g
         t_model, t_rec, src = resume[r]
-        t, cause = t_model + self._gap(r, t_rec, we), ("gap", src)
+        keep = []
+        waited = 0
+        best = None
         for p in pending[r]:
             pn = g.nodes[p]
-            if pn.end is not None and pn.end <= we:
-                if self.done[p] is None:
-                    if pn.key in self.closed:
-                        continue
-                    return pn.key
-                c = self.done[p] + self._gap(r, pn.end, we)
-                if c > t:
-                    t, cause = c, ("pending", p)
-        self.end[r] = t
-        self.end_cause[r] = cause
-        return None
+            if pn.end is None or pn.end > rec_t:
+                keep.append(p)
+                continue
+            if self.done[p] is None:
+                if pn.key in self.closed:
+                    continue  # closed without it (nothing else could move): no completion known
+                return (pn.key,)
+            c = self.done[p] + self._gap(r, pn.end, rec_t)
+            if best is None or c > best[0]:
+                best = (c, ("pending", p))
+            issued = pn.issued if pn.issued is not None else pn.start
+            waited = max(waited, min(pn.end, g.last_entry[pn.key], rec_t) - max(issued, t_rec))
+        pending[r] = keep
+        t = t_model + self._gap(r, t_rec + waited, rec_t)
+        if best is not None and best[0] >= t:
+            return best
+        return t, ("gap", src)
 
     def _register(self, i: int) -> None:
         key = self.g.nodes[i].key
@@ -495,6 +513,7 @@ def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
     if not g.ranks:
         return out
     out.span_ns = max(w[1] for w in g.window.values()) - min(w[0] for w in g.window.values())
+    out.call_durations = any(n.end is not None and n.end > n.start for n in g.nodes)
     base = _Timing(g)
     out.modelled_ns = base.span()
     out.critical_path = base.critical_path()
@@ -556,6 +575,7 @@ def attribution_json(attributions: Iterable[StepAttribution]) -> dict:
             "step": a.step,
             "span_ns": a.span_ns,
             "modelled_ns": a.modelled_ns,
+            "call_durations": a.call_durations,
             "ranks": {str(r): {"total_ns": t.total_ns, "compute_ns": t.compute_ns,
                                "overlapped_ns": t.overlapped_ns, "exposed_ns": t.exposed_ns,
                                "waiting_ns": t.waiting_ns, "late_ns": t.late_ns, "late_calls": t.late_calls}
@@ -572,6 +592,8 @@ def attribution_json(attributions: Iterable[StepAttribution]) -> dict:
 
 # Ranks shown per step before the table is cut (the ones that waited most are kept).
 _MAX_ROWS = 16
+# Costs below this are not shown in text: they print as 0.0 ms.
+_SHOWN_NS = 50_000
 
 
 def _ms(ns: int) -> str:
@@ -597,6 +619,9 @@ def attribution_lines(attributions: Iterable[StepAttribution]) -> Iterator[str]:
         for t in rows:
             yield (f"  {t.rank:>6} {_ms(t.total_ns):>10} {_ms(t.compute_ns):>10} {_ms(t.overlapped_ns):>10} "
                    f"{_ms(t.exposed_ns):>10} {_ms(t.waiting_ns):>10}")
+        if not a.call_durations:
+            yield ("  (no call lasted any time, as in a Flight Recorder dump without timing: waiting "
+                   "and transfers cannot be told from compute)")
         if len(a.ranks) > len(rows):
             yield (f"  ... {len(a.ranks) - len(rows)} more ranks (those that waited most are shown; "
                    f"--json has every rank, --ranks picks some)")
@@ -606,14 +631,14 @@ def attribution_lines(attributions: Iterable[StepAttribution]) -> Iterator[str]:
             hops = path.ranks
             through = " > ".join(str(r) for r in hops[:12]) + (" > ..." if len(hops) > 12 else "")
             yield f"  critical path: ranks {through} ({kinds})"
-        costly = [s for s in a.stragglers if s.cost_ns > 0]
+        costly = [s for s in a.stragglers if s.cost_ns >= _SHOWN_NS]
         if costly:
             yield "  stragglers: " + "; ".join(
                 f"rank {s.rank} cost {_ms(s.cost_ns)} ms (late by {_ms(s.late_ns)} ms into "
                 f"{s.late_calls} call{'s' if s.late_calls != 1 else ''})" for s in costly)
         else:
             yield "  stragglers: none (no late rank on the critical path)"
-    yield from straggler_lines(straggler_totals(kept))
+    yield from straggler_lines([e for e in straggler_totals(kept) if e["cost_ns"] >= _SHOWN_NS])
 
 
 def straggler_lines(totals: list[dict], *, limit: int = 8) -> Iterator[str]:

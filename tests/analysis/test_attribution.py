@@ -1,0 +1,200 @@
+"""Where the step time went and what each straggler cost: on hand-built runs (exact
+figures), on odd input, and on real gloo recordings checked against a replay."""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run_cli
+from graph_sim import SimRun
+from prism_rr.analysis import attribute, attribute_step, attribution_json, attribution_lines, retimed_span
+from prism_rr.format import open_bundle, pack
+from prism_rr.format.records import Collective, PointToPoint, Step
+from prism_rr.recorder.launch import record_command, spool_dir_for
+from prism_rr.replayer import replay
+
+SCRIPTS = Path(__file__).parent / "scripts"
+MS = 1_000_000
+
+
+def _adds_up(a):
+    for t in a.ranks.values():
+        assert t.compute_ns + t.overlapped_ns + t.exposed_ns + t.waiting_ns == t.total_ns, t
+        assert min(t.compute_ns, t.overlapped_ns, t.exposed_ns, t.waiting_ns) >= 0, t
+
+
+def test_slow_rank_costs_what_it_made_the_others_wait(tmp_path):
+    # Rank 2 computes 3 ms more than the others before each step's first all_reduce.
+    run = SimRun(4, offsets={0: 0, 1: 5_000_000_000, 2: -7 * MS, 3: 0})  # rank 1 on a host of its own
+    run.train(3, slow={2: 3 * MS})
+    with open_bundle(run.bundle(tmp_path)) as b:
+        steps = list(attribute(b))
+    assert [a.step for a in steps] == [0, 1, 2]
+    for a in steps:
+        _adds_up(a)
+        assert a.modelled_ns == a.span_ns  # unchanged, the model gives back the recording
+        top = a.stragglers[0]
+        assert top.rank == 2 and 2.9 * MS < top.cost_ns <= 3 * MS, a.stragglers
+        assert all(s.cost_ns < 0.01 * MS for s in a.stragglers[1:])
+        assert a.critical_path.ranks[0] == 2  # the path starts with rank 2's compute
+        assert a.ranks[2].waiting_ns < 0.01 * MS
+        for r in (0, 1, 3):
+            assert 2.9 * MS < a.ranks[r].waiting_ns < 3.1 * MS
+            assert a.ranks[r].overlapped_ns == 0  # every call blocks
+            assert 0.05 * MS < a.ranks[r].exposed_ns < 0.1 * MS  # two 30 us transfers and a send
+
+
+def test_what_if_a_rank_were_slower(tmp_path):
+    run = SimRun(4)
+    run.train(2, slow={2: 3 * MS})
+    with open_bundle(run.bundle(tmp_path)) as b:
+        base = retimed_span(b, 1)
+        # rank 2's 5 ms before the first all_reduce and 0.5 ms before the second, doubled
+        assert 5.4 * MS < retimed_span(b, 1, slow={2: 2.0}) - base < 5.6 * MS
+        # rank 1 doubled is still earlier than rank 2 into the first call: 0.5 ms more
+        assert 0.4 * MS < retimed_span(b, 1, slow={1: 2.0}) - base < 0.6 * MS
+        assert retimed_span(b, 1, on_time=[2]) < base - 2.9 * MS
+
+
+def _at(ms: float) -> int:
+    return 1_000_000_000 + round(ms * MS)
+
+
+def _async_run():
+    """Two ranks. Rank 0 issues an async all_reduce at 1 ms and waits for it; rank 1
+    enters it at 9 ms; it completes at 9.1 ms. Then rank 0 sends at 10 ms, rank 1 posts
+    the receive at 12 ms, both complete at 12.5 ms. The step ends at 13 ms."""
+    run = SimRun(2)
+    rec = run.recs
+    kw = dict(step=0, op="all_reduce", group=0, seq=0, in_shapes=((4,),), in_dtypes=("float32",),
+              out_shapes=((4,),), out_dtypes=("float32",), reduce_op="sum", async_op=True)
+    rec[0].append(Collective(start_ns=_at(1), end_ns=_at(9.1), issued_ns=_at(1.1), **kw))
+    rec[1].append(Collective(start_ns=_at(9), end_ns=_at(9.1), issued_ns=_at(9.05), **kw))
+    p2p = dict(step=0, group=0, seq=0, shapes=((16,),), dtypes=("float32",), nbytes=64)
+    rec[0].append(PointToPoint(start_ns=_at(10), end_ns=_at(12.5), op="send", peer=1, **p2p))
+    rec[1].append(PointToPoint(start_ns=_at(12), end_ns=_at(12.5), op="recv", peer=0, **p2p))
+    for r in (0, 1):
+        rec[r].append(Step(start_ns=_at(0), end_ns=_at(13), step=0))
+    return run
+
+
+def test_async_call_waiting_for_a_late_peer(tmp_path):
+    with open_bundle(_async_run().bundle(tmp_path)) as b:
+        a = attribute_step(b, 0)
+    _adds_up(a)
+    r0, r1 = a.ranks[0], a.ranks[1]
+    # rank 0: in flight 8 ms before rank 1 came, in the send 2 ms before the receive was
+    # posted (waiting); issuing (0.1 ms) and the send's 0.5 ms after (exposed); the
+    # all_reduce's last 0.1 ms in flight (overlapped)
+    assert (r0.waiting_ns, r0.exposed_ns, r0.overlapped_ns, r0.compute_ns) == (10 * MS, MS // 2, MS // 10, 2.4 * MS)
+    assert (r1.waiting_ns, r1.exposed_ns, r1.overlapped_ns) == (0, 0.55 * MS, 0.05 * MS)
+    assert (r1.late_ns, r1.late_calls, r0.late_ns) == (10 * MS, 2, 0)
+    (cost,) = a.stragglers
+    # on time into both calls, rank 1 would have let rank 0 finish 9.9 ms sooner (rank 0
+    # still computes 1 ms between the calls)
+    assert cost.rank == 1 and 9.8 * MS < cost.cost_ns <= 10 * MS, a.stragglers
+    assert [s.rank for s in a.critical_path.segments][-1] in (0, 1) and a.critical_path.ranks[0] == 1
+
+
+def test_hangs_dumps_and_odd_records_do_not_break_it(tmp_path):
+    run = SimRun(4)
+    run.train(2, slow={1: 2 * MS})
+    run.compute(1000)
+    run.collective(0, skip=(3,))  # ranks 0-2 hang in a call rank 3 never makes
+    run.compute(1000, ranks=[3])
+    run.end_step()
+    t = 5_000_000_000
+    odd = dict(step=1, op="all_reduce", group=0, in_shapes=(), in_dtypes=())
+    run.recs[0].append(Collective(start_ns=t, end_ns=t - 5, seq=99, **odd))  # ends before it starts
+    run.recs[0].append(Collective(start_ns=t, end_ns=t + 5, seq=99, **odd))  # the same call twice
+    run.recs[1].append(Collective(start_ns=t, end_ns=None, seq=99, async_op=True, **odd))  # never completes
+    run.recs[2].append(Collective(start_ns=t + 1, end_ns=t + 9, seq=98, async_op=True, issued_ns=t - 10**9, **odd))
+    run.recs[3].append(PointToPoint(start_ns=t, end_ns=t + 3, step=1, op="recv", group=0, seq=-1, peer=-1))
+    run.recs[3].append(PointToPoint(start_ns=t, end_ns=t + 3, step=-7, op="send", group=0, seq=0, peer=2))
+    with open_bundle(run.bundle(tmp_path)) as b:
+        steps = list(attribute(b))
+        lines = list(attribution_lines(attribute(b)))
+        json.dumps(attribution_json(attribute(b)))
+    assert {a.step for a in steps} >= {0, 1, 2}
+    for a in steps:
+        _adds_up(a)
+    assert any("stragglers: rank 1" in line for line in lines), lines
+
+
+def test_imported_dump_without_call_durations(tmp_path):
+    # What a Flight Recorder dump gives: entries with a creation time and no duration, no steps.
+    run = SimRun(3)
+    t = 1_000_000_000
+    for seq in range(3):
+        for r in range(3):
+            s = t + seq * MS + r * 100_000
+            run.recs[r].append(Collective(start_ns=s, end_ns=s, step=0, op="all_reduce", group=0, seq=seq))
+    with open_bundle(run.bundle(tmp_path)) as b:
+        (a,) = attribute(b)
+    _adds_up(a)
+    assert not a.call_durations
+    assert all(t.waiting_ns == 0 and t.exposed_ns == 0 for t in a.ranks.values())
+    assert all(s.cost_ns == 0 for s in a.stragglers)
+
+
+# --- real recordings ----------------------------------------------------------------------
+
+
+def _record(tmp: Path, world: int, argv: list) -> Path:
+    out = tmp / "run.prism"
+    cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(world), "--", sys.executable, *map(str, argv)]
+    assert record_command(cmd, out, payload="none", timeout=120) == 0
+    pack(spool_dir_for(out), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def slow_rank_run(tmp_path_factory):
+    """faults.py slow: 2 ranks, each computing 100 ms a step; rank 1 then sleeps 100 ms."""
+    tmp = tmp_path_factory.mktemp("slow")
+    return tmp, _record(tmp, 2, [SCRIPTS / "faults.py", "slow"])
+
+
+@pytest.mark.timeout(200)
+def test_straggler_cost_agrees_with_a_replay_that_removes_it(slow_rank_run):
+    tmp, bundle = slow_rank_run
+    with open_bundle(bundle) as b:
+        steps = [a for a in attribute(b) if a.step > 0]
+        base = {a.step: a.modelled_ns for a in steps}
+        what_if = {a.step: base[a.step] - retimed_span(b, a.step, slow={1: 0.5}) for a in steps}
+    costs = [a.stragglers[0] for a in steps]
+    assert all(c.rank == 1 for c in costs), [a.stragglers for a in steps]
+    cost = statistics.median(c.cost_ns for c in costs)
+    # Replayed with rank 1 computing half as long (its 200 ms become rank 0's 100 ms), rank 1
+    # is on time: the real rank 0's steps shorten by about what the straggler cost.
+    result = replay(bundle, ranks=(0,), slow_rank={1: 0.5}, timeout=120, log_dir=tmp / "logs",
+                    run_recorded_command=True)
+    assert result.exit_code == 0, result.card
+    rep = result.report
+    shorter = statistics.median((s["recorded_s"] - s["replayed_s"]) * 1e9 for s in rep["steps"]
+                                if s["step"] in rep["scored_steps"])
+    assert 0.4 < shorter / cost < 2.5, (shorter, cost)
+    assert 0.4 < statistics.median(what_if.values()) / cost < 2.5, (what_if, cost)
+
+
+@pytest.mark.timeout(200)
+def test_demo_with_a_straggler_names_it_costliest(tmp_path):
+    # The demo's GPT (DTensor tensor parallel, async all_reduces) on 2 ranks, rank 1
+    # sleeping 150 ms before each forward pass.
+    bundle = _record(tmp_path, 2, [SCRIPTS / "demo_straggler.py", 1, 0.15, "--steps", 4, "--tp", 2, "--quiet"])
+    out = run_cli("analyze", bundle, "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["stragglers"][0]["rank"] == 1, got["stragglers"]
+    for step in got["steps"]:
+        ranks = step["ranks"]
+        assert ranks["0"]["waiting_ns"] > ranks["1"]["waiting_ns"], step
+        assert step["stragglers"][0]["rank"] == 1 and step["stragglers"][0]["cost_ns"] > 50 * MS, step
+    text = run_cli("analyze", bundle, "--steps", "2:3")
+    assert text.returncode == 0 and "stragglers: rank 1 cost" in text.stdout, text.stdout
+    diag = run_cli("diagnose", bundle, "--json")
+    assert diag.returncode in (0, 5), diag.stderr
+    assert json.loads(diag.stdout)["straggler_cost"][0]["rank"] == 1
