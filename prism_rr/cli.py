@@ -541,12 +541,13 @@ def analyze(
 ) -> None:
     """Where each rank's step time went, and who made each step slow, by how much.
 
-    Per rank and step, four times that add up to the step: compute (between calls, no
-    communication in flight); overlapped (between calls while an async collective is in
-    flight: communication hidden behind compute; time in an async call's wait() is
-    here too, as the recording holds no wait); exposed (inside a call after its last
-    member arrived: the transfer the rank sat through); waiting (inside a call before its
-    last member arrived: waiting for a late peer).
+    Per rank and step, four times that add up to the step. Waiting: inside a call (or
+    with an async call in flight) before the call's last member arrived: waiting for a
+    late peer. Exposed: inside a blocking call after its last member arrived: the
+    transfer the rank sat through. Overlapped: between calls while an async call is in
+    flight after its last member arrived: transfer hidden behind compute (or waited for
+    in wait(), which the recording does not hold). Compute: between calls, nothing in
+    flight.
 
     Per step, the critical path through the calls across ranks, and for each late rank
     on it its straggler cost: how much sooner the step would have ended had that rank
