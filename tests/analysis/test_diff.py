@@ -20,9 +20,15 @@ from prism_rr.format import Collective, PointToPoint, open_bundle
 SCRIPT = Path(__file__).parent / "scripts" / "collectives.py"
 
 
+PP_DEMO = ("--pp", "2", "--world", "2")  # the README's pipeline demo line
+
+
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """(A, B): the script as written, and changed; recorded side by side."""
+def recorded(tmp_path_factory, demo_runs):
+    """(A, B): the script as written, and changed; recorded side by side, while the
+    session's demo thread makes the demo runs that the last test of this file diffs."""
+    demo_runs.start()
+    demo_runs.start(*PP_DEMO)
     d = tmp_path_factory.mktemp("diff")
     runs = {name: subprocess.Popen([sys.executable, "-m", "prism_rr.cli", "record", "-o", str(d / f"{name}.prism"), "--nproc", "2", "--",
                                     sys.executable, str(SCRIPT), *args],
@@ -62,25 +68,6 @@ def test_cli_diff_of_recorded_runs(recorded, tmp_path):
     same = run_cli("diff", a, public)
     assert same.returncode == 0, same.stdout + same.stderr
     assert same.stdout.startswith("collective sequences match: 12 calls in A, 12 in B, on ranks 0-1")
-
-
-@pytest.mark.timeout(400)
-def test_cli_diff_of_demo_runs(make_demo, demo_runs):
-    """The 4-rank FSDP2 x TP demo against itself, and against the 2-rank pipeline one."""
-    assert make_demo.result().returncode == 0, make_demo.result().stderr
-    same = run_cli("diff", make_demo.bundle, make_demo.bundle, "--json")
-    assert same.returncode == 0 and json.loads(same.stdout)["same"] is True
-    pp = demo_runs.start("--pp", "2", "--world", "2")
-    assert pp.result().returncode == 0, pp.result().stderr
-    out = run_cli("diff", make_demo.bundle, pp.bundle, "--json")
-    assert out.returncode == 6, out.stderr
-    doc = json.loads(out.stdout)
-    assert doc["world_size"] == {"a": 4, "b": 2} and doc["ranks_compared"] == [0, 1]
-    assert doc["ranks_only_in_a"] == [2, 3] and doc["group_differences"]
-    first = doc["first_difference"]
-    assert first["rank"] in (0, 1) and first["differs_in"]
-    text = run_cli("diff", make_demo.bundle, pp.bundle)
-    assert text.returncode == 6 and "world size 4 in A, 2 in B" in text.stdout
 
 
 def _pair(tmp_path, change):
@@ -158,3 +145,22 @@ def test_windows_starting_at_other_sequence_numbers(tmp_path):
     with open_bundle(a.bundle(tmp_path, "a2")) as ba, open_bundle(b.bundle(tmp_path, "b2")) as bb:
         d = diff_bundles(ba, bb)
     assert [(s.rank, s.a.seq, s.b.seq, s.fields) for s in d.sequences] == [(0, 6, 6, ("shapes",)), (1, 6, 6, ("shapes",))]
+
+
+@pytest.mark.timeout(400)
+def test_cli_diff_of_demo_runs(make_demo, demo_runs):
+    """The 4-rank FSDP2 x TP demo against itself, and against the 2-rank pipeline one."""
+    assert make_demo.result().returncode == 0, make_demo.result().stderr
+    same = run_cli("diff", make_demo.bundle, make_demo.bundle, "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["same"] is True
+    pp = demo_runs.start(*PP_DEMO)
+    assert pp.result().returncode == 0, pp.result().stderr
+    out = run_cli("diff", make_demo.bundle, pp.bundle, "--json")
+    assert out.returncode == 6, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["world_size"] == {"a": 4, "b": 2} and doc["ranks_compared"] == [0, 1]
+    assert doc["ranks_only_in_a"] == [2, 3] and doc["group_differences"]
+    first = doc["first_difference"]
+    assert first["rank"] in (0, 1) and first["differs_in"]
+    text = run_cli("diff", make_demo.bundle, pp.bundle)
+    assert text.returncode == 6 and "world size 4 in A, 2 in B" in text.stdout
