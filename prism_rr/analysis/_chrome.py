@@ -57,8 +57,9 @@ def export_chrome(
     counts = {"events": 0, "ranks": len(graph.ranks), "flows": 0}
     if gzip is None:
         gzip = out_path.name.endswith(".gz")
-    opener = gz.open if gzip else open
-    with opener(tmp, "wt", encoding="utf-8") as f:
+    # gzip's level 6: a third of level 9's time for 7% more bytes
+    f = gz.open(tmp, "wt", encoding="utf-8", compresslevel=6) if gzip else open(tmp, "w", encoding="utf-8")
+    with f:
         f.write('{"displayTimeUnit": "ns", "otherData": ')
         f.write(json.dumps({"world_size": bundle.world_size, "format": bundle.format_version,
                             "recorded_ranks": graph.ranks, "clock": "rank 0's monotonic clock, from the first event"}))
