@@ -193,6 +193,16 @@ def test_a_wrapped_ring_keeps_only_the_calls_every_rank_holds(tmp_path):
         assert diagnose(b) == []
 
 
+def test_dumps_read_again_when_too_many_to_keep_make_the_same_bundle(imported, tmp_path, monkeypatch):
+    """Past KEEP_ENTRIES entries, dumps are read a second time rather than kept: same records."""
+    from prism_rr.format import fr
+
+    monkeypatch.setattr(fr, "KEEP_ENTRIES", 0)
+    import_fr([FR / "groups" / "pickle"], tmp_path / "again.prism")
+    with open_bundle(imported["groups", "pickle"]) as a, open_bundle(tmp_path / "again.prism") as b:
+        assert all(list(a.events(r)) == list(b.events(r)) for r in range(4))
+
+
 # --- hostile input --------------------------------------------------------------------
 
 
@@ -232,7 +242,8 @@ def test_a_pickle_with_a_global_is_refused_with_exit_4(tmp_path):
     assert not Path("/tmp/prism-rr-fr-pwned").exists() and not (tmp_path / "x.prism").exists()
 
 
-def _nested(depth):
+def _nested_lists(depth):
+    """[[[...]]] made without a MARK: harmless, for nothing walks a dump's values whole."""
     return b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
 
 
@@ -252,7 +263,10 @@ def _dump(*entries, **change):
 
 
 HOSTILE = {
-    "deep-nesting": (_nested(1000), "nested more than"),
+    "deep-marks": (b"\x80\x02" + b"(" * 1000 + b"t" * 1000 + b".", "nested more than"),
+    "deep-lists": (_nested_lists(50_000), "not a map"),
+    "deep-tuples": (b"\x80\x02N" + b"\x85" * 100_000 + b".", "tuples nested more than"),
+    "deep-tuple-key": (b"\x80\x02}N" + b"\x85" * 100_000 + b"Ns.", "tuples nested more than"),
     "huge-containers": (b"\x80\x02]" + b"}" * 300_000 + b".", "more containers"),
     "truncated": (None, "truncated"),
     "memo-miss": (b"\x80\x02h\x07.", "memo entry"),
@@ -268,21 +282,21 @@ HOSTILE = {
     "text": (b"\x00hello", "unknown opcode"),
     "json-nan": (b'{"version": NaN}', "not a number"),
     "json-deep": (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
-    "json-shallow-but-deep": (b'{"a":' + b"[" * 40 + b"]" * 40 + b"}", "nested more than"),
     "json-broken": (b'{"version": "2.10", "entries": [', "not JSON"),
     "empty": (b"", "empty"),
 }
 
 
 def _shared_bomb():
-    """A list of 64 references to a list of 64 references to ... 8 deep: 64**8 visits."""
-    out = b"\x80\x02]q\x000"
+    """Entries: a list of 64 references to a list of 64 references to ... 8 deep, 64**8
+    values to whatever walks it whole."""
+    out = b"\x80\x02}X\x07\x00\x00\x00entries]q\x000"
     for _ in range(8):
         out += b"](" + b"h\x00" * 64 + b"eq\x000"
-    return out + b"h\x00."
+    return out + b"h\x00s."
 
 
-HOSTILE["shared-reference-bomb"] = (_shared_bomb(), "more values than")
+HOSTILE["shared-reference-bomb"] = (_shared_bomb(), "entry 0: a list where a map belongs")
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
