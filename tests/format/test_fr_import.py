@@ -18,7 +18,7 @@ import pytest
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import open_bundle, verify
 from prism_rr.format.fr import import_fr, read_dump, safe_loads
-from prism_rr.format.records import Collective, GroupInfo, Marker
+from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint
 from prism_rr.analysis import diagnose
 
 from tests.cli_helpers import run_cli
@@ -191,6 +191,56 @@ def test_a_wrapped_ring_keeps_only_the_calls_every_rank_holds(tmp_path):
     assert [c.seq for c in _records(tmp_path / "w.prism", 0, Collective)] == list(range(5, 15))
     with open_bundle(tmp_path / "w.prism") as b:
         assert diagnose(b) == []
+
+
+def _nccl_entry(record_id, name, seq, *, p2p=False, state="completed", pg=("0", "default_pg"), t=0, **more):
+    """An entry as ProcessGroupNCCL records it (the fields of torch's FlightRecorder.hpp):
+    states, discovered start and end times, kernel durations and p2p names that gloo's
+    dumps lack."""
+    created = 1_700_000_000_000_000_000 + t * 1_000_000
+    e = {"record_id": record_id, "pg_id": 0, "process_group": pg, "collective_seq_id": 0 if p2p else seq,
+         "p2p_seq_id": seq if p2p else 0, "op_id": record_id + 1, "profiling_name": name, "time_created_ns": created,
+         "input_sizes": [[1024]], "input_dtypes": ["BFloat16"], "output_sizes": [[1024]], "output_dtypes": ["BFloat16"],
+         "state": state, "retired": state == "completed", "is_p2p": p2p, "timeout_ms": 600000,
+         "time_discovered_started_ns": created + 1000 if state != "scheduled" else None,
+         "time_discovered_completed_ns": created + 51000 if state == "completed" else None,
+         "duration_ms": 0.05 if state == "completed" else None}
+    e.update(more)
+    return e
+
+
+def test_nccl_fields_times_states_and_sends(tmp_path):
+    """pg_config's ranks, completion times, a collective that started and never completed,
+    sends and receives by group rank, and the ops of a coalesced call that share its seq."""
+    row = ("5", "tp")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for r in range(2):
+        peer = 1 - r
+        entries = [
+            _nccl_entry(0, "nccl:all_reduce", 1, t=0),
+            _nccl_entry(1, "nccl:_allgather_base", 1, pg=row, t=1),
+            _nccl_entry(2, f"nccl:send {r}->{peer}" if r == 0 else f"nccl:recv {r}<-{peer}", 1, p2p=True, pg=row, t=2),
+            _nccl_entry(3, "nccl:all_reduce", 2, t=3),
+            _nccl_entry(4, "nccl:all_reduce", 2, t=3),  # a coalesced call's second op
+            _nccl_entry(5, "nccl:broadcast", 3, state="started", t=4, retired=True),  # timed out
+        ]
+        dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"},
+                                                "5": {"name": "5", "desc": "tp", "ranks": "[0, 1]"}},
+                "pg_status": {"0": {"last_completed_collective": 2}}, "entries": entries}
+        (dumps / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
+    note = import_fr([dumps], tmp_path / "n.prism")
+    assert note["coalesced"] == 2 and note["unplaced"] == 0
+    with open_bundle(tmp_path / "n.prism") as b:
+        assert {g["id"]: (g["name"], tuple(g["ranks"])) for g in b.groups} == {0: ("0", (0, 1)), 5: ("5", (0, 1))}
+        recs = [r for r in b.events(1) if type(r) in (Collective, PointToPoint)]
+        findings = diagnose(b)
+    ar, ag, recv, ar2, bc = recs
+    assert (ag.op, ag.group, ag.seq, ag.in_dtypes, ag.in_bytes) == ("all_gather_into_tensor", 5, 0, ("bfloat16",), 2048)
+    assert ar.end_ns - ar.start_ns == 51_000
+    assert (recv.op, recv.peer, recv.group, recv.seq) == ("recv", 0, 5, 0)
+    assert ar2.seq == 1 and bc.end_ns is None
+    assert [(f.kind, f.seq) for f in findings] == [("incomplete", 2)]
 
 
 def test_dumps_read_again_when_too_many_to_keep_make_the_same_bundle(imported, tmp_path, monkeypatch):
