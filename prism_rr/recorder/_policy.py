@@ -1,9 +1,10 @@
 """The recording policy and the recording observer of an InterceptGroup.
 
 The policy forwards every call unchanged to the real backend (gloo, NCCL). The observer
-records it: it notes the entry, and returns the real Work wrapped in a `TimedWork` that
-notes completion at wait() (or at the real future's callback, if sooner; gloo's send, recv
-and reduce_scatter_tensor have no future). A replay that records itself (`replay -o`)
+records it: it notes the entry; a blocking collective it waits for at once and returns
+completed; any other call's real Work it returns wrapped in a `TimedWork` that notes
+completion at wait() (or at the real future's callback, if sooner; gloo's send, recv and
+reduce_scatter_tensor have no future). A replay that records itself (`replay -o`)
 runs the replay policy with this observer. Outside the step window the observer is not
 `live`, and the group forwards a call without building one (InterceptGroup._collective).
 """
@@ -56,16 +57,21 @@ class RecordingObserver:
         rec.issued(token)
         if token.p2p and token.peer is None:  # a receive from any source: its sender comes at wait()
             return TimedWork(work, rec, token, sourced=group.sourced)
+        if not token.async_op and not token.p2p:
+            # torch's blocking collectives (async_op=False) call wait() as soon as the call
+            # returns: wait here, and hand back the real Work, completed. No wrapper, no
+            # future, no trip from C++ back into Python for wait(): a call costs the program
+            # less. Not a point-to-point call: gloo's send and recv Works wait for another
+            # message at each wait().
+            _finish(work, rec, token, timedelta(0))
+            return work
         try:
             fut = work.get_future()
         except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor
             fut = None
         if fut is not None:
             token.work = fut  # a reap completes it if no wait() comes first
-            if token.async_op:
-                fut.add_done_callback(lambda f: _done(rec, token, f))
-            # A blocking call's wait() comes next, from torch itself (async_op=False): a
-            # callback could only race it for the GIL, and cost both threads a hand-off.
+            fut.add_done_callback(lambda f: _done(rec, token, f))
         return TimedWork(work, rec, token)
 
     def group_created(self, gid: int, ranks, name: str, desc: str, backend: str) -> None:
@@ -89,25 +95,29 @@ class TimedWork(ForwardingWork):
         self._sourced = sourced  # group rank of the sender -> (global peer, seq)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        try:
-            ok = self._inner.wait(timeout)
-        except BaseException as exc:
-            self._rec.complete(self._call, exc)
-            self._rec.write_finished(self._call)
-            raise
-        call = self._call
-        if not call.done:
-            peer = None
-            if self._sourced is not None:
-                try:
-                    peer, call.seq = self._sourced(self._inner._source_rank())
-                except Exception:
-                    peer = None
-            self._rec.complete(call, None, peer)
-        elif not call.written:
-            self._rec.write_finished(call)
-        self._rec.settle(call)
-        return ok
+        return _finish(self._inner, self._rec, self._call, timeout, self._sourced)
+
+
+def _finish(work, rec, call, timeout: timedelta, sourced=None) -> bool:
+    """work.wait(timeout), then the call's record, written where the program's wait returns."""
+    try:
+        ok = work.wait(timeout)
+    except BaseException as exc:
+        rec.complete(call, exc)
+        rec.write_finished(call)
+        raise
+    if not call.done:
+        peer = None
+        if sourced is not None:
+            try:
+                peer, call.seq = sourced(work._source_rank())
+            except Exception:
+                peer = None
+        rec.complete(call, None, peer)
+    elif not call.written:
+        rec.write_finished(call)
+    rec.settle(call)
+    return ok
 
 
 def _done(rec, call, fut) -> None:
