@@ -97,11 +97,6 @@ def test_several_groups_get_their_members_and_fr_names(imported):
         assert calls[0].in_dtypes == ("float64",)
 
 
-def _skip_findings(bundle):
-    with open_bundle(bundle) as b:
-        return diagnose(b)
-
-
 def test_skipped_collective_is_diagnosed_as_hang_through_the_cli(imported, tmp_path):
     """Rank 1 skipped the all_reduce that ranks 0 and 2 wait in: `diagnose` names it."""
     out = tmp_path / "skip.prism"
@@ -120,14 +115,15 @@ def test_skipped_collective_is_diagnosed_as_hang_through_the_cli(imported, tmp_p
 
 
 def test_skip_scenario_live(tmp_path):
-    """torch as installed writes dumps that import: the skip scenario, run now on gloo."""
+    """torch as installed writes dumps that import: the skip scenario on 2 ranks, run now on gloo."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, SCRIPT, tmp_path, "skip"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, SCRIPT, tmp_path, "skip:2"], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     import_fr([tmp_path / "skip" / "json"], tmp_path / "live.prism")
-    hangs = [f for f in _skip_findings(tmp_path / "live.prism") if f.kind == "hang"]
-    assert [(f.ranks, f.group, f.seq) for f in hangs] == [((1,), 0, 2)]
+    with open_bundle(tmp_path / "live.prism") as b:
+        hangs = [f for f in diagnose(b) if f.kind == "hang"]
+    assert [(f.ranks, f.group, f.seq, f.details["entered"]) for f in hangs] == [((1,), 0, 2, [0])]
 
 
 def test_export_reads_an_imported_bundle(imported, tmp_path):

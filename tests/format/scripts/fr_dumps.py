@@ -1,6 +1,6 @@
 """Write real Flight Recorder dumps with gloo: the fixtures `prism-rr import fr` is tested on.
 
-    python tests/format/scripts/fr_dumps.py OUT [normal|skip|groups ...]
+    python tests/format/scripts/fr_dumps.py OUT [normal|skip|groups[:WORLD] ...]
 
 Each scenario runs its ranks with torch.multiprocessing and TORCH_FR_BUFFER_SIZE set, and
 writes, per rank, both of torch's dump forms: OUT/<scenario>/pickle/nccl_trace_rank_<r>
@@ -9,14 +9,14 @@ OUT/<scenario>/json/nccl_trace_rank_<r>.json (`_dump_fr_trace_json`).
 
 - normal: 2 ranks, three steps of all_reduce, all_gather, broadcast, reduce_scatter and a
   barrier, with a send and recv between them.
-- skip: 3 ranks, two steps; in the second rank 1 skips an all_reduce that ranks 0 and 2
-  enter (asynchronously, so that they can dump while it is pending).
+- skip: 3 ranks (or WORLD), two steps; in the second rank 1 skips an all_reduce that the
+  others enter (asynchronously, so that they can dump while it is pending).
 - groups: 4 ranks as a 2 x 2 mesh: all_reduces on the row groups {0,1}, {2,3}, all_gathers
   on the column groups {0,2}, {1,3}, and a broadcast on WORLD.
 
 A rank dumps once its calls are issued and leaves with os._exit once all have dumped: a
-rank waiting on a collective that a peer skipped would otherwise wait for ever. `make_fr_fixtures` in
-tests/format/test_fr_import.py regenerates tests/data/fr with this script.
+rank waiting on a collective that a peer skipped would otherwise wait for ever.
+`python tests/format/scripts/fr_dumps.py tests/data/fr` makes the test fixtures again.
 """
 
 from __future__ import annotations
@@ -46,14 +46,15 @@ def _normal(rank: int, world: int) -> None:
         dist.barrier()
 
 
-def _skip(rank: int, world: int) -> list:
+_HELD: list = []  # work left pending on purpose, held until the process leaves
+
+
+def _skip(rank: int, world: int) -> None:
     t = torch.ones(8, dtype=torch.bfloat16)
     dist.all_reduce(t)
     dist.barrier()
-    pending = []
-    if rank != 1:  # rank 1 skips this one: ranks 0 and 2 wait in it
-        pending.append(dist.all_reduce(t, async_op=True))
-    return pending
+    if rank != 1:  # rank 1 skips this one: the others wait in it
+        _HELD.append(dist.all_reduce(t, async_op=True))
 
 
 def _groups(rank: int, world: int) -> None:
@@ -70,7 +71,7 @@ def _groups(rank: int, world: int) -> None:
 def _rank(rank: int, world: int, port: int, scenario: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    pending = {"normal": _normal, "skip": _skip, "groups": _groups}[scenario](rank, world)
+    {"normal": _normal, "skip": _skip, "groups": _groups}[scenario](rank, world)
     # Let gloo mark finished calls completed (it does so just after they return), and let
     # the peers reach their dump; a pending call stays pending.
     time.sleep(1.0)
@@ -81,7 +82,7 @@ def _rank(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"nccl_trace_rank_{rank}{suffix}"), "wb") as f:
             f.write(data)
-    # Leave once every rank has dumped (through the store, which the recorder does not see):
+    # Leave once every rank has dumped (through the store, which Flight Recorder does not record):
     # a rank that left sooner would fail its peers' pending call before they dumped it.
     store = dist.distributed_c10d._get_default_store()
     store.add("fr-dumped", 1)
@@ -96,9 +97,11 @@ def _rank(rank: int, world: int, port: int, scenario: str, out: str) -> None:
 def main(argv: list[str]) -> None:
     out, scenarios = argv[0], argv[1:] or list(SCENARIOS)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "200")
-    for i, scenario in enumerate(scenarios):
+    for i, arg in enumerate(scenarios):
+        scenario, _, world = arg.partition(":")
+        world = int(world) if world else SCENARIOS[scenario]
         port = 29400 + (os.getpid() * 7 + i) % 20000
-        mp.spawn(_rank, args=(SCENARIOS[scenario], port, scenario, out), nprocs=SCENARIOS[scenario])
+        mp.spawn(_rank, args=(world, port, scenario, out), nprocs=world)
 
 
 if __name__ == "__main__":
