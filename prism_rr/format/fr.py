@@ -355,6 +355,7 @@ _OPS = {
     "all_to_all_v_single": "all_to_all_single", "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
     "all_reduce_barrier": "barrier",
 }
+_ITEMSIZE = dict(_DTYPES.values())  # dtype name -> bytes per element
 _DTYPE_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dump's dtype lists, mapped once
 _P2P_NAME = re.compile(r"(send|recv) (\d{1,7})(->|<-)(\d{1,7})")
 _RANK_IN_NAME = re.compile(r"(\d{1,7})(?:\.json|\.pkl|\.pickle)?")
@@ -416,12 +417,12 @@ def read_dump(path: str | os.PathLike, rank: int | None = None) -> Dump:
     if rank is None:
         raise UsageError(f"{path}: no rank at the end of its name (torch names dumps <prefix><rank>)")
     try:
-        size = path.stat().st_size
-        if size > MAX_DUMP_BYTES:
-            raise FormatError(f"{where}: {size:,} bytes, more than the {MAX_DUMP_BYTES:,} a dump may have")
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_DUMP_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_DUMP_BYTES:
+        raise FormatError(f"{where}: more than the {MAX_DUMP_BYTES:,} bytes a dump may have")
     if not data.strip():
         raise FormatError(f"{where}: empty")
     if data.lstrip()[:1] in (b"{", b"["):
@@ -630,6 +631,8 @@ def find_dumps(paths: Iterable[str | os.PathLike]) -> dict[int, Path]:
                 raise UsageError(f"{p}: no Flight Recorder dumps in it (files named <prefix><rank>)")
         elif p.is_file():
             files = [p]
+        elif p.exists():
+            raise UsageError(f"{p}: not a regular file or a directory")
         else:
             raise UsageError(f"{p}: no such file or directory")
         for q in files:
@@ -706,7 +709,7 @@ def _bytes(sizes, dtypes) -> int:
     total = 0
     for i, shape in enumerate(sizes):
         dtype = dtypes[i] if i < len(dtypes) else (dtypes[-1] if dtypes else None)
-        size = next((b for n, b in _DTYPES.values() if n == dtype), 0)
+        size = _ITEMSIZE.get(dtype, 0)
         total += math.prod(shape) * size
     return total
 
