@@ -23,10 +23,11 @@ completed (its time in flight before its last member came counted as waiting, as
 split); a call completes at its last member's entry plus what each member recorded
 after the last entry. Unchanged, the model gives back the recorded times. A rank's
 straggler cost is how much shorter the step (first start to last end, across ranks)
-becomes when that rank is never later into a call than the latest of its other members:
-its lateness removed, nothing else changed. Costs are marginal, one rank at a time: two
+becomes when that rank is never later than the latest of its other members into a call
+where it held them up: its lateness removed, nothing else changed. Costs are marginal, one rank at a time: two
 ranks equally late each cost little alone. Only a rank on the step's critical path can
-cost anything, so only late ranks on it are re-timed.
+cost anything, so only ranks the path passes into calls they entered last are re-timed
+(the latest eight, each late by at least 0.5% of the step).
 
 Imports neither torch nor a UI library; reads bundles through `prism_rr.format`.
 """
@@ -58,6 +59,8 @@ __all__ = [
 
 # Late ranks on the critical path re-timed per step, latest first (each costs one re-timing).
 MAX_CANDIDATES = 8
+# ... and only those late on it by at least this fraction of the step.
+MIN_LATE_FRACTION = 0.005
 # Steps taken from the chunk index when a bundle has no Step records; a chunk that claims
 # a longer run of steps than this (hostile, or a dump's odd numbering) gives only its ends.
 _MAX_STEP_RUN = 4096
@@ -126,6 +129,7 @@ class _Graph:
     members: dict[tuple, list[int]]  # key -> node ids of the members present
     window: dict[int, tuple[int, int]]  # rank -> (step start, step end), recorded
     last_entry: dict[tuple, int]  # key -> the latest recorded entry among its members
+    held: dict[int, int]  # node id -> how late it entered a call whose other members it held up
 
 
 def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int]) -> _Graph:
@@ -175,7 +179,7 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
         ids = by_rank[rank] = []
         for node in mine:
             present = members.setdefault(node.key, [])
-            if any(nodes[i].rank == rank for i in present):  # the same call twice on one rank
+            if present and nodes[present[-1]].rank == rank:  # the same call twice on one rank
                 node.key = ("x", len(nodes))
                 present = members.setdefault(node.key, [])
             present.append(len(nodes))
@@ -183,7 +187,23 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
             nodes.append(node)
     last_entry = {key: max(nodes[i].start for i in ids) for key, ids in members.items()}
     return _Graph(ranks=[r for r in ranks if r in window], nodes=nodes, by_rank=by_rank, members=members,
-                  window=window, last_entry=last_entry)
+                  window=window, last_entry=last_entry, held=_held(nodes, members))
+
+
+def _held(nodes: list[_Node], members: dict[tuple, list[int]]) -> dict[int, int]:
+    """The calls a member entered last while another member's call was still running
+    (blocked, or an async call it waited for): node id -> its entry minus the one before.
+    Lateness into a call nobody was still in (a buffered send, a dump's untimed entries)
+    held no one up."""
+    out = {}
+    for ids in members.values():
+        if len(ids) < 2:
+            continue
+        ms = sorted(ids, key=lambda i: nodes[i].start)
+        last, before = nodes[ms[-1]], nodes[ms[-2]]
+        if last.start > before.start and any(nodes[i].end is None or nodes[i].end >= last.start for i in ms[:-1]):
+            out[ms[-1]] = last.start - before.start
+    return out
 
 
 # --- the time split ----------------------------------------------------------------------
@@ -209,17 +229,10 @@ def _measure(intervals: list[tuple[int, int]]) -> int:
 
 def _split(g: _Graph) -> dict[int, RankTime]:
     late: dict[int, list[int]] = {}  # rank -> [late ns, calls]
-    for key, ids in g.members.items():
-        if len(ids) < 2:
-            continue
-        ms = sorted((g.nodes[i] for i in ids), key=lambda n: n.start)
-        last, before = ms[-1], ms[-2]
-        # someone's call ended after the last came: it waited (blocked, or in an async call's wait())
-        waited = any(n.end is None or n.end >= last.start for n in ms[:-1])
-        if waited and last.start > before.start:
-            acc = late.setdefault(last.rank, [0, 0])
-            acc[0] += last.start - before.start
-            acc[1] += 1
+    for i, ns in g.held.items():
+        acc = late.setdefault(g.nodes[i].rank, [0, 0])
+        acc[0] += ns
+        acc[1] += 1
     out = {}
     for rank in g.ranks:
         ws, we = g.window[rank]
@@ -253,7 +266,8 @@ class _Timing:
     """One re-timing of a step's graph: when each node is entered and completes.
 
     `slow`: rank -> factor on its time between calls (as `replay --slow-rank`).
-    `on_time`: ranks never later into a call than the latest of its other members.
+    `on_time`: ranks never later than the latest of the other members into a call where
+    they held them up (`_Graph.held`).
     The causes of each time are kept, for the critical path.
     """
 
@@ -274,80 +288,85 @@ class _Timing:
         self.end_cause: dict[int, tuple] = {}
         self._run()
 
-    def _gap(self, rank: int, rec_from: int, rec_to: int) -> int:
-        return int(max(0, rec_to - rec_from) * self.slow.get(rank, 1.0))
-
     def _run(self) -> None:
         g = self.g
-        pos = {r: 0 for r in g.ranks}
-        resume = {r: (g.window[r][0], g.window[r][0], None) for r in g.ranks}  # (model, recorded, node id)
-        pending: dict[int, list[int]] = {r: [] for r in g.ranks}
+        self._pos = dict.fromkeys(g.ranks, 0)
+        self._resume = {r: (g.window[r][0], g.window[r][0], None) for r in g.ranks}  # (model, recorded, node)
+        self._pending: dict[int, list[int]] = {r: [] for r in g.ranks}
         self._blocked: dict[tuple, list[int]] = {}  # key -> ranks that wait for it to close
         self._ready = deque(g.ranks)
         left = set(g.ranks)
+        ready, blocked, closed, advance = self._ready, self._blocked, self.closed, self._advance
         while left:
-            while self._ready:
-                r = self._ready.popleft()
+            while ready:
+                r = ready.popleft()
                 if r not in left:
                     continue
-                wait = self._advance(r, pos, resume, pending)
+                wait = advance(r)
                 if wait is None:
                     left.discard(r)
-                elif wait in self.closed:
-                    self._ready.append(r)
+                elif wait in closed:
+                    ready.append(r)
                 else:
-                    self._blocked.setdefault(wait, []).append(r)
-            if not left or not self._blocked:
+                    blocked.setdefault(wait, []).append(r)
+            if not left or not blocked:
                 break
             # Nothing moves: a call some members never make in this step (a hang, or
             # members recorded in another step) or an on-time rank's clamp that waits on
             # itself. Close the stuck call whose entered members came earliest, with them alone.
-            key = min(self._blocked, key=lambda k: (min((self.natural[i] for i in g.members[k]
-                                                         if self.natural[i] is not None), default=0), k))
+            key = min(blocked, key=lambda k: (min((self.natural[i] for i in g.members[k]
+                                                   if self.natural[i] is not None), default=0), k))
             self._close(key)
 
-    def _advance(self, r: int, pos, resume, pending) -> tuple | None:
+    def _advance(self, r: int) -> tuple | None:
         """Move rank `r` as far as it can; the key it waits on, or None when its step is done."""
         g = self.g
-        ids = g.by_rank.get(r, [])
-        while pos[r] < len(ids):
-            i = ids[pos[r]]
-            n = g.nodes[i]
-            if self.natural[i] is None:
-                at = self._reach(r, n.start, resume, pending)
-                if type(at[0]) is tuple:
+        nodes, natural, entry, done = g.nodes, self.natural, self.entry, self.done
+        ids = g.by_rank.get(r, ())
+        pos = self._pos[r]
+        late_ok = r not in self.on_time
+        while pos < len(ids):
+            i = ids[pos]
+            n = nodes[i]
+            if natural[i] is None:
+                at = self._reach(r, n.start)
+                if len(at) == 1:
+                    self._pos[r] = pos
                     return at[0]
-                t, cause = at
-                self.natural[i], self.entry_cause[i], self.floor[i] = t, cause, resume[r][0]
-                if r not in self.on_time or n.key in self.closed:
-                    self.entry[i] = t
+                natural[i], self.entry_cause[i] = at
+                self.floor[i] = self._resume[r][0]
+                if late_ok or i not in g.held or n.key in self.closed:
+                    entry[i] = at[0]
                 self._register(i)
-            if self.entry[i] is None:
+            if entry[i] is None:
+                self._pos[r] = pos
                 return n.key  # on time: its entry waits for the other members'
             if n.end is None:  # never completed: the rank's step ends stuck here
-                self.end[r] = self.entry[i]
+                self.end[r] = entry[i]
                 self.end_cause[r] = ("stuck", i)
+                self._pos[r] = pos
                 return None
             if n.async_op:
-                issue = (n.issued if n.issued is not None else n.start) - n.start
-                resume[r] = (self.entry[i] + issue, n.start + issue, i)
-                pending[r].append(i)
-                pos[r] += 1
+                issue = (n.start if n.issued is None else n.issued) - n.start
+                self._resume[r] = (entry[i] + issue, n.start + issue, i)
+                self._pending[r].append(i)
+                pos += 1
                 continue
-            if self.done[i] is None:
-                if n.key in self.closed:
-                    self.done[i] = self.entry[i] + (n.end - n.start)
-                else:
+            if done[i] is None:
+                if n.key not in self.closed:
+                    self._pos[r] = pos
                     return n.key
-            resume[r] = (self.done[i], n.end, i)
-            pos[r] += 1
-        at = self._reach(r, g.window[r][1], resume, pending)
-        if type(at[0]) is tuple:
+                done[i] = entry[i] + (n.end - n.start)
+            self._resume[r] = (done[i], n.end, i)
+            pos += 1
+        self._pos[r] = pos
+        at = self._reach(r, g.window[r][1])
+        if len(at) == 1:
             return at[0]
         self.end[r], self.end_cause[r] = at
         return None
 
-    def _reach(self, r: int, rec_t: int, resume, pending) -> tuple:
+    def _reach(self, r: int, rec_t: int) -> tuple:
         """When rank `r` reaches the point it recorded at `rec_t` (a call's entry, its
         step's end): (time, cause), or (key,) of an async call it must see complete first.
 
@@ -357,12 +376,19 @@ class _Timing:
         member entered is taken as waiting, not compute (a wait() soon after the call,
         as DTensor's and FSDP's make): it shrinks when that member comes sooner.
         """
+        t_model, t_rec, src = self._resume[r]
+        scale = self.slow.get(r)
+        pending = self._pending[r]
+        if not pending:
+            gap = rec_t - t_rec
+            if gap <= 0:
+                return t_model, ("gap", src)
+            return t_model + (gap if scale is None else int(gap * scale)), ("gap", src)
         g = self.g
-        t_model, t_rec, src = resume[r]
         keep = []
         waited = 0
         best = None
-        for p in pending[r]:
+        for p in pending:
             pn = g.nodes[p]
             if pn.end is None or pn.end > rec_t:
                 keep.append(p)
@@ -371,82 +397,99 @@ class _Timing:
                 if pn.key in self.closed:
                     continue  # closed without it (nothing else could move): no completion known
                 return (pn.key,)
-            c = self.done[p] + self._gap(r, pn.end, rec_t)
+            since = rec_t - pn.end
+            c = self.done[p] + (since if scale is None else int(since * scale))
             if best is None or c > best[0]:
                 best = (c, ("pending", p))
-            issued = pn.issued if pn.issued is not None else pn.start
+            issued = pn.start if pn.issued is None else pn.issued
             waited = max(waited, min(pn.end, g.last_entry[pn.key], rec_t) - max(issued, t_rec))
-        pending[r] = keep
-        t = t_model + self._gap(r, t_rec + waited, rec_t)
+        self._pending[r] = keep
+        gap = max(0, rec_t - t_rec - waited)
+        t = t_model + (gap if scale is None else int(gap * scale))
         if best is not None and best[0] >= t:
             return best
         return t, ("gap", src)
 
     def _register(self, i: int) -> None:
-        key = self.g.nodes[i].key
+        n = self.g.nodes[i]
+        key = n.key
         if key in self.closed:
-            n = self.g.nodes[i]
             self.entry[i] = self.natural[i]
             if n.end is not None:
                 self.done[i] = self.entry[i] + (n.end - n.start)
             return
-        self.registered[key] = self.registered.get(key, 0) + 1
-        if self.registered[key] == len(self.g.members[key]):
+        count = self.registered[key] = self.registered.get(key, 0) + 1
+        if count == len(self.g.members[key]):
             self._close(key)
 
     def _close(self, key: tuple) -> None:
         """Every member present has its natural entry (or, when nothing else moves, those
         that came): settle the on-time members' entries, then every member's completion."""
         g = self.g
+        nodes, natural, entry, done = g.nodes, self.natural, self.entry, self.done
         self.closed.add(key)
         self._ready.extend(self._blocked.pop(key, ()))
-        ids = [i for i in g.members[key] if self.natural[i] is not None]
+        members = g.members[key]
+        ids = members if self.registered.get(key) == len(members) else [i for i in members if natural[i] is not None]
         if not ids:
             return
         for i in ids:
-            if self.entry[i] is None:
-                others = [self.natural[j] for j in ids if j != i]
-                t = self.natural[i]
-                if others:
-                    t = max(self.floor[i], min(t, max(others)))
-                self.entry[i] = t
-        last = max(ids, key=lambda j: (self.entry[j], g.nodes[j].start))
+            if entry[i] is None:
+                others = [natural[j] for j in ids if j != i]
+                t = natural[i]
+                entry[i] = max(self.floor[i], min(t, max(others))) if others else t
+        last = ids[0]
+        latest_rec = nodes[last].start
+        for j in ids:
+            if (entry[j], nodes[j].start) > (entry[last], nodes[last].start):
+                last = j
+            if nodes[j].start > latest_rec:
+                latest_rec = nodes[j].start
         self.last_in[key] = last
-        latest = self.entry[last]
-        latest_rec = max(g.nodes[j].start for j in ids)
+        latest = entry[last]
         for i in ids:
-            n = g.nodes[i]
+            n = nodes[i]
             if n.end is None:
                 continue
             if n.end >= latest_rec:
-                self.done[i] = max(self.entry[i], latest + (n.end - latest_rec))
+                done[i] = max(entry[i], latest + (n.end - latest_rec))
             else:  # it did not need the last member (a buffered send; clocks apart)
-                self.done[i] = self.entry[i] + (n.end - n.start)
+                done[i] = entry[i] + (n.end - n.start)
 
     def span(self) -> int:
         if not self.end:
             return 0
         return max(self.end.values()) - min(self.g.window[r][0] for r in self.end)
 
-    def critical_path(self) -> CriticalPath:
+    def critical_path(self) -> tuple[CriticalPath, dict[int, int]]:
         """Walk back from the rank that ends last through what set each time: the gap
-        before a call, the call's last member, an async call waited for."""
+        before a call, the call's last member, an async call waited for. Also, for each
+        rank the path passes, how much later than the other members it entered the calls
+        on the path it entered last (about what its re-timing could gain)."""
         g = self.g
         path = CriticalPath()
+        late: dict[int, int] = {}
         if not self.end:
-            return path
+            return path, late
         rank = max(self.end, key=lambda r: (self.end[r], -r))
         segs: list[Segment] = []
         t = self.end[rank]
         cause = self.end_cause[rank]
+
+        def through(i: int) -> tuple:
+            """The path passes node i's entry: note how late its rank was into the call."""
+            others = [self.entry[j] for j in g.members[g.nodes[i].key] if j != i and self.entry[j] is not None]
+            if i in g.held and others and self.entry[i] > max(others):
+                r = g.nodes[i].rank
+                late[r] = late.get(r, 0) + self.entry[i] - max(others)
+            return self.entry[i], self.entry_cause[i]
+
         budget = 2 * len(g.nodes) + 8
         while budget > 0:
             budget -= 1
             kind, i = cause
             if kind == "stuck":
-                n = g.nodes[i]
-                cause = self.entry_cause[i]
-                t = self.entry[i]
+                t, cause = through(i)
                 continue
             if i is None:  # the gap from the step's start
                 segs.append(Segment(rank, "compute", "", g.window[rank][0], t))
@@ -461,18 +504,19 @@ class _Timing:
                 lt = self.entry[last]
                 segs.append(Segment(rank, "comm", n.op, max(lt, self.entry[i]), done, group, seq))
                 if last != i and lt > self.entry[i]:
-                    rank, t, cause = g.nodes[last].rank, lt, self.entry_cause[last]
+                    rank = g.nodes[last].rank
+                    t, cause = through(last)
                     continue
-                t, cause = self.entry[i], self.entry_cause[i]
+                t, cause = through(i)
                 continue
             # resumed where async call i returned
             issue = self.entry[i] + ((n.issued if n.issued is not None else n.start) - n.start)
             segs.append(Segment(rank, "compute", "", issue, t))
             segs.append(Segment(rank, "comm", n.op, self.entry[i], issue, group, seq))
-            t, cause = self.entry[i], self.entry_cause[i]
+            t, cause = through(i)
         segs.reverse()
         path.segments = [s for s in segs if s.end_ns > s.start_ns]
-        return path
+        return path, late
 
 
 def _group_seq(key: tuple) -> tuple[int | None, int | None]:
@@ -516,13 +560,15 @@ def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
     out.call_durations = any(n.end is not None and n.end > n.start for n in g.nodes)
     base = _Timing(g)
     out.modelled_ns = base.span()
-    out.critical_path = base.critical_path()
-    on_path = {s.rank for s in out.critical_path.segments}
-    late = sorted((t for t in out.ranks.values() if t.late_ns > 0 and t.rank in on_path),
-                  key=lambda t: (-t.late_ns, t.rank))[:candidates]
-    for t in late:
-        cost = out.modelled_ns - _Timing(g, on_time=(t.rank,)).span()
-        out.stragglers.append(StragglerCost(rank=t.rank, step=step, cost_ns=max(0, cost), late_ns=t.late_ns,
+    out.critical_path, path_late = base.critical_path()
+    # A rank's re-timing can gain at most about its lateness along the path: ranks late
+    # by a sliver of the step are not worth one re-timing of the whole step each.
+    floor = max(1, int(out.modelled_ns * MIN_LATE_FRACTION))
+    late = sorted((r for r, ns in path_late.items() if ns >= floor), key=lambda r: (-path_late[r], r))
+    for r in late[:candidates]:
+        t = out.ranks[r]
+        cost = out.modelled_ns - _Timing(g, on_time=(r,)).span()
+        out.stragglers.append(StragglerCost(rank=r, step=step, cost_ns=max(0, cost), late_ns=t.late_ns,
                                             late_calls=t.late_calls))
     out.stragglers.sort(key=lambda s: (-s.cost_ns, s.rank))
     return out
