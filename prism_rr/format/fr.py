@@ -39,7 +39,7 @@ from prism_rr.format.rewrite import Rewrite
 
 __all__ = ["MAX_DUMP_BYTES", "import_fr", "read_dump", "safe_loads"]
 
-MAX_DUMP_BYTES = 256 << 20  # a dump of 20,000 entries with stacks is about 20 MiB
+MAX_DUMP_BYTES = 256 << 20  # 2,000 entries: 0.3 MB of pickle (with stacks), 1 MB of JSON
 MAX_DEPTH = 32  # open MARKs, and tuples in tuples: a dump nests 5 deep
 MAX_TENSORS = 4096  # sizes or dtypes of one entry
 MAX_DIMS = 64
@@ -51,7 +51,8 @@ KEEP_ENTRIES = 1_000_000  # entries kept between import_fr's two readings (~250 
 
 # --- the restricted unpickler --------------------------------------------------------
 
-# Opcodes that name, build or call objects: refused wherever they appear.
+# Opcodes that name, build or call objects, and protocol 0-1 byte strings (which torch
+# never writes): refused wherever they appear.
 _REFUSED = {
     ord("c"): "GLOBAL", 0x93: "STACK_GLOBAL", ord("R"): "REDUCE", ord("b"): "BUILD",
     ord("i"): "INST", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1",
@@ -69,7 +70,7 @@ def safe_loads(data: bytes, where: str) -> Any:
     """The value a pickle builds, if it builds only None, bools, ints, floats, str, bytes,
     lists, tuples, dicts and sets; else FormatError naming the opcode and its offset.
 
-    Containers are bounded by the input's size (one per 8 bytes, plus 65536) and
+    Containers (tuples too) are bounded by the input's size (one per 8 bytes, plus 65536) and
     integers by 64 bits, so the result costs a few times the input; open MARKs and tuples
     within tuples (what a dict key's hash recurses into) by MAX_DEPTH. Lists and dicts
     may still nest deep, or share parts, through the memo: what reads the result walks
@@ -225,10 +226,12 @@ def safe_loads(data: bytes, where: str) -> Any:
             elif 0x85 <= op <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
                 k = op - 0x84
                 top(at, k)
+                container(at)
                 items = nested(stack[-k:], tuple, at)
                 del stack[-k:]
                 stack.append(items)
             elif op == 0x74:  # TUPLE
+                container(at)
                 stack.append(nested(pop_mark(at), tuple, at))
             elif op == 0x6C:  # LIST
                 container(at)
@@ -315,11 +318,17 @@ def safe_loads(data: bytes, where: str) -> Any:
 
 
 def _loads_json(data: bytes, where: str) -> Any:
+    """A JSON dump's value: no NaN or Infinity, containers bounded as a pickle's are."""
     if len(data) > MAX_DUMP_BYTES:
         raise FormatError(f"{where}: {len(data):,} bytes, more than the {MAX_DUMP_BYTES:,} a dump may have")
 
     def refuse(name: str):
         raise FormatError(f"{where}: JSON constant {name} is not a number")
+
+    # JSON's containers cost Python up to 20 times their text: bounded as a pickle's are
+    # (counting brackets inside strings too, which only makes the bound stricter).
+    if data.count(b"{") + data.count(b"[") > 65536 + len(data) // 8:
+        raise FormatError(f"{where}: more containers than a file of this size can hold")
 
     try:
         value = json.loads(data, parse_constant=refuse)

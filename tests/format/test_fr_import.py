@@ -327,7 +327,9 @@ HOSTILE = {
     "json-list": (b"[1, 2]", "not a map"),
     "text": (b"\x00hello", "unknown opcode"),
     "json-nan": (b'{"version": NaN}', "not a number"),
-    "json-deep": (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+    "json-deep": (b'{"a":' + b"[" * 80_000 + b"]" * 80_000 + b"}", "nested"),
+    "json-many-containers": (b'{"a":[' + b"[]," * 200_000 + b"[]]}", "more containers"),
+    "many-tuples": (b"\x80\x02(" + b"N\x85" * 100_000 + b"l.", "more containers"),
     "json-broken": (b'{"version": "2.10", "entries": [', "not JSON"),
     "empty": (b"", "empty"),
 }
