@@ -198,3 +198,47 @@ def test_demo_with_a_straggler_names_it_costliest(tmp_path):
     diag = run_cli("diagnose", bundle, "--json")
     assert diag.returncode in (0, 5), diag.stderr
     assert json.loads(diag.stdout)["straggler_cost"][0]["rank"] == 1
+
+
+def _fr_entry(seq: int, created_ms: float, completed_ms: float) -> dict:
+    """A completed all_reduce as ProcessGroupNCCL's Flight Recorder keeps it (times in ns)."""
+    t0 = 1_700_000_000_000_000_000
+    return {"record_id": seq, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq + 1, "profiling_name": "nccl:all_reduce",
+            "time_created_ns": t0 + round(created_ms * MS), "input_sizes": [[1024]], "input_dtypes": ["Float"],
+            "output_sizes": [[1024]], "output_dtypes": ["Float"], "state": "completed", "retired": True,
+            "is_p2p": False, "timeout_ms": 600000, "time_discovered_started_ns": t0 + round(created_ms * MS),
+            "time_discovered_completed_ns": t0 + round(completed_ms * MS), "duration_ms": 0.05}
+
+
+def test_imported_flight_recorder_dumps(tmp_path):
+    import pickle
+
+    from prism_rr.format.fr import import_fr
+
+    data = Path(__file__).parent.parent / "data" / "fr"
+    for scenario in ("normal", "skip", "groups"):
+        for form in ("pickle", "json"):
+            out = tmp_path / f"{scenario}-{form}.prism"
+            import_fr([data / scenario / form], out)
+            with open_bundle(out) as b:
+                for a in attribute(b):
+                    _adds_up(a)
+    # NCCL's dumps hold completion times: rank 1 enters each of three all_reduces 5 ms
+    # after rank 0, which waits for it every time.
+    dumps = tmp_path / "nccl"
+    dumps.mkdir()
+    for r in (0, 1):
+        entries = [_fr_entry(k + 1, 10 * k + 5 * r, 10 * k + 5.05) for k in range(3)]
+        dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+                "pg_status": {}, "entries": entries}
+        (dumps / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
+    import_fr([dumps], tmp_path / "nccl.prism")
+    out = run_cli("analyze", tmp_path / "nccl.prism", "--json")
+    assert out.returncode == 0, out.stderr
+    (step,) = json.loads(out.stdout)["steps"]
+    assert step["call_durations"] and step["ranks"]["0"]["waiting_ns"] == 15 * MS
+    # On time, rank 1 gains 5 ms at the second and third calls; not at the first, where
+    # its records (and so what is known of its step) begin.
+    (cost,) = step["stragglers"]
+    assert cost["rank"] == 1 and 9.9 * MS < cost["cost_ns"] <= 10 * MS, step
