@@ -76,8 +76,8 @@ class RankTime:
     overlapped_ns: int
     exposed_ns: int
     waiting_ns: int
-    late_ns: int = 0  # time the others spent waiting for this rank alone (it entered last)
-    late_calls: int = 0  # calls it entered last while another member waited
+    late_ns: int = 0  # over the calls where it held the others up: its entry minus the one before
+    late_calls: int = 0  # calls it entered last while another member was still in its own
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,13 +112,12 @@ class _Node:
     """One rank's call in one step (times on rank 0's clock)."""
 
     rank: int
-    key: tuple  # ("c", group, seq) | ("p", group, src, dst, seq) | ("x", id): no partner known
+    key: tuple  # ("c", group, seq) | ("p", group, src, dst, seq); ("x", rank, i), ("twice", id): alone
     start: int
     end: int | None  # None: never completed
     issued: int | None  # an async call: when it returned to the program
     async_op: bool
     op: str
-    sending: bool = False
 
 
 @dataclass(slots=True)
@@ -157,11 +156,10 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
                 continue
             if cls is Collective:
                 key = ("c", rec.group, rec.seq)
-                sending = False
             elif cls is PointToPoint:
                 sending = not ops.receives(rec.op)
                 if rec.peer < 0 or rec.seq < 0:
-                    key = ("x", len(nodes) + len(mine))
+                    key = ("x", rank, len(mine))
                 else:
                     src, dst = (rank, rec.peer) if sending else (rec.peer, rank)
                     key = ("p", rec.group, src, dst, rec.seq)
@@ -170,7 +168,7 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
             issued = None
             if rec.async_op and rec.issued_ns is not None:
                 issued = min(max(rec.issued_ns - off, start), tail)
-            mine.append(_Node(rank, key, start, end, issued, bool(rec.async_op), rec.op, sending))
+            mine.append(_Node(rank, key, start, end, issued, bool(rec.async_op), rec.op))
         if lo is None:
             continue
         mine.sort(key=lambda n: n.start)
@@ -180,7 +178,7 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
         for node in mine:
             present = members.setdefault(node.key, [])
             if present and nodes[present[-1]].rank == rank:  # the same call twice on one rank
-                node.key = ("x", len(nodes))
+                node.key = ("twice", len(nodes))
                 present = members.setdefault(node.key, [])
             present.append(len(nodes))
             ids.append(len(nodes))
