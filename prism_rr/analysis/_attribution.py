@@ -681,7 +681,9 @@ def attribution_lines(attributions: Iterable[StepAttribution]) -> Iterator[str]:
                 f"rank {s.rank} cost {_ms(s.cost_ns)} ms (late by {_ms(s.late_ns)} ms into "
                 f"{s.late_calls} call{'s' if s.late_calls != 1 else ''})" for s in costly)
         else:
-            yield "  stragglers: none (no late rank on the critical path)"
+            yield "  stragglers: none that cost the step 0.1 ms or more"
+    if not kept:
+        yield "no step to analyse (none recorded, or none in the steps asked for)"
     yield from straggler_lines([e for e in straggler_totals(kept) if e["cost_ns"] >= _SHOWN_NS])
 
 
