@@ -665,9 +665,11 @@ class _Plan:
     members: dict[str, set[int]] = field(default_factory=dict)  # ranks seen with entries in it
     configured: dict[str, tuple[int, ...]] = field(default_factory=dict)  # from pg_config
     cut: dict[str, int] = field(default_factory=dict)  # group -> first seq every window holds
+    backend: dict[str, str] = field(default_factory=dict)  # group name -> nccl, gloo, ...
+    zero_based: bool = False  # a collective seq of 0: the backend counts from 0, not 1
     ids: dict[str, int] = field(default_factory=dict)
     ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    backends: set[str] = field(default_factory=set)
+    groups_of: dict[int, list[str]] = field(default_factory=dict)  # rank -> its groups, by id
     versions: set[str] = field(default_factory=set)
     forms: set[str] = field(default_factory=set)
 
@@ -683,9 +685,10 @@ class _Plan:
             self.names.setdefault(e.pg_name, e.pg_desc)
             self.members.setdefault(e.pg_name, set()).add(dump.rank)
             if e.backend:
-                self.backends.add(e.backend)
-            if e.p2p is None and e.pg_name not in first:
-                first[e.pg_name] = e.seq
+                self.backend.setdefault(e.pg_name, e.backend)
+            if e.p2p is None:
+                first.setdefault(e.pg_name, e.seq)
+                self.zero_based = self.zero_based or e.seq == 0
         if wrapped:  # its ring lost older entries: calls before its window are unknown
             for name, seq in first.items():
                 self.cut[name] = max(self.cut.get(name, 0), seq)
@@ -704,6 +707,8 @@ class _Plan:
                 self.ranks[name] = tuple(range(self.world))
             else:
                 self.ranks[name] = tuple(sorted(self.members[name]))
+            for r in self.ranks[name]:
+                self.groups_of.setdefault(r, []).append(name)
 
 
 def _is_world(name: str, desc: str) -> bool:
@@ -728,10 +733,9 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
     `recording_end` (it was alive to dump)."""
     rank = dump.rank
     t0 = min((e.created_ns for e in dump.entries), default=0)
-    for name, gid in sorted(plan.ids.items(), key=lambda kv: kv[1]):
-        if rank in plan.ranks[name]:
-            yield GroupInfo(start_ns=t0, end_ns=t0, step=0, group=gid, ranks=plan.ranks[name], name=name,
-                            text=plan.names[name], backend=next(iter(sorted(plan.backends)), ""))
+    for name in sorted(plan.groups_of.get(rank, ()), key=plan.ids.__getitem__):
+        yield GroupInfo(start_ns=t0, end_ns=t0, step=0, group=plan.ids[name], ranks=plan.ranks[name], name=name,
+                        text=plan.names[name], backend=plan.backend.get(name, ""))
     tracks_state = any(e.state in ("started", "completed") or e.completed_ns for e in dump.entries)
     seen: set[tuple[str, int]] = set()
     messages: dict[tuple[int, int, int], int] = {}
@@ -761,7 +765,7 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
         gid = plan.ids[e.pg_name]
         if e.p2p is None:
             yield Collective(
-                start_ns=start, end_ns=end, step=0, op=e.op, group=gid, seq=max(0, e.seq - 1),
+                start_ns=start, end_ns=end, step=0, op=e.op, group=gid, seq=e.seq if plan.zero_based else e.seq - 1,
                 in_shapes=e.in_sizes, in_dtypes=e.in_dtypes, in_bytes=_bytes(e.in_sizes, e.in_dtypes),
                 out_shapes=e.out_sizes, out_dtypes=e.out_dtypes, out_bytes=_bytes(e.out_sizes, e.out_dtypes),
                 stack=e.stack,
@@ -818,7 +822,7 @@ def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,
             note = {"trimmed": 0, "coalesced": 0, "unplaced": 0}
             records = list(_records(dump, plan, note))
             info = {
-                "rank": rank, "world_size": plan.world, "backend": ",".join(sorted(plan.backends)),
+                "rank": rank, "world_size": plan.world, "backend": ",".join(sorted(set(plan.backend.values()))),
                 "imported": {"from": "flight_recorder", "file": path.name[:200], "form": dump.form,
                              "version": dump.version, "comm_lib_version": dump.comm_lib_version,
                              "entries": len(dump.entries) + dump.unread, "unread": dump.unread, **note},
