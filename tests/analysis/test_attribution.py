@@ -242,3 +242,22 @@ def test_imported_flight_recorder_dumps(tmp_path):
     # its records (and so what is known of its step) begin.
     (cost,) = step["stragglers"]
     assert cost["rank"] == 1 and 9.9 * MS < cost["cost_ns"] <= 10 * MS, step
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("args", [(), ("--pp", "2", "--world", "2")], ids=["fsdp-tp", "pipeline"])
+def test_the_demos(demo_runs, args):
+    # The session's demo runs (the README's), FSDP2 x DTensor TP on 4 ranks and the
+    # pipeline on 2 (sends and receives): every step of every rank adds up, and the model
+    # gives the recorded steps back.
+    run = demo_runs.start(*args)
+    assert run.result().returncode == 0, run.result().stderr[-2000:]
+    out = run_cli("analyze", run.bundle, "--json")
+    assert out.returncode == 0, out.stderr
+    steps = json.loads(out.stdout)["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    for s in steps:
+        assert s["modelled_ns"] == s["span_ns"] and s["critical_path"]["segments"] > 0
+        for t in s["ranks"].values():
+            assert t["compute_ns"] + t["overlapped_ns"] + t["exposed_ns"] + t["waiting_ns"] == t["total_ns"]
+        assert [c["cost_ns"] for c in s["stragglers"]] == sorted((c["cost_ns"] for c in s["stragglers"]), reverse=True)
