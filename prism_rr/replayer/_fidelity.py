@@ -1,4 +1,5 @@
-"""The fidelity report: recorded against replayed iteration time, memory and compute."""
+"""The fidelity report: recorded against replayed iteration time, memory and compute, or,
+for a scaled bundle or a what-if replay, what the replay predicts."""
 
 from __future__ import annotations
 
@@ -22,8 +23,16 @@ def _median(values):
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> dict:
-    """One JSON object; `stats` holds what each real rank wrote (rank -> facts)."""
+def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_if: dict | None = None) -> dict:
+    """One JSON object; `stats` holds what each real rank wrote (rank -> facts).
+
+    A replay of the recording as it ran measures the replay: its `*_error_pct` keys say
+    how far it is from the recording. A replay of a bundle made by `scale`, or one that
+    asks what if (`what_if`: comm_scale, compute_scale, slow_rank), predicts another run:
+    then `mode` is "prediction" and `prediction` holds what it predicts, with the change
+    from the recording signed; the error keys are kept, but they are that change's size,
+    not an error (`predicted_keys` names them).
+    """
     replayed: dict[int, dict[int, list]] = {r: {s[0]: s for s in st.get("steps", ())} for r, st in stats.items()}
     recorded_compute: dict[tuple[int, int], int] = {}
     progress = {}
@@ -40,6 +49,7 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
     steps = []
     rec_peak = rep_peak = None
     compute_by_step: dict[int, list[int]] = {}
+    compute_ratios: dict[int, list[float]] = {}  # real rank -> replayed / recorded compute, per step
     for step in bundle.steps:
         recorded = step_durations(bundle, step)
         peaks = bundle.summaries["steps"].get(step, {})
@@ -54,6 +64,8 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
             compute_by_step.setdefault(step, [0, 0])
             compute_by_step[step][0] += recorded_compute.get((r, step), 0)
             compute_by_step[step][1] += compute
+            if recorded_compute.get((r, step)):
+                compute_ratios.setdefault(r, []).append((step, compute / recorded_compute[(r, step)]))
             rp = peaks.get(r, (None, None, None))[2]
             if rp is not None:
                 rec_peak = max(rec_peak or 0, rp)
@@ -69,15 +81,28 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
     scored = steps[1:] if len(steps) > 1 else steps
     errors = [_pct(s["recorded_s"], s["replayed_s"]) for s in scored]
     errors = [e for e in errors if e is not None]
-    rec_compute = sum(compute_by_step[s["step"]][0] for s in scored)
-    rep_compute = sum(compute_by_step[s["step"]][1] for s in scored)
+    # Each real rank's compute against its own recorded compute, per scored step; the
+    # median of those: the same question with one real rank or many (a sum over ranks
+    # would compare rank totals, which a user reads against one step's time).
+    scored_steps = {s["step"] for s in scored}
+    by_rank = {r: _median([q for st, q in qs if st in scored_steps]) for r, qs in sorted(compute_ratios.items())}
     divs = [d for r in sorted(stats) for d in stats[r].get("divergences", ())]
+    rec_step = sum(s["recorded_s"] for s in scored) / len(scored) if scored else None
+    rep_step = sum(s["replayed_s"] for s in scored) / len(scored) if scored else None
+    prediction = _prediction(bundle, what_if, rec_step, rep_step, rec_peak, rep_peak)
     return {
+        # "fidelity": the replay of the recording as it ran; "prediction": of another run
+        # (a scaled bundle, a what-if), whose `prediction` says what it predicts
+        "mode": "prediction" if prediction else "fidelity",
+        "prediction": prediction,
+        "predicted_keys": ["iteration_time_error_pct", "peak_memory_error_pct", "step_peak_memory_error_pct"]
+        if prediction else [],
         "ranks": list(ranks),
         "world_size": bundle.world_size,
         "timing": timing,
         "steps": steps,
         "scored_steps": [s["step"] for s in scored],
+        "recorded_steps": list(bundle.steps),
         "iteration_time_error_pct": sum(errors) / len(errors) if errors else None,
         "peak_memory_recorded_bytes": rec_peak,
         "peak_memory_replayed_bytes": rep_peak,
@@ -86,7 +111,10 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
         # thread letting go of a buffer late while recording) does not stand for the run.
         "step_peak_memory_error_pct": _median([_pct(s["peak_recorded_bytes"], s["peak_replayed_bytes"])
                                                for s in scored]),
-        "compute_ratio": rep_compute / rec_compute if rec_compute else None,
+        # per real rank, the median over scored steps of its replayed compute over its
+        # recorded compute; `compute_ratio` is the median of those
+        "compute_ratio": _median(by_rank.values()),
+        "compute_ratio_by_rank": {str(r): q for r, q in by_rank.items()} or None,
         "diverged": bool(divs),
         "first_divergence": divs[0] if divs else None,
         "divergences": len(divs),
@@ -101,6 +129,42 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str) -> di
                         if st.get("calibration") is not None} or None,
         # per real rank: the calls and steps it made against those recorded
         "progress": progress,
+    }
+
+
+def _prediction(bundle, what_if: dict | None, rec_step, rep_step, rec_peak, rep_peak) -> dict | None:
+    """What a replay of another run than the recorded one predicts, or None: a bundle made
+    by `scale` (another world size), or what-if options."""
+    asked = {}
+    if what_if:
+        if what_if.get("comm_scale", 1.0) != 1.0:
+            asked["comm_scale"] = what_if["comm_scale"]
+        if what_if.get("compute_scale", 1.0) != 1.0:
+            asked["compute_scale"] = what_if["compute_scale"]
+        if what_if.get("slow_rank"):
+            asked["slow_rank"] = dict(what_if["slow_rank"])
+    scaled = bundle.manifest.get("scale")
+    recorded_world = None
+    if isinstance(scaled, dict) and isinstance(scaled.get("from"), dict):
+        w = scaled["from"].get("world_size")
+        if isinstance(w, int) and not isinstance(w, bool) and w != bundle.world_size:
+            recorded_world = w  # rescaled to another world size: a prediction of that run
+    if not asked and recorded_world is None:
+        return None
+
+    def change(a, b):
+        return None if a is None or b is None or not a else (b - a) / a * 100.0
+
+    return {
+        "world_size": bundle.world_size,
+        "recorded_world_size": recorded_world if recorded_world is not None else bundle.world_size,
+        "what_if": asked,
+        "step_time_s": rep_step,
+        "recorded_step_time_s": rec_step,
+        "step_time_change_pct": change(rec_step, rep_step),
+        "peak_memory_bytes": rep_peak,
+        "recorded_peak_memory_bytes": rec_peak,
+        "peak_memory_change_pct": change(rec_peak, rep_peak),
     }
 
 
@@ -126,23 +190,80 @@ def _mb(v) -> str:
     return "n/a" if v is None else f"{v / 1e6:.1f} MB"
 
 
+def _signed(v) -> str:
+    return "n/a" if v is None else f"{v:+.1f}%"
+
+
+def _secs(v) -> str:
+    return "n/a" if v is None else (f"{v * 1e3:.1f} ms" if v < 10 else f"{v:.2f} s")
+
+
+def _what_if_words(asked: dict) -> str:
+    words = []
+    if "comm_scale" in asked:
+        words.append(f"communication x{asked['comm_scale']:g}")
+    if "compute_scale" in asked:
+        words.append(f"compute x{asked['compute_scale']:g}")
+    for r, f in sorted((asked.get("slow_rank") or {}).items(), key=lambda kv: int(kv[0])):
+        words.append(f"rank {r}'s compute x{f:g}")
+    return ", ".join(words)
+
+
+def _measured_lines(report: dict) -> list[str]:
+    """The replay of the recording as it ran: how far the replay is from it."""
+    return [
+        f"  steps {len(report['steps'])} · iteration time error {_fmt(report['iteration_time_error_pct'], '%')} "
+        f"(mean abs, steps {report['scored_steps']})",
+        f"  peak memory recorded {_mb(report['peak_memory_recorded_bytes'])}, replayed "
+        f"{_mb(report['peak_memory_replayed_bytes'])} (error {_fmt(report['peak_memory_error_pct'], '%')})",
+    ]
+
+
+def _predicted_lines(report: dict) -> list[str]:
+    """A scaled bundle or a what-if: what the replay predicts, beside what was recorded."""
+    p = report["prediction"]
+    world, rec_world = p["world_size"], p["recorded_world_size"]
+    at = f"at world {world}" + (f" ({_what_if_words(p['what_if'])})" if p["what_if"] else "")
+    recorded = f"recording at world {rec_world}" if rec_world != world else "as recorded"
+    return [
+        f"  predicted {at}, steps {report['scored_steps']}:",
+        f"  step time {_secs(p['step_time_s'])} ({recorded}: {_secs(p['recorded_step_time_s'])}, "
+        f"{_signed(p['step_time_change_pct'])})",
+        f"  peak memory {_mb(p['peak_memory_bytes'])} ({recorded}: {_mb(p['recorded_peak_memory_bytes'])}, "
+        f"{_signed(p['peak_memory_change_pct'])})",
+    ]
+
+
 def card(report: dict) -> str:
     """A few lines for people (stderr)."""
     real = len(report["ranks"])
     lines = [
         f"prism-rr replay · {real} real rank(s) {report['ranks']}, {report['world_size'] - real} virtual · "
         f"timing {report['timing']}",
-        f"  steps {len(report['steps'])} · iteration time error {_fmt(report['iteration_time_error_pct'], '%')} "
-        f"(mean abs, steps {report['scored_steps']}) · compute ratio {_fmt(report['compute_ratio'])}",
-        f"  peak memory recorded {_mb(report['peak_memory_recorded_bytes'])}, replayed "
-        f"{_mb(report['peak_memory_replayed_bytes'])} (error {_fmt(report['peak_memory_error_pct'], '%')})",
+    ]
+    early = report.get("stopped_early") or []
+    if not report["steps"] and early:
+        # Nothing to score: say who ended, where, and what it printed last.
+        first = (report.get("recorded_steps") or [None])[0]
+        for e in early:
+            before = f"before the end of step {first}, the recording's first" if first is not None else \
+                "before the end of any step"
+            lines.append(f"  stopped early: rank {e.get('rank')} {_ended(e)} {before} ({_made(e)})")
+            tail = e.get("output_tail")
+            if tail:
+                lines.append(f"  the last lines rank {e.get('rank')} wrote:")
+                lines.extend(f"    | {line}" for line in tail)
+            elif tail is None:
+                lines.append(f"  (rank {e.get('rank')}'s output is above)")
+        return "\n".join(lines)
+    lines += _predicted_lines(report) if report.get("prediction") else _measured_lines(report)
+    lines += [
         f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
         + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "
            f"({report.get('predicted_shape_mismatches', 0)} differ from the live ones)"
            if report.get("predicted_shape_calls") else ""),
     ]
     d = report["first_divergence"]
-    early = report.get("stopped_early") or []
     if d is not None:
         lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {d['op']}: {d['what']} "
                      f"expected {d['expected']}, got {d['got']}")
@@ -156,26 +277,31 @@ def card(report: dict) -> str:
     return "\n".join(lines)
 
 
-def how_far(e: dict) -> str:
-    """One rank's end, for a replay that did not run to the recording's end."""
+def _ended(e: dict) -> str:
     c = e.get("exit_code", 0)
     if e.get("timed_out"):
-        ended = "was stopped by the timeout"
-    elif c > 0:
-        ended = f"exited with code {c}"
-    elif c < 0:
-        ended = f"was ended by signal {-c}"
-    else:
-        ended = "ended"
+        return "was stopped by the timeout"
+    if c > 0:
+        return f"exited with code {c}"
+    if c < 0:
+        return f"was ended by signal {-c}"
+    return "ended"
+
+
+def _made(e: dict) -> str:
     calls, total = e.get("calls"), e.get("recorded_calls", 0)
-    if calls is None and c >= 0 and not e.get("timed_out"):
+    if calls is None and e.get("exit_code", 0) >= 0 and not e.get("timed_out"):
         calls = 0  # exited normally without writing results: it never made a process group
     if calls is None:
-        made = "(how far it got is not known)"
-    elif calls == 0:
-        made = f"before the first of {total} recorded calls"
-    else:
-        made = f"after {calls} of {total} recorded calls"
+        return "(how far it got is not known)"
+    if calls == 0:
+        return f"before the first of {total} recorded calls"
+    return f"after {calls} of {total} recorded calls"
+
+
+def how_far(e: dict) -> str:
+    """One rank's end, for a replay that did not run to the recording's end."""
+    ended, made, calls = _ended(e), _made(e), e.get("calls")
     last = e.get("recorded_last_step")
     where = ""
     if e.get("step") is not None and last is not None and calls:

@@ -370,7 +370,7 @@ def replay(
             unreported = [r for r in real if r not in stats]
             codes = {r: code for r in real if r in stats}
         with open_bundle(bundle_path) as bundle:
-            rep = fidelity_report(bundle, real, stats, timing=timing)
+            rep = fidelity_report(bundle, real, stats, timing=timing, what_if=_what_if(options))
         traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
         if traces:  # PRISM_RR_REPLAY_TRACE: each call's entries and completion, for debugging the model
             rep["trace"] = traces
@@ -398,6 +398,9 @@ def replay(
         codes = {r: (0 if r in torn else c) for r, c in codes.items()}
     stopped = any(st.get("stopped") for st in stats.values())
     rep["stopped_early"] = _stopped_early(rep["progress"], codes, stats, timed_out=timed_out, diverged=stopped)
+    if logs is not None:  # the ranks' output went to files: the card shows how each ended
+        for e in rep["stopped_early"]:
+            e["output_tail"] = _tail(logs / f"rank{e['rank']}.stderr")
     if timed_out:
         code = TIMED_OUT
     elif stopped:
@@ -408,8 +411,7 @@ def replay(
             code = INCOMPLETE
     rep["exit_code"] = code
     rep["environment_warnings"] = warnings
-    rep["what_if"] = {"comm_scale": options.comm_scale, "compute_scale": options.compute_scale,
-                      "slow_rank": {str(r): f for r, f in options.slow_rank}}
+    rep["what_if"] = _what_if(options)
     if spool_dir is not None:
         _pack_replay(spool_dir, output, bundle_path, options, commands)
         rep["output"] = str(output)
@@ -418,6 +420,24 @@ def replay(
     return ReplayResult(exit_code=code, rank_codes=codes, report=rep, card=card(rep), timed_out=timed_out,
                         log_dir=logs, commands=commands, warnings=tuple(warnings),
                         output=output if spool_dir is not None else None)
+
+
+def _what_if(options) -> dict:
+    return {"comm_scale": options.comm_scale, "compute_scale": options.compute_scale,
+            "slow_rank": {str(r): f for r, f in options.slow_rank}}
+
+
+def _tail(path: Path, lines: int = 8) -> list[str]:
+    """The last lines of a rank's output file (at most 64 KiB read), printable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return ["".join(c if c.isprintable() else "?" for c in line)[:300] for line in rows[-lines:]]
 
 
 def _stopped_early(progress: dict, codes: dict, stats: dict, *, timed_out: bool, diverged: bool) -> list[dict]:

@@ -85,7 +85,7 @@ def test_a_terminal_shows_the_command_and_asks(crafted):
     code, err = _on_a_terminal(user, bundle, b"y\n")
     assert marker.exists(), err  # asked and confirmed: the recorded command ran
     marker.unlink()
-    assert code == 6 and "stopped early: rank 0 ended before the first of" in err  # it made no calls
+    assert code == 6 and "stopped early: rank 0 ended before the end of step 0, the recording's first (before the first of" in err  # it made no calls
 
 
 @pytest.mark.timeout(120)
@@ -145,7 +145,7 @@ def test_blob_ids_from_a_bundle_never_leave_the_blob_directory(tmp_path):
 
 
 def _report(**kw) -> dict:
-    rep = {"ranks": [0], "world_size": 4, "timing": "live", "steps": [], "scored_steps": [],
+    rep = {"ranks": [0], "world_size": 4, "timing": "live", "steps": [{"step": 1}], "scored_steps": [1],
            "iteration_time_error_pct": None, "compute_ratio": None, "peak_memory_recorded_bytes": None,
            "peak_memory_replayed_bytes": None, "peak_memory_error_pct": None, "synthetic_numerics": False,
            "first_divergence": None}
@@ -205,7 +205,7 @@ def test_a_program_that_makes_no_calls_fails_and_says_so(twenty_steps, tmp_path)
     bundle, script = twenty_steps
     out = _cli(tmp_path, "replay", bundle, "--ranks", "0", "--timeout", "60", "--", sys.executable, "-c", "pass")
     assert out.returncode == 6, out.stderr
-    assert "stopped early: rank 0 ended before the first of 21 recorded calls" in out.stderr
+    assert "stopped early: rank 0 ended before the end of step 0, the recording's first (before the first of 21 recorded calls)" in out.stderr
     assert "diverged: no" not in out.stderr
 
     whole = _cli(tmp_path, "replay", bundle, "--ranks", "0", "--timeout", "60", "--", sys.executable, script)

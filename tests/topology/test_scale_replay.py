@@ -53,6 +53,11 @@ def test_replay_rank0_of_world_8192(tmp_path, make_demo):
         assert f["diverged"] is False and f["first_divergence"] is None and f["divergences"] == 0
         assert [s["step"] for s in f["steps"]] == [1, 2, 3]
     assert facts[2]["predicted_shape_calls"] == 0  # nothing resized: every shape checked
+    # At world 8192 the replay predicts another run than the recorded one, and says so.
+    assert facts[2]["mode"] == "fidelity"
+    p = facts[4096]["prediction"]
+    assert facts[4096]["mode"] == "prediction" and p["world_size"] == 8192 and p["recorded_world_size"] == 4
+    assert p["peak_memory_bytes"] == facts[4096]["peak_memory_replayed_bytes"]
     # Resized: FSDP2's gathers and scatters have exact shapes from the recorded layout,
     # so they too are checked (a wrong shape would have stopped the replay).
     assert facts[4096]["predicted_shape_calls"] == 0
