@@ -34,6 +34,7 @@ Imports neither torch nor a UI library; reads bundles through `prism_rr.format`.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -282,6 +283,7 @@ class _Timing:
         self.last_in: dict[tuple, int] = {}  # key -> node id of the member that entered last
         self.closed: set[tuple] = set()  # keys whose members' times are final
         self.registered: dict[tuple, int] = {}
+        self._first_in: dict[tuple, int] = {}  # key -> the earliest natural entry among those registered
         self.end: dict[int, int] = {}  # rank -> its step's modelled end
         self.end_cause: dict[int, tuple] = {}
         self._run()
@@ -295,6 +297,7 @@ class _Timing:
         self._ready = deque(g.ranks)
         left = set(g.ranks)
         ready, blocked, closed, advance = self._ready, self._blocked, self.closed, self._advance
+        stuck: list[tuple[int, tuple]] = []  # heap of (first entry, key) of the keys ranks wait on
         while left:
             while ready:
                 r = ready.popleft()
@@ -306,15 +309,18 @@ class _Timing:
                 elif wait in closed:
                     ready.append(r)
                 else:
+                    if wait not in blocked:
+                        heapq.heappush(stuck, (self._first_in.get(wait, 0), wait))
                     blocked.setdefault(wait, []).append(r)
-            if not left or not blocked:
-                break
             # Nothing moves: a call some members never make in this step (a hang, or
             # members recorded in another step) or an on-time rank's clamp that waits on
-            # itself. Close the stuck call whose entered members came earliest, with them alone.
-            key = min(blocked, key=lambda k: (min((self.natural[i] for i in g.members[k]
-                                                   if self.natural[i] is not None), default=0), k))
-            self._close(key)
+            # itself. Close the stuck call whose first member came earliest, with the
+            # members that came.
+            while stuck and (stuck[0][1] in closed or stuck[0][1] not in blocked):
+                heapq.heappop(stuck)
+            if not left or not stuck:
+                break
+            self._close(heapq.heappop(stuck)[1])
 
     def _advance(self, r: int) -> tuple | None:
         """Move rank `r` as far as it can; the key it waits on, or None when its step is done."""
@@ -417,6 +423,9 @@ class _Timing:
                 self.done[i] = self.entry[i] + (n.end - n.start)
             return
         count = self.registered[key] = self.registered.get(key, 0) + 1
+        first = self._first_in.get(key)
+        if first is None or self.natural[i] < first:
+            self._first_in[key] = self.natural[i]
         if count == len(self.g.members[key]):
             self._close(key)
 
