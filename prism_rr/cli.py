@@ -759,6 +759,7 @@ def import_fr(
     dumps: list[Path] = typer.Argument(..., help="PyTorch Flight Recorder dumps, one file per rank named <prefix><rank> (torch's pickle, e.g. nccl_trace_rank_0, or the JSON of _dump_fr_trace_json), or directories of them."),
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write."),
     as_json: bool = typer.Option(False, "--json", help="Print what was imported (ranks, entries, left out) as JSON on stdout."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that read the dumps (default: one per CPU, up to 32, for 64 dumps or more)."),
 ) -> None:
     """Import PyTorch Flight Recorder dumps (one per rank) as a bundle that info, verify,
     diagnose, export, tui and diff read; replay cannot run it.
@@ -773,7 +774,7 @@ def import_fr(
     """
     from prism_rr.format.fr import import_fr as read_dumps
 
-    note = read_dumps(dumps, output, progress=_progress("reading dumps"))
+    note = read_dumps(dumps, output, jobs=jobs, progress=_progress("reading dumps"))
     if as_json:
         print(json.dumps(note))
     left = note["trimmed"] + note["coalesced"] + note["unplaced"] + note["unread"]

@@ -26,16 +26,22 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import re
 import struct
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from prism_rr.errors import FormatError, UsageError
+from prism_rr.format import layout
 from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint, Record
 from prism_rr.format.rewrite import Rewrite
+from prism_rr.format.spool import encode_frame, spool_header, spool_path
 
 __all__ = ["MAX_DUMP_BYTES", "import_fr", "read_dump", "safe_loads"]
 
@@ -693,6 +699,23 @@ class _Plan:
             for name, seq in first.items():
                 self.cut[name] = max(self.cut.get(name, 0), seq)
 
+    def merge(self, other: _Plan) -> None:
+        """Fold in what another reading learned (a worker's dump), as `learn` would have."""
+        self.world = max(self.world, other.world)
+        self.versions |= other.versions
+        self.forms |= other.forms
+        self.zero_based = self.zero_based or other.zero_based
+        for name, ranks in other.configured.items():
+            self.configured[name] = tuple(sorted(set(self.configured.get(name, ())) | set(ranks)))
+        for name, desc in other.names.items():
+            self.names.setdefault(name, desc)
+        for name, ranks in other.members.items():
+            self.members.setdefault(name, set()).update(ranks)
+        for name, backend in other.backend.items():
+            self.backend.setdefault(name, backend)
+        for name, seq in other.cut.items():
+            self.cut[name] = max(self.cut.get(name, 0), seq)
+
     def settle(self) -> None:
         """Group ids and members, once every dump is read."""
         for ranks in self.configured.values():
@@ -789,55 +812,102 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
                  text=f"Flight Recorder dump {dump.path.name}")
 
 
-def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,
+def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *, jobs: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write the bundle `out` from the Flight Recorder dumps among `paths` (files or
     directories); returns what the manifest's `imported` says.
 
     The groups and the window every rank covers are known once every dump is read, and
-    records are written after: dumps are kept from the first reading to the second up to
-    KEEP_ENTRIES entries in all (a few hundred MB), and read again beyond that, so that
-    8192 ranks' dumps never sit in memory together.
+    records are written after, so each dump is read twice, and never all at once: 8192
+    ranks' dumps do not sit in memory together. `jobs` processes read and write them
+    (default: one per CPU, up to 32, for 64 dumps or more); in one process, dumps are kept
+    from the first reading to the second up to KEEP_ENTRIES entries in all.
     """
     dumps = find_dumps(paths)
     out = Path(out)
     if any(out.resolve() == p.resolve() for p in dumps.values()):
         raise UsageError(f"{out}: import writes a new bundle; give another output path")
+    if jobs is None:
+        jobs = min(os.cpu_count() or 1, 32) if len(dumps) >= 64 else 1
+    items = list(dumps.items())
+    steps = 2 * len(items)
     plan = _Plan()
     kept: dict[int, Dump] = {}
-    room = KEEP_ENTRIES
-    for i, (rank, path) in enumerate(dumps.items()):
-        dump = read_dump(path, rank)
-        plan.learn(dump)
-        if len(dump.entries) <= room:
-            kept[rank] = dump
-            room -= len(dump.entries)
-        if progress:
-            progress(i + 1, 2 * len(dumps))
-    plan.settle()
-    totals = {"entries": 0, "trimmed": 0, "coalesced": 0, "unplaced": 0, "unread": 0}
-    with Rewrite(out, prefix=".import-fr-") as new:
-        for i, (rank, path) in enumerate(dumps.items()):
-            dump = kept.pop(rank, None) or read_dump(path, rank)
-            note = {"trimmed": 0, "coalesced": 0, "unplaced": 0}
-            records = list(_records(dump, plan, note))
-            info = {
-                "rank": rank, "world_size": plan.world, "backend": ",".join(sorted(set(plan.backend.values()))),
-                "imported": {"from": "flight_recorder", "file": path.name[:200], "form": dump.form,
-                             "version": dump.version, "comm_lib_version": dump.comm_lib_version,
-                             "entries": len(dump.entries) + dump.unread, "unread": dump.unread, **note},
+    with _pool(jobs) as pool:
+        if pool is None:
+            room = KEEP_ENTRIES
+            for i, (rank, path) in enumerate(items):
+                dump = read_dump(path, rank)
+                plan.learn(dump)
+                if len(dump.entries) <= room:
+                    kept[rank] = dump
+                    room -= len(dump.entries)
+                if progress:
+                    progress(i + 1, steps)
+        else:
+            for i, part in enumerate(pool.map(_learn_one, items, chunksize=_chunk(items, jobs))):
+                plan.merge(part)
+                if progress:
+                    progress(i + 1, steps)
+        plan.settle()
+        totals = {"entries": 0, "trimmed": 0, "coalesced": 0, "unplaced": 0, "unread": 0}
+        with Rewrite(out, prefix=".import-fr-") as new:
+            write = partial(_write_one, plan=plan, spool_dir=new.spool_dir)
+            if pool is None:
+                notes = (write(item, dump=kept.pop(item[0], None)) for item in items)
+            else:
+                notes = pool.map(write, items, chunksize=_chunk(items, jobs))
+            for i, note in enumerate(notes):
+                for k in totals:
+                    totals[k] += note[k]
+                if progress:
+                    progress(len(items) + i + 1, steps)
+            imported = {
+                "from": "flight_recorder", "forms": sorted(plan.forms), "versions": sorted(plan.versions),
+                "ranks": len(dumps), "replayable": False, **totals,
             }
-            totals["entries"] += len(dump.entries) + dump.unread
-            totals["unread"] += dump.unread
-            for k, v in note.items():
-                totals[k] += v
-            new.write_rank(rank, info, (records[j:j + CHUNK_RECORDS] for j in range(0, len(records), CHUNK_RECORDS)))
-            if progress:
-                progress(len(dumps) + i + 1, 2 * len(dumps))
-        imported = {
-            "from": "flight_recorder", "forms": sorted(plan.forms), "versions": sorted(plan.versions),
-            "ranks": len(dumps), "replayable": False, **totals,
-        }
-        new.pack({"command": ["prism-rr", "import", "fr"], "imported": "flight_recorder"},
-                 manifest_extra={"imported": imported})
+            new.pack({"command": ["prism-rr", "import", "fr"], "imported": "flight_recorder"},
+                     manifest_extra={"imported": imported})
     return imported
+
+
+@contextmanager
+def _pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
+    """Worker processes, started fresh (spawn: the caller may have threads), or None for one."""
+    if jobs <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+def _chunk(items: list, jobs: int) -> int:
+    return max(1, len(items) // (jobs * 4))
+
+
+def _learn_one(item: tuple[int, Path]) -> _Plan:
+    """What one dump says of the world (a worker's part of the first reading)."""
+    plan = _Plan()
+    plan.learn(read_dump(item[1], item[0]))
+    return plan
+
+
+def _write_one(item: tuple[int, Path], *, plan: _Plan, spool_dir: Path, dump: Dump | None = None) -> dict[str, int]:
+    """One rank's spool in `spool_dir`, from its dump (read again unless given); returns
+    how many entries it had and what was left out."""
+    rank, path = item
+    dump = dump or read_dump(path, rank)
+    note = {"entries": len(dump.entries) + dump.unread, "unread": dump.unread,
+            "trimmed": 0, "coalesced": 0, "unplaced": 0}
+    records = list(_records(dump, plan, note))
+    info = {
+        "rank": rank, "world_size": plan.world, "backend": ",".join(sorted(set(plan.backend.values()))),
+        "imported": {"from": "flight_recorder", "file": path.name[:200], "form": dump.form, "version": dump.version,
+                     "comm_lib_version": dump.comm_lib_version, **note},
+    }
+    frames = [spool_header(rank), encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info)]
+    for i in range(0, len(records), CHUNK_RECORDS):
+        frames.append(encode_frame(layout.FRAME_EVENTS, rank, 1 + i // CHUNK_RECORDS,
+                                   records=records[i:i + CHUNK_RECORDS]))
+    spool_path(spool_dir, rank).write_bytes(b"".join(frames))
+    return note

@@ -239,14 +239,26 @@ def test_nccl_fields_times_states_and_sends(tmp_path):
     assert [(f.kind, f.seq) for f in findings] == [("incomplete", 2)]
 
 
-def test_dumps_read_again_when_too_many_to_keep_make_the_same_bundle(imported, tmp_path, monkeypatch):
-    """Past KEEP_ENTRIES entries, dumps are read a second time rather than kept: same records."""
+def test_dumps_read_again_or_by_workers_make_the_same_bundle(imported, tmp_path, monkeypatch):
+    """Past KEEP_ENTRIES entries, dumps are read a second time rather than kept, and with
+    jobs > 1 worker processes read and write them: the same groups and records, and a
+    malformed dump still ends in its one FormatError."""
     from prism_rr.format import fr
 
     monkeypatch.setattr(fr, "KEEP_ENTRIES", 0)
     import_fr([FR / "groups" / "pickle"], tmp_path / "again.prism")
-    with open_bundle(imported["groups", "pickle"]) as a, open_bundle(tmp_path / "again.prism") as b:
-        assert all(list(a.events(r)) == list(b.events(r)) for r in range(4))
+    import_fr([FR / "groups" / "pickle"], tmp_path / "workers.prism", jobs=2)
+    for other in ("again.prism", "workers.prism"):
+        with open_bundle(imported["groups", "pickle"]) as a, open_bundle(tmp_path / other) as b:
+            assert a.groups == b.groups
+            assert all(list(a.events(r)) == list(b.events(r)) for r in range(4))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for r in range(2):
+        (bad / f"nccl_trace_rank_{r}").write_bytes((FR / "normal" / "pickle" / f"nccl_trace_rank_{r}").read_bytes())
+    (bad / "nccl_trace_rank_1").write_bytes(_dump(_entry(time_created_ns="soon")))
+    with pytest.raises(FormatError, match="nccl_trace_rank_1: entry 0: field 'time_created_ns'"):
+        import_fr([bad], tmp_path / "bad.prism", jobs=2)
 
 
 # --- hostile input --------------------------------------------------------------------
