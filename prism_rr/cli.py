@@ -556,7 +556,7 @@ def analyze(
     one rank at a time: two equally late ranks each cost little alone. One step is in
     memory at a time.
     """
-    from prism_rr.analysis import attribute, attribution_json, attribution_lines
+    from prism_rr.analysis import attribute, attribution_json_text, attribution_lines
     from prism_rr.format import open_bundle
     from prism_rr.specs import parse_ranks, parse_steps
 
@@ -570,7 +570,9 @@ def analyze(
             raise UsageError(f"none of ranks {ranks} was recorded; recorded: {format_ranks(b.recorded_ranks)}")
         found = attribute(b, steps=window, ranks=chosen)
         if as_json:
-            print(json.dumps(attribution_json(found)))
+            for piece in attribution_json_text(found):
+                print(piece, end="")
+            print()
         else:
             for line in attribution_lines(found):
                 print(_shown(line))

@@ -10,8 +10,10 @@ from prism_rr.analysis._attribution import (
     attribute,
     attribute_step,
     attribution_json,
+    attribution_json_text,
     attribution_lines,
     retimed_span,
+    step_json,
     straggler_lines,
     straggler_totals,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "attribute",
     "attribute_step",
     "attribution_json",
+    "attribution_json_text",
     "attribution_lines",
     "build_graph",
     "clock_offset",
@@ -60,6 +63,7 @@ __all__ = [
     "retimed_span",
     "signature",
     "step_durations",
+    "step_json",
     "straggler_lines",
     "straggler_totals",
 ]

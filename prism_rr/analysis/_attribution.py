@@ -35,6 +35,7 @@ Imports neither torch nor a UI library; reads bundles through `prism_rr.format`.
 from __future__ import annotations
 
 import heapq
+import json
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -52,8 +53,10 @@ __all__ = [
     "attribute",
     "attribute_step",
     "attribution_json",
+    "attribution_json_text",
     "attribution_lines",
     "retimed_span",
+    "step_json",
     "straggler_lines",
     "straggler_totals",
 ]
@@ -602,43 +605,66 @@ def retimed_span(bundle: Bundle, step: int, *, slow: dict[int, float] | None = N
     return _Timing(g, slow=slow, on_time=on_time).span()
 
 
+def _tally(attributions: Iterable[StepAttribution], by_rank: dict[int, dict]) -> Iterator[StepAttribution]:
+    """Pass each step on, adding its stragglers' costs into `by_rank`: totals over steps
+    without keeping the steps."""
+    for a in attributions:
+        for s in a.stragglers:
+            if s.cost_ns > 0:
+                e = by_rank.setdefault(s.rank, {"rank": s.rank, "cost_ns": 0, "steps": [], "late_calls": 0})
+                e["cost_ns"] += s.cost_ns
+                e["steps"].append(s.step)
+                e["late_calls"] += s.late_calls
+        yield a
+
+
+def _ranked(by_rank: dict[int, dict]) -> list[dict]:
+    return sorted(by_rank.values(), key=lambda e: (-e["cost_ns"], e["rank"]))
+
+
 def straggler_totals(attributions: Iterable[StepAttribution]) -> list[dict]:
     """Each straggler's cost summed over steps, costliest first:
     {rank, cost_ns, steps: [step, ...], late_calls}."""
     by_rank: dict[int, dict] = {}
-    for a in attributions:
-        for s in a.stragglers:
-            if s.cost_ns <= 0:
-                continue
-            e = by_rank.setdefault(s.rank, {"rank": s.rank, "cost_ns": 0, "steps": [], "late_calls": 0})
-            e["cost_ns"] += s.cost_ns
-            e["steps"].append(s.step)
-            e["late_calls"] += s.late_calls
-    return sorted(by_rank.values(), key=lambda e: (-e["cost_ns"], e["rank"]))
+    for _ in _tally(attributions, by_rank):
+        pass
+    return _ranked(by_rank)
+
+
+def step_json(a: StepAttribution) -> dict:
+    """One step as `--json` holds it."""
+    path = a.critical_path
+    return {
+        "step": a.step,
+        "span_ns": a.span_ns,
+        "modelled_ns": a.modelled_ns,
+        "call_durations": a.call_durations,
+        "ranks": {str(r): {"total_ns": t.total_ns, "compute_ns": t.compute_ns, "overlapped_ns": t.overlapped_ns,
+                           "exposed_ns": t.exposed_ns, "waiting_ns": t.waiting_ns, "late_ns": t.late_ns,
+                           "late_calls": t.late_calls}
+                  for r, t in sorted(a.ranks.items())},
+        "critical_path": {"ranks": path.ranks, "by_kind": path.by_kind(), "total_ns": path.total_ns,
+                          "segments": len(path.segments)},
+        "stragglers": [{"rank": s.rank, "cost_ns": s.cost_ns, "late_ns": s.late_ns, "late_calls": s.late_calls}
+                       for s in a.stragglers],
+    }
 
 
 def attribution_json(attributions: Iterable[StepAttribution]) -> dict:
-    """The `--json` form: {"steps": [...], "stragglers": straggler_totals}."""
-    steps = []
-    kept = []
-    for a in attributions:
-        kept.append(a)
-        path = a.critical_path
-        steps.append({
-            "step": a.step,
-            "span_ns": a.span_ns,
-            "modelled_ns": a.modelled_ns,
-            "call_durations": a.call_durations,
-            "ranks": {str(r): {"total_ns": t.total_ns, "compute_ns": t.compute_ns,
-                               "overlapped_ns": t.overlapped_ns, "exposed_ns": t.exposed_ns,
-                               "waiting_ns": t.waiting_ns, "late_ns": t.late_ns, "late_calls": t.late_calls}
-                      for r, t in sorted(a.ranks.items())},
-            "critical_path": {"ranks": path.ranks, "by_kind": path.by_kind(), "total_ns": path.total_ns,
-                              "segments": len(path.segments)},
-            "stragglers": [{"rank": s.rank, "cost_ns": s.cost_ns, "late_ns": s.late_ns,
-                            "late_calls": s.late_calls} for s in a.stragglers],
-        })
-    return {"steps": steps, "stragglers": straggler_totals(kept)}
+    """The `--json` form: {"steps": [step_json, ...], "stragglers": straggler_totals}."""
+    by_rank: dict[int, dict] = {}
+    steps = [step_json(a) for a in _tally(attributions, by_rank)]
+    return {"steps": steps, "stragglers": _ranked(by_rank)}
+
+
+def attribution_json_text(attributions: Iterable[StepAttribution]) -> Iterator[str]:
+    """`attribution_json` as JSON text, in pieces, a step at a time: what `prism-rr
+    analyze --json` writes, never holding every step of a long run of many ranks."""
+    by_rank: dict[int, dict] = {}
+    yield '{"steps": ['
+    for i, a in enumerate(_tally(attributions, by_rank)):
+        yield ("," if i else "") + json.dumps(step_json(a))
+    yield '], "stragglers": ' + json.dumps(_ranked(by_rank)) + "}"
 
 
 # --- for people ----------------------------------------------------------------------------
@@ -656,9 +682,10 @@ def _ms(ns: int) -> str:
 def attribution_lines(attributions: Iterable[StepAttribution]) -> Iterator[str]:
     """`prism-rr analyze`'s text, a step at a time: each rank's split, the critical path
     and the stragglers' costs; then the costs summed over steps."""
-    kept = []
-    for a in attributions:
-        kept.append(a)
+    by_rank: dict[int, dict] = {}
+    steps = 0
+    for a in _tally(attributions, by_rank):
+        steps += 1
         if not a.ranks:
             yield f"step {a.step}: nothing recorded"
             continue
@@ -691,9 +718,9 @@ def attribution_lines(attributions: Iterable[StepAttribution]) -> Iterator[str]:
                 f"{s.late_calls} call{'s' if s.late_calls != 1 else ''})" for s in costly)
         else:
             yield "  stragglers: none that cost the step 0.1 ms or more"
-    if not kept:
+    if not steps:
         yield "no step to analyse (none recorded, or none in the steps asked for)"
-    yield from straggler_lines([e for e in straggler_totals(kept) if e["cost_ns"] >= _SHOWN_NS])
+    yield from straggler_lines([e for e in _ranked(by_rank) if e["cost_ns"] >= _SHOWN_NS])
 
 
 def straggler_lines(totals: list[dict], *, limit: int = 8) -> Iterator[str]:
