@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -797,10 +798,47 @@ def _progress(label: str):
     return show
 
 
+_METAVARS = {"str": "TEXT", "int": "N", "float": "X", "Path": "PATH"}
+
+
+def _prose(text: str) -> str:
+    """Paragraphs as prose, whatever the terminal's width: the line breaks of a docstring
+    inside a paragraph become spaces (typer's rich help keeps them, and a help read in 80
+    columns broke mid sentence). A paragraph with an indented line (an example) keeps its
+    lines."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") or any(line[:1].isspace() for line in p.splitlines())
+                       else " ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def _tidy(command, ctx_cls) -> None:
+    """Every command's help as prose, and each option's value named as a word (a flag shows
+    none) rather than typer's `<bool>` and `<str>`."""
+    stack = [command]
+    while stack:
+        c = stack.pop()
+        if c.help:
+            c.help = _prose(c.help)
+        if c.epilog:
+            c.epilog = _prose(c.epilog)
+        help_option = c.get_help_option(ctx_cls(c, info_name=c.name))
+        for p in [*c.params, *([help_option] if help_option is not None else [])]:
+            if p.param_type_name != "option" or p.metavar is not None:
+                continue
+            if getattr(p, "is_flag", False) or getattr(p, "count", False):
+                p.metavar = ""
+            else:
+                bare = getattr(p, "bare_type", None)
+                p.metavar = _METAVARS.get(bare() if bare else "", "VALUE")
+        stack.extend(getattr(c, "commands", {}).values())
+
+
 def main() -> None:
     """Entry point: one line on stderr for a user error, never a traceback."""
     try:
-        app()  # click's standalone mode prints usage errors and exits 2 itself
+        command = typer.main.get_command(app)
+        _tidy(command, typer.Context)
+        command()  # click's standalone mode prints usage errors and exits 2 itself
     except PrismError as exc:
         _say(f"prism-rr: error: {exc}")
         sys.exit(exit_code_for(exc))

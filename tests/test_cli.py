@@ -109,3 +109,51 @@ def test_export_and_redact(tmp_path):
     assert out.returncode == 0, out.stderr
     assert run_cli("verify", tmp_path / "public.prism").returncode == 0
     assert run_cli("diagnose", tmp_path / "public.prism").returncode == 0
+
+
+_ALL_HELP = r"""
+import contextlib, io, sys
+import typer
+from prism_rr.cli import _tidy, app
+command = typer.main.get_command(app)
+_tidy(command, typer.Context)
+paths = [[]] + [[n] for n in command.commands] + [["import", n] for n in command.commands["import"].commands]
+for path in paths:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        command.main([*path, "--help"], prog_name="prism-rr")
+    print("=== " + " ".join(path) + "\n" + out.getvalue())
+"""
+
+
+def test_every_help_reads_as_prose_at_80_and_160_columns():
+    """No typer type labels (`<bool>`, `<str>`) beside options; docstring paragraphs reflow
+    to the terminal (a line break inside a sentence was kept, mid-line at 160 columns)."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+
+    import typer
+
+    from prism_rr.cli import app
+
+    command = typer.main.get_command(app)
+    for columns in (80, 160):
+        env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb", "NO_COLOR": "1"}
+        out = subprocess.run([sys.executable, "-c", _ALL_HELP], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        helps = {h.split("\n", 1)[0]: h for h in out.stdout.split("=== ")[1:]}
+        assert len(helps) == 1 + len(command.commands) + 1  # every command, `import fr` and the top level
+        for name, text in helps.items():
+            assert "<bool>" not in text and "<str>" not in text and "<float>" not in text, (columns, name)
+            assert max(len(line) for line in text.splitlines()) <= columns, (columns, name)
+        # A docstring's paragraph reads on as one text: its words follow each other across
+        # the help's own line breaks, and no line ends short when the next one goes on it.
+        doc = inspect.cleandoc(command.commands["replay"].help or "")
+        paragraph = " ".join(doc.split("\n\n")[1].split())
+        body = " ".join(helps["replay"].split())
+        assert paragraph in body, columns
+        if columns == 160:
+            line = next(x for x in helps["replay"].splitlines() if "Each real rank runs CMD" in x)
+            assert len(line.strip()) > 120, line
