@@ -762,7 +762,7 @@ def import_fr(
     dumps: list[Path] = typer.Argument(..., help="PyTorch Flight Recorder dumps, one file per rank named <prefix><rank> (torch's pickle, e.g. nccl_trace_rank_0, or the JSON of _dump_fr_trace_json), or directories of them."),
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write."),
     as_json: bool = typer.Option(False, "--json", help="Print what was imported (ranks, entries, left out) as JSON on stdout."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that read the dumps (default: one per CPU, up to 32, for 64 dumps or more)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that read the dumps (default: one per CPU, up to 32, for 64 dumps or more on 4 CPUs or more)."),
 ) -> None:
     """Import PyTorch Flight Recorder dumps (one per rank) as a bundle that info, verify,
     diagnose, export, tui and diff read; replay cannot run it.

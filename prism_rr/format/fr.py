@@ -819,16 +819,18 @@ def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *, job
 
     The groups and the window every rank covers are known once every dump is read, and
     records are written after, so each dump is read twice, and never all at once: 8192
-    ranks' dumps do not sit in memory together. `jobs` processes read and write them
-    (default: one per CPU, up to 32, for 64 dumps or more); in one process, dumps are kept
-    from the first reading to the second up to KEEP_ENTRIES entries in all.
+    ranks' dumps do not sit in memory together. In one process, dumps are kept from the
+    first reading to the second up to KEEP_ENTRIES entries in all; `jobs` processes read
+    every dump twice (default: one per CPU, up to 32, for 64 dumps or more on 4 CPUs or
+    more, where that is still faster).
     """
     dumps = find_dumps(paths)
     out = Path(out)
     if any(out.resolve() == p.resolve() for p in dumps.values()):
         raise UsageError(f"{out}: import writes a new bundle; give another output path")
     if jobs is None:
-        jobs = min(os.cpu_count() or 1, 32) if len(dumps) >= 64 else 1
+        cpus = os.cpu_count() or 1
+        jobs = min(cpus, 32) if len(dumps) >= 64 and cpus >= 4 else 1
     items = list(dumps.items())
     steps = 2 * len(items)
     plan = _Plan()
