@@ -20,6 +20,8 @@ Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
 6 replay: the program ended before making the recorded calls ·
 6 diff: the collective sequences of the two bundles differ."""
 
+HELP_OPTIONS = ["-h", "--help"]
+
 app = typer.Typer(
     name="prism-rr",
     help=(
@@ -34,7 +36,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": HELP_OPTIONS},
 )
 
 
@@ -752,7 +754,7 @@ import_app = typer.Typer(
     name="import",
     help="Make a bundle of another tool's recording, for info, diagnose, export, tui and diff.",
     no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": HELP_OPTIONS},
 )
 app.add_typer(import_app, name="import")
 
@@ -821,7 +823,9 @@ def _tidy(command, ctx_cls) -> None:
             c.help = _prose(c.help)
         if c.epilog:
             c.epilog = _prose(c.epilog)
-        help_option = c.get_help_option(ctx_cls(c, info_name=c.name))
+        # the app's -h/--help, which a context made here would not inherit: click keeps the
+        # help option it makes first, and the real invocation would then lack -h
+        help_option = c.get_help_option(ctx_cls(c, info_name=c.name, help_option_names=HELP_OPTIONS))
         for p in [*c.params, *([help_option] if help_option is not None else [])]:
             if p.param_type_name != "option" or p.metavar is not None:
                 continue

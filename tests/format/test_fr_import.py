@@ -114,6 +114,12 @@ def test_skipped_collective_is_diagnosed_as_hang_through_the_cli(imported, tmp_p
     assert r.returncode == 2 and "Flight Recorder" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_help_teaches_the_command():
+    r = run_cli("import", "fr", "-h")
+    assert r.returncode == 0, r.stderr
+    assert "Example: prism-rr import fr" in r.stdout and "Flight Recorder" in r.stdout
+
+
 def test_skip_scenario_live(tmp_path):
     """torch as installed writes dumps that import: the skip scenario on 2 ranks, run now on gloo."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
