@@ -1,17 +1,22 @@
 """Build the execution graph: read each rank once, match calls across ranks.
 
-Ranks are read one after another; only a compact `Member` per communication call is
-kept (its signature interned), so memory grows with calls, not with records.
+Ranks are read one after another as columns (`_columns`); a row per communication call
+is kept, its op, signature and stack as ids of interned values, and calls are matched by
+sorting those rows (`_calls`), not by a dict of objects.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prism_rr.format import ops
+import numpy as np
+
 from prism_rr.format.reader import Bundle
-from prism_rr.format.records import Collective, Compute, Marker, PointToPoint, Step
+from prism_rr.format.records import Collective
+from prism_rr.analysis._calls import CallMap, CallTable, P2PMap, P2PTable
+from prism_rr.analysis._columns import ColumnReader, RankColumns, signature_of
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature"]
@@ -22,19 +27,7 @@ _NOTABLE = frozenset({"recording_end", "recorder_failed", "call_failed", "record
 
 def signature(rec: Collective) -> tuple:
     """What the members of one collective must agree on: (op, shapes, dtypes, reduce op, root)."""
-    op = ops.lookup(rec.op)
-    same = op.same if op is not None else None
-    if same == "in":
-        shapes, dtypes = rec.in_shapes, rec.in_dtypes
-    elif same == "out":  # scatter: only the root has inputs; each member receives alike
-        shapes, dtypes = rec.out_shapes, rec.out_dtypes
-    else:  # all_to_all and unknown ops: splits may differ by rank, dtypes may not
-        shapes, dtypes = None, tuple(sorted(set(rec.in_dtypes)))
-    return (rec.op, shapes, dtypes, rec.reduce_op, rec.root)
-
-
-def _RANK(m: Member) -> int:
-    return m.rank
+    return signature_of(rec.op, rec.in_shapes, rec.in_dtypes, rec.out_shapes, rec.out_dtypes, rec.reduce_op, rec.root)
 
 
 def clock_offset(info: dict) -> int | None:
@@ -75,16 +68,21 @@ def clock_offsets(bundle: Bundle, ranks=None) -> dict[int, int]:
 
 @dataclass(slots=True)
 class ExecutionGraph:
-    """Every recorded call matched across ranks, per-rank traces and per-step figures."""
+    """Every recorded call matched across ranks, per-rank traces and per-step figures.
+
+    `calls` and `p2p` are mappings whose entries are made when looked up, from the
+    columns of `table` and `p2p_table`: iterating them whole makes every object."""
 
     world_size: int
     ranks: list[int]
     groups: dict[int, tuple[int, ...]]  # group id -> global ranks
-    calls: dict[tuple[int, int], MatchedCall] = field(default_factory=dict)
-    p2p: dict[tuple[int, int, int, int], P2PMatch] = field(default_factory=dict)
+    calls: Mapping[tuple[int, int], MatchedCall] = field(default_factory=dict)
+    p2p: Mapping[tuple[int, int, int, int], P2PMatch] = field(default_factory=dict)
     traces: dict[int, RankTrace] = field(default_factory=dict)
     steps: dict[int, StepStats] = field(default_factory=dict)
     t0_ns: int = 0  # earliest recorded time, on rank 0's clock
+    table: CallTable | None = None
+    p2p_table: P2PTable | None = None
 
     def ordered_calls(self) -> list[MatchedCall]:
         """Matched collectives by first arrival."""
@@ -92,6 +90,9 @@ class ExecutionGraph:
 
     def call_of(self, group: int, seq: int) -> MatchedCall | None:
         return self.calls.get((group, seq))
+
+
+_COMM = ("group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack", "async_op")
 
 
 def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
@@ -102,11 +103,14 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
     groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
     graph = ExecutionGraph(world_size=bundle.world_size, ranks=list(recorded), groups=groups)
     sums = bundle.summaries["ranks"]
-    interned: dict[tuple, tuple] = {}
     offsets = clock_offsets(bundle, recorded)
+    reader = ColumnReader(bundle)
+    figures: list[RankColumns] = []  # per-step figures only; the call columns go to `columns`
+    columns: dict[str, list[np.ndarray]] = {k: [] for k in (*_COMM, "rank", "p2p")}
     t0 = None
     for rank in recorded:
-        trace = _read_rank(bundle, rank, offsets[rank], steps, graph, interned, rset)
+        cols = reader.rank(rank, offsets[rank], steps)
+        trace = _trace(bundle, cols, offsets[rank], reader.values, steps)
         rs = sums.get(rank, {})
         trace.dropped = int(rs.get("dropped", 0) or 0)
         trace.truncated = bool(rs.get("truncated", False))
@@ -114,119 +118,113 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
         graph.traces[rank] = trace
         if trace.first_ns is not None:
             t0 = trace.first_ns if t0 is None else min(t0, trace.first_ns)
+        for k in (*_COMM, "p2p"):
+            columns[k].append(getattr(cols, k))
+            setattr(cols, k, None)
+        columns["rank"].append(np.full(len(cols.pos), rank, np.int64))
+        cols.pos = None
+        figures.append(cols)
     graph.t0_ns = t0 or 0
-    stats = graph.steps
-    for call in graph.calls.values():
-        ms = call.members
-        ms.sort(key=_RANK)
-        last = max(m.enter_ns for m in ms)
-        for m in ms:
-            st = stats.get(m.step)
-            if st is not None:
-                st.wait_ns[m.rank] = st.wait_ns.get(m.rank, 0) + call.wait_ns(m, last)
+    comm = {k: np.concatenate(v) if v else np.zeros(0, bool if k == "p2p" else np.int64) for k, v in columns.items()}
+    del columns
+    is_p2p = comm.pop("p2p")
+    comm["read_at"] = np.arange(len(comm["rank"]), dtype=np.int64)
+    expected = {gid: tuple(r for r in members if r in rset) if members else () for gid, members in groups.items()}
+    matched = is_p2p & (comm["peer"] >= 0) & (comm["seq"] >= 0)  # a receive from any source has no partner
+    graph.p2p_table = P2PTable({k: v[matched] for k, v in comm.items()}, reader.values)
+    coll = ~is_p2p
+    del comm["peer"]
+    for k in list(comm):
+        comm[k] = comm[k][coll]  # one column at a time: the whole table is never held twice
+    graph.table = table = CallTable(comm, reader.values, expected)
+    del comm
+    graph.calls = CallMap(table)
+    graph.p2p = P2PMap(graph.p2p_table)
+    graph.steps = _step_stats(figures, table)
     return graph
 
 
-def _read_rank(bundle, rank, offset, steps, graph: ExecutionGraph, interned, rset) -> RankTrace:
-    trace = RankTrace(rank=rank, offset_ns=offset)
-    off = trace.offset_ns
-    calls = graph.calls
-    p2p = graph.p2p
-    groups = graph.groups
-    stats = graph.steps
-    first = last = None
-    last_end = None
-    last_rec = None
-    last_call = None
-    last_enter = None
-    prev_key = None  # (group, seq) of the collective just read
-    n = 0
-    for rec in bundle.events(rank, steps=steps):
-        n += 1
-        start = rec.start_ns - off
-        end = None if rec.end_ns is None else rec.end_ns - off
-        if first is None or start < first:
-            first = start
-        tail = start if end is None else end
-        if last is None or tail > last:
-            last = tail
-        cls = type(rec)
-        if cls is not Marker and (last_end is None or tail >= last_end):
-            last_end, last_rec = tail, rec
-        if cls is Collective or cls is PointToPoint:
-            if cls is Collective:
-                sig = signature(rec)
-            else:
-                sig = (rec.op, rec.shapes, rec.dtypes, None, None)
-            sig = interned.setdefault(sig, sig)
-            stack = rec.stack
-            if stack is not None:
-                stack = interned.setdefault(stack, stack)
-            m = Member(rank=rank, enter_ns=start, end_ns=end, step=rec.step, op=rec.op, sig=sig,
-                       stack=stack, async_op=rec.async_op)
-            if last_enter is None or start >= last_enter:
-                last_enter, last_call = start, m
-                trace.last_call_group_seq = (rec.group, rec.seq)
-            st = stats.get(rec.step)
-            if st is None:
-                st = stats[rec.step] = StepStats(step=rec.step)
-            if end is not None and not rec.async_op:
-                st.comm_ns[rank] = st.comm_ns.get(rank, 0) + (end - start)
-            prev_key = (rec.group, rec.seq) if cls is Collective else None
-            if cls is Collective:
-                key = (rec.group, rec.seq)
-                call = calls.get(key)
-                if call is None:
-                    members = groups.get(rec.group)
-                    expected = tuple(r for r in members if r in rset) if members else ()
-                    call = calls[key] = MatchedCall(group=rec.group, seq=rec.seq, expected=expected)
-                call.members.append(m)
-                if end is None:
-                    trace.open_calls.append(("collective", rec.group, rec.seq, m))
-            else:
-                sending = not ops.receives(rec.op)
-                if end is None:
-                    trace.open_calls.append(("p2p", rec.group, rec.seq, m))
-                if rec.peer < 0 or rec.seq < 0:
-                    continue  # a receive from any source that never completed: no partner known
-                src, dst = (rank, rec.peer) if sending else (rec.peer, rank)
-                key = (rec.group, src, dst, rec.seq)
-                pm = p2p.get(key)
-                if pm is None:
-                    pm = p2p[key] = P2PMatch(group=rec.group, src=src, dst=dst, seq=rec.seq)
-                if sending:
-                    pm.send = m
-                else:
-                    pm.recv = m
-        elif cls is Compute:
-            if rec.name is None and end is not None:
-                st = stats.get(rec.step)
-                if st is None:
-                    st = stats[rec.step] = StepStats(step=rec.step)
-                st.compute_ns[rank] = st.compute_ns.get(rank, 0) + (end - start)
-        elif cls is Step:
-            if end is not None:
-                st = stats.get(rec.step)
-                if st is None:
-                    st = stats[rec.step] = StepStats(step=rec.step)
-                st.iteration_ns[rank] = end - start
-        elif cls is Marker:
-            if rec.name == "call_failed" and len(trace.failed) < 1000:
-                # written right after the failed call's record, whose seq it names
-                group = prev_key[0] if prev_key is not None and prev_key[1] == rec.value else None
-                trace.failed.append((group, rec.value, rec))
-            if rec.name == "recording_end":
-                trace.ended = True
-            if rec.name in _NOTABLE:
-                if len(trace.markers) < 1000:
-                    trace.markers.append(rec)
-                if rec.name in ("recorder_failed", "recording_off") and trace.off_ns is None:
-                    trace.off_ns = start
-    trace.events = n
-    trace.first_ns, trace.last_ns = first, last
-    trace.last_record = last_rec
-    trace.last_call = last_call
+def _trace(bundle: Bundle, cols: RankColumns, offset: int, values: list, steps) -> RankTrace:
+    """What one rank's columns say about the rank as a whole."""
+    trace = RankTrace(rank=cols.rank, offset_ns=offset, events=cols.events, first_ns=cols.first_ns,
+                      last_ns=cols.last_ns)
+    trace.source = (bundle, steps)
+    n = len(cols.pos)
+
+    def member(i: int) -> Member:
+        return Member(rank=cols.rank, enter_ns=int(cols.start[i]), end_ns=None if cols.open[i] else int(cols.end[i]),
+                      step=int(cols.step[i]), op=values[cols.op[i]], sig=values[cols.sig[i]],
+                      stack=values[cols.stack[i]], async_op=bool(cols.async_op[i]))
+
+    if n:
+        i = n - 1 - int(np.argmax(cols.start[::-1]))  # the latest entry; a later record wins a tie
+        trace.last_call = member(i)
+        trace.last_call_group_seq = (int(cols.group[i]), int(cols.seq[i]))
+        for i in np.flatnonzero(cols.open).tolist():
+            trace.open_calls.append(("p2p" if cols.p2p[i] else "collective", int(cols.group[i]),
+                                     int(cols.seq[i]), member(i)))
+    for pos, mk in cols.markers:
+        if mk.name == "call_failed" and len(trace.failed) < 1000:
+            # written right after the failed call's record, whose seq it names
+            i = int(np.searchsorted(cols.pos, pos)) - 1
+            group = None
+            if i >= 0 and not cols.p2p[i] and int(cols.seq[i]) == mk.value:
+                group = int(cols.group[i])
+            trace.failed.append((group, mk.value, mk))
+        if mk.name == "recording_end":
+            trace.ended = True
+        if mk.name in _NOTABLE:
+            if len(trace.markers) < 1000:
+                trace.markers.append(mk)
+            if mk.name in ("recorder_failed", "recording_off") and trace.off_ns is None:
+                trace.off_ns = mk.start_ns - offset
     return trace
+
+
+def _step_stats(parts: list[RankColumns], table: CallTable) -> dict[int, StepStats]:
+    """Per step and rank: the Step record's length, compute, communication and waiting."""
+    steps: set[int] = set()
+    for c in parts:
+        steps |= c.steps_seen
+        steps.update(c.compute_ns)
+    stats = {s: StepStats(step=s) for s in sorted(steps)}
+    for c in parts:
+        for s, ns in c.iteration_ns.items():
+            stats[s].iteration_ns[c.rank] = ns
+        for s, ns in c.compute_ns.items():
+            stats[s].compute_ns[c.rank] = ns
+        for s, ns in c.comm_ns.items():
+            stats[s].comm_ns[c.rank] = ns
+    _spread_waits(stats, table)
+    return stats
+
+
+def _spread_waits(stats: dict[int, StepStats], t: CallTable) -> None:
+    """Each member's wait (CallTable.waits) summed by step and rank into wait_ns."""
+    if not len(t.step):
+        return
+    waits = t.waits()
+    steps, si = np.unique(t.step, return_inverse=True)
+    ranks, ri = np.unique(t.rank, return_inverse=True)
+    cell = si.reshape(-1).astype(np.int64) * len(ranks) + ri.reshape(-1)
+    if len(steps) * len(ranks) <= 1 << 26:
+        cells = len(steps) * len(ranks)
+        present = np.bincount(cell, minlength=cells) > 0
+        if int(waits.sum()) < 1 << 52:  # float sums are exact
+            sums = np.bincount(cell, weights=waits, minlength=cells).astype(np.int64)
+        else:
+            sums = np.zeros(cells, np.int64)
+            np.add.at(sums, cell, waits)
+        cell = np.flatnonzero(present)
+        sums = sums[cell]
+    else:
+        cell, inv = np.unique(cell, return_inverse=True)
+        sums = np.zeros(len(cell), np.int64)
+        np.add.at(sums, inv.reshape(-1), waits)
+    steps, ranks = steps.tolist(), ranks.tolist()
+    n = len(ranks)
+    for c, v in zip(cell.tolist(), sums.tolist()):
+        stats[steps[c // n]].wait_ns[ranks[c % n]] = v
 
 
 # --- crash files ------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
@@ -72,14 +74,15 @@ def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None) -> list[Fin
     """Everything notable in `bundle`, most serious first; an empty list on a clean run."""
     g = build_graph(bundle) if graph is None else graph
     failures = _Failures(g)
+    odd = _Odd(g)
     out: list[Finding] = []
     out += _crashes(g)
-    out += _hangs(g, failures)
+    out += _hangs(g, failures, odd)
     drifts = _drifts(g)
     out += drifts
-    out += _fold_into_drifts(_mismatches(g, failures), drifts)
-    out += _unmatched_p2p(g)
-    out += _stragglers(g, {d.group: d.seq for d in drifts})
+    out += _fold_into_drifts(_mismatches(g, failures, odd), drifts)
+    out += _unmatched_p2p(g, odd)
+    out += _stragglers(g, {d.group: d.seq for d in drifts}, odd)
     out += _call_failures(g, failures)
     out += _gaps(g)
     out.sort(key=lambda f: _order(g, f))
@@ -87,6 +90,20 @@ def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None) -> list[Fin
 
 
 _ON_CALLS = ("hang", "incomplete", "drift", "mismatch", "unmatched_p2p")
+
+
+class _Odd:
+    """The calls that may be about a problem, as objects, made once: a member missing,
+    one too many, one never completed, or members that disagree. Every other call is
+    read from the graph's columns."""
+
+    def __init__(self, g: ExecutionGraph):
+        t, p = g.table, g.p2p_table
+        self.ids = t.interesting()
+        self.calls = [t.call(i) for i in self.ids]
+        self.irregular = [c for i, c in zip(self.ids, self.calls) if not t.regular[i]]
+        self.disagreeing = sorted((c for i, c in zip(self.ids, self.calls) if t.disagree[i]), key=lambda c: c.key)
+        self.p2p = [p.match(i) for i in p.interesting()]
 
 
 def _order(g: ExecutionGraph, f: Finding) -> tuple:
@@ -298,10 +315,10 @@ def _recording_off_before(g: ExecutionGraph, rank: int, t: int) -> bool:
     return off is not None and off <= t
 
 
-def _hangs(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+def _hangs(g: ExecutionGraph, failures: _Failures, odd: _Odd) -> list[Finding]:
     out: list[Finding] = []
     runs: dict[tuple, list[MatchedCall]] = {}  # (kind, group, ranks) -> calls, coalesced
-    for call in g.calls.values():
+    for call in odd.calls:
         if not call.members:
             continue
         first = call.first_arrival.enter_ns
@@ -367,7 +384,7 @@ def _hangs(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
                            stack=stack, details=details))
     # point-to-point calls left open whose partner is there: a receive never matched is
     # reported as unmatched; a matched pair that never completed is incomplete.
-    for pm in g.p2p.values():
+    for pm in odd.p2p:
         if pm.send is None or pm.recv is None:
             continue
         stuck = [m for m in (pm.send, pm.recv) if m.end_ns is None]
@@ -393,25 +410,66 @@ def _drifts(g: ExecutionGraph) -> list[Finding]:
     they made different calls, after which seq numbers pair calls that do not belong
     together. Only where both ranks made calls past that point: a rank that stops is a
     hang (or a death), not a drift."""
-    per_group: dict[int, dict[int, list[tuple[int, Member]]]] = {}
-    for call in g.calls.values():
-        for m in call.members:
-            per_group.setdefault(call.group, {}).setdefault(m.rank, []).append((call.seq, m))
-    out = []
-    for group in sorted(per_group):
-        by_rank = per_group[group]
-        if len(by_rank) < 2:
-            continue
-        for calls in by_rank.values():
-            calls.sort(key=lambda c: c[0])
-        ref = max(by_rank, key=lambda r: (len(by_rank[r]), -r))
-        ref_steps = _by_step(by_rank[ref])
-        for rank in sorted(by_rank):
-            if rank != ref and len(out) < _MAX_LISTED:
-                f = _drift(g, group, ref, ref_steps, by_rank[ref], rank, by_rank[rank])
+    t = g.table
+    out: list[Finding] = []
+    for group, ref, ranks in _parting(t):
+        ref_calls = _calls_of(t, group, ref)
+        ref_steps = _by_step(ref_calls)
+        for rank in ranks:
+            if len(out) < _MAX_LISTED:
+                f = _drift(g, group, ref, ref_steps, ref_calls, rank, _calls_of(t, group, rank))
                 if f is not None:
                     out.append(f)
     return out
+
+
+def _parting(t) -> list[tuple[int, int, list[int]]]:
+    """(group, reference rank, ranks) where those ranks made, in some step, another number
+    of the group's calls than the reference rank (the one that made most), counted from
+    the columns by sorting rather than per member."""
+    if not len(t.rank):
+        return []
+    gids, gi = np.unique(t.group, return_inverse=True)
+    steps, si = np.unique(t.step, return_inverse=True)
+    ranks, ri = np.unique(t.rank, return_inverse=True)
+    nr, ns = len(ranks), len(steps)
+    pairs, pair_of_row = np.unique(gi.reshape(-1).astype(np.int64) * nr + ri.reshape(-1), return_inverse=True)
+    cells, counts = np.unique(pair_of_row.reshape(-1).astype(np.int64) * ns + si.reshape(-1), return_counts=True)
+    cell_pair, cell_step = cells // ns, cells % ns  # a cell: one (group, rank, step)
+    p_group, p_rank = pairs // nr, pairs % nr
+    steps_of_pair = np.bincount(cell_pair, minlength=len(pairs))
+    calls_of_pair = np.bincount(cell_pair, weights=counts, minlength=len(pairs))
+    best = np.lexsort((p_rank, -calls_of_pair, p_group))  # per group: most calls, then the lowest rank
+    first = np.ones(len(best), bool)
+    first[1:] = p_group[best][1:] != p_group[best][:-1]
+    ref_of_group = np.full(len(gids), -1, np.int64)
+    ref_of_group[p_group[best[first]]] = best[first]
+    cell_group = p_group[cell_pair]
+    is_ref = cell_pair == ref_of_group[cell_group]
+    key = cell_group * ns + cell_step
+    ref_key, ref_count = key[is_ref], counts[is_ref]  # sorted: cells are in (group, rank, step) order
+    at = np.minimum(np.searchsorted(ref_key, key), len(ref_key) - 1)
+    same = (ref_key[at] == key) & (ref_count[at] == counts)
+    agreeing = np.bincount(cell_pair, weights=same, minlength=len(pairs))
+    ref_steps = steps_of_pair[ref_of_group[p_group]]
+    parts = ~((agreeing == steps_of_pair) & (steps_of_pair == ref_steps))
+    ranks_in_group = np.bincount(p_group, minlength=len(gids))
+    out: list[tuple[int, int, list[int]]] = []
+    for j in np.flatnonzero(parts & (ranks_in_group[p_group] >= 2)).tolist():
+        gid, rank = int(gids[p_group[j]]), int(ranks[p_rank[j]])
+        if out and out[-1][0] == gid:
+            out[-1][2].append(rank)
+        else:
+            out.append((gid, int(ranks[p_rank[ref_of_group[p_group[j]]]]), [rank]))
+    return out
+
+
+def _calls_of(t, group: int, rank: int) -> list[tuple[int, Member]]:
+    """(seq, member) of one rank's calls in one group, by seq."""
+    lo = int(np.searchsorted(t.group, group, "left"))
+    hi = int(np.searchsorted(t.group, group, "right"))
+    rows = lo + np.flatnonzero(t.rank[lo:hi] == rank)
+    return [(int(t.seq[r]), t.member(r)) for r in rows.tolist()]
 
 
 def _call_key(m: Member) -> tuple:
@@ -503,11 +561,11 @@ def _difference(odd: tuple, ref: tuple) -> tuple[str, str, str]:
     return "signature", str(odd), str(ref)
 
 
-def _mismatches(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+def _mismatches(g: ExecutionGraph, failures: _Failures, looked_at: _Odd) -> list[Finding]:
     out: list[Finding] = []
     pending: list[dict] = []
     seen: dict[tuple[int, tuple[int, ...]], dict] = {}  # (group, odd ranks) -> first finding's details
-    for call in sorted(g.calls.values(), key=lambda c: c.key):
+    for call in looked_at.disagreeing:
         if len(call.members) < 2:
             continue
         first_sig = call.members[0].sig
@@ -556,7 +614,7 @@ def _mismatches(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
                               "(the same ranks are likely out of step).")
         out.append(Finding(**kw))
     # sends and receives that pair up but disagree on what is sent
-    for pm in g.p2p.values():
+    for pm in looked_at.p2p:
         if pm.send is None or pm.recv is None:
             continue
         (_, s_shapes, s_dtypes, _, _), (_, r_shapes, r_dtypes, _, _) = pm.send.sig, pm.recv.sig
@@ -571,10 +629,10 @@ def _mismatches(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
     return out
 
 
-def _unmatched_p2p(g: ExecutionGraph) -> list[Finding]:
+def _unmatched_p2p(g: ExecutionGraph, odd: _Odd) -> list[Finding]:
     recorded = set(g.ranks)
     runs: dict[tuple, list] = {}
-    for pm in g.p2p.values():
+    for pm in odd.p2p:
         if (pm.send is None) == (pm.recv is None):
             continue
         m = pm.send or pm.recv
@@ -615,18 +673,20 @@ def _unmatched_p2p(g: ExecutionGraph) -> list[Finding]:
 # --- stragglers -----------------------------------------------------------------------
 
 
-def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None) -> list[Finding]:
+def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None, odd: _Odd | None = None) -> list[Finding]:
     """`drifted`: {group: seq} from which a group's calls pair the wrong ones (a drift):
-    their arrival times say nothing about stragglers."""
+    their arrival times say nothing about stragglers.
+
+    Calls whose members are their group's ranks are counted from the columns
+    (`_arrivals`); the few others one by one, as MatchedCall.arrivals says."""
     drifted = drifted or {}
-    last: dict[int, int] = {}
-    expected: dict[int, float] = {}
-    var: dict[int, float] = {}
-    lost: dict[int, int] = {}
-    victims: dict[int, set] = {}
-    worst: dict[int, tuple[int, MatchedCall]] = {}
+    odd = odd or _Odd(g)
     warmup = _warmup_step(g)
-    for call in g.calls.values():
+    last, expected, var, lost, victims, worst = _arrivals(g, warmup, drifted)
+    t = g.table
+    seen = {c.key: int(t.first_seen[i]) for i, c in zip(odd.ids, odd.calls)}
+    also_waited: dict[int, set] = {}
+    for call in odd.irregular:
         ms = call.members
         n = len(ms)
         if n < 2 or call.missing or ms[0].step == warmup or call.seq >= drifted.get(call.group, 1 << 62):
@@ -647,10 +707,11 @@ def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None) -> lis
         for rank, w in waits.items():
             if rank != lm.rank and w > 0:
                 waited += w
-                victims.setdefault(lm.rank, set()).add(rank)
+                also_waited.setdefault(lm.rank, set()).add(rank)
         lost[lm.rank] = lost.get(lm.rank, 0) + waited
-        if lm.rank not in worst or skew > worst[lm.rank][0]:
-            worst[lm.rank] = (skew, call)
+        mine = (skew, -seen[call.key], call)
+        if lm.rank not in worst or mine[:2] > worst[lm.rank][:2]:
+            worst[lm.rank] = mine
     span = _recorded_time(g)
     warm = _warmup_step(g)
     steps = max(1, sum(1 for st in g.steps.values() if st.iteration_ns and st.step != warm))
@@ -667,12 +728,14 @@ def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None) -> lis
         dominant = share >= max(0.5, min(0.8, 3 / max(n, 1)))
         if k < STRAGGLER_MIN_COUNT or not (often or dominant):
             continue
-        others = victims.get(rank, set())
+        others = victims(rank) | also_waited.get(rank, set())
         per_rank = lost[rank] / max(1, len(others))
         fraction = per_rank / span if span else 0.0
         if fraction < STRAGGLER_MIN_FRACTION or per_rank < STRAGGLER_MIN_LOST_PER_STEP_NS * steps:
             continue
-        longest, call = worst[rank]
+        longest, _, call = worst[rank]
+        if type(call) is int:
+            call = t.call(call)
         msg = (f"Rank {rank} arrived last at {k} collectives where chance gives {e:.1f}; "
                f"{_ranks_text(others)} lost {_ms(lost[rank])} waiting for it in all "
                f"({_ms(int(per_rank))} each, {fraction:.1%} of the recorded time). "
@@ -684,6 +747,89 @@ def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None) -> lis
                      "lost_ns": lost[rank], "lost_per_rank_ns": int(per_rank), "fraction": round(fraction, 4),
                      "waiting_ranks": sorted(others)}))
     return out
+
+
+def _arrivals(g: ExecutionGraph, warmup: int | None, drifted: dict[int, int]):
+    """MatchedCall.arrivals over every call whose members are its group's ranks, all
+    completed: per rank, how often it arrived last, by chance (expected, variance), the
+    time others lost waiting for it, the waiting ranks (a function) and its longest wait
+    as (skew, -first seen, call index)."""
+    t = g.table
+    call_of = t.call_of
+    use = t.regular & ~t.any_open & (t.count >= 2)
+    if warmup is not None:
+        use &= t.step[t.starts] != warmup  # the step of the call's lowest rank, as members sort
+    for group, seq in drifted.items():
+        use &= ~((t.call_group == group) & (t.call_seq >= seq))
+    rows = use[call_of]
+    enter, end = t.start, t.end
+    dur = end - enter
+    last_enter = t.last_enter[call_of]
+    # on clocks that agree: from entry times; else from durations (the member that waited least came last)
+    by_entry = ~_reduce_any(rows & (end < last_enter), t.starts)
+    asyncs = _reduce_any(rows & t.async_op, t.starts)
+    use &= by_entry | ~asyncs
+    rows = use[call_of]
+    by_entry_row = by_entry[call_of]
+    min_dur = _reduce_min(np.where(rows, dur, _BIG), t.starts)[call_of]
+    wait = np.where(by_entry_row, np.minimum(last_enter - enter, dur), dur - min_dur)
+    index = np.arange(len(enter))
+    is_last = np.where(by_entry_row, enter == last_enter, dur == min_dur)
+    last_row = _reduce_min(np.where(rows & is_last, index, _BIG), t.starts)  # the lowest rank among ties
+    skew = _reduce_max(np.where(rows, wait, -1), t.starts)
+    use &= skew >= STRAGGLER_MIN_SKEW_NS
+    rows = use[call_of]
+    calls = np.flatnonzero(use)
+    lm = t.rank[last_row[calls]] if len(calls) else np.zeros(0, np.int64)
+    lm_row = np.zeros(len(t.starts), np.int64)
+    lm_row[calls] = lm
+    p = 1.0 / t.count
+    r = t.rank[rows]
+    expected = _sums(r, p[call_of][rows])
+    var = _sums(r, (p * (1 - p))[call_of][rows])
+    last = _sums(lm, np.ones(len(lm), np.int64))
+    waiting = rows & (t.rank != lm_row[call_of]) & (wait > 0)
+    lost = _sums(lm_row[call_of][waiting], wait[waiting])
+    lost = {k: lost.get(k, 0) for k in last}
+    worst: dict[int, tuple] = {}
+    if len(calls):
+        order = np.lexsort((t.first_seen[calls], -skew[calls], lm))
+        head = np.ones(len(order), bool)
+        head[1:] = lm[order][1:] != lm[order][:-1]
+        for c in calls[order[head]].tolist():
+            worst[int(lm_row[c])] = (int(skew[c]), -int(t.first_seen[c]), c)
+
+    def victims(rank: int) -> set[int]:
+        mine = waiting & (lm_row[call_of] == rank)
+        return set(np.unique(t.rank[mine]).tolist())
+
+    return last, expected, var, lost, victims, worst
+
+
+_BIG = np.iinfo(np.int64).max
+
+
+def _reduce_any(flags, starts):
+    return np.logical_or.reduceat(flags, starts) if len(flags) else np.zeros(len(starts), bool)
+
+
+def _reduce_min(values, starts):
+    return np.minimum.reduceat(values, starts) if len(values) else np.zeros(len(starts), np.int64)
+
+
+def _reduce_max(values, starts):
+    return np.maximum.reduceat(values, starts) if len(values) else np.zeros(len(starts), np.int64)
+
+
+def _sums(keys: np.ndarray, values: np.ndarray) -> dict:
+    """{key: sum of its values}, keys in order of first appearance."""
+    if not len(keys):
+        return {}
+    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    sums = np.zeros(len(uniq), values.dtype)
+    np.add.at(sums, inv.reshape(-1), values)
+    order = np.argsort(first, kind="stable")
+    return dict(zip(uniq[order].tolist(), sums[order].tolist()))
 
 
 def _warmup_step(g: ExecutionGraph) -> int | None:

@@ -144,7 +144,7 @@ class RankTrace:
     truncated: bool = False
     first_ns: int | None = None
     last_ns: int | None = None
-    last_record: Record | None = None  # the record that ends latest
+    source: tuple | None = None  # (bundle, steps) the trace was read from: last_record reads it, while open
     last_call: Member | None = None  # the communication call entered last
     last_call_group_seq: tuple[int, int] | None = None
     open_calls: list[tuple[str, int, int, Member]] = field(default_factory=list)  # (kind, group, seq, member)
@@ -153,6 +153,33 @@ class RankTrace:
     off_ns: int | None = None  # when the recorder turned itself off, if it did
     ended: bool = False  # the recording has its proper end (a recording_end marker)
     crash: Crash | None = None  # how the process died, where its crash file says
+    _last: Record | None = None
+
+    @property
+    def last_record(self) -> Record | None:
+        """The record (not a marker) that ends latest, a later one winning a tie. Looked
+        up when asked (a finding about the rank), since the graph keeps no records."""
+        if self._last is None and self.source is not None and self.events:
+            self._last = _last_record(*self.source, self.rank)
+        return self._last
+
+
+def _last_record(bundle, steps: tuple[int, int] | None, rank: int) -> Record | None:
+    """Chunks are read latest-ending first (their index says), until none can hold a later end."""
+    refs = bundle.chunks(rank)
+    if steps is not None:
+        refs = [r for r in refs if r.step_last >= steps[0] and r.step_first <= steps[1]]
+    best = None  # (tail, chunk, index, record)
+    for ref in sorted(refs, key=lambda r: r.t_last, reverse=True):
+        if best is not None and ref.t_last < best[0]:
+            break
+        for i, rec in enumerate(bundle.read_chunk(ref)):
+            if type(rec) is Marker or (steps is not None and not steps[0] <= rec.step <= steps[1]):
+                continue
+            key = (rec.start_ns if rec.end_ns is None else rec.end_ns, ref.number, i)
+            if best is None or key > best[:3]:
+                best = (*key, rec)
+    return None if best is None else best[3]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,512 @@
+"""One rank's records as numpy columns, read straight from its chunks' tables.
+
+A chunk stores each record kind as columns (FORMAT.md); making a Record per event costs
+more than all the analysis of it. Here a column that says what a call was (op, shapes,
+dtypes, stack, ...) is decoded once per distinct byte string: the ranks of an SPMD run
+write the same ones, so 8192 ranks decode them a handful of times. Times are decoded per
+chunk into int64 arrays.
+
+This reader never calls a bundle malformed. A chunk it does not find in the shape it
+expects (a type, a length, a time out of range) is read through the format's reader,
+which says what is wrong with it or reads it as records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+import numpy as np
+
+from prism_rr.errors import FormatError
+from prism_rr.format import codec, ops
+from prism_rr.format.reader import Bundle, ChunkRef
+from prism_rr.format.records import (
+    Collective, Compute, GroupInfo, K_ASYNC, K_END, K_GROUP, K_IN_DTYPES, K_IN_SHAPES, K_NAME, K_OP,
+    K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
+    K_VALUE, Marker, Memory, PointToPoint, Step,
+)
+
+__all__ = ["ColumnReader", "RankColumns", "signature_of"]
+
+_COLL, _P2P, _COMPUTE, _STEP, _MARKER = Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Marker.KIND
+_KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND)
+_SKIPPED = (Memory.KIND, GroupInfo.KIND)
+_MAX_TIME = 1 << 62  # the codec's bound on times
+_MIN_STEP, _MAX_STEP = -(1 << 31), (1 << 31) - 1
+_MEMO_BYTES = 64 << 20  # decoded columns kept, by the size of their bytes
+
+
+class _Unexpected(Exception):
+    """A chunk this reader leaves to the format's reader."""
+
+
+def signature_of(op, in_shapes, in_dtypes, out_shapes, out_dtypes, reduce_op, root) -> tuple:
+    """What the members of one collective must agree on: (op, shapes, dtypes, reduce op, root)."""
+    known = ops.lookup(op)
+    same = known.same if known is not None else None
+    if same == "in":
+        shapes, dtypes = in_shapes, in_dtypes
+    elif same == "out":  # scatter: only the root has inputs; each member receives alike
+        shapes, dtypes = out_shapes, out_dtypes
+    else:  # all_to_all and unknown ops: splits may differ by rank, dtypes may not
+        shapes, dtypes = None, tuple(sorted(set(in_dtypes)))
+    return (op, shapes, dtypes, reduce_op, root)
+
+
+# --- value checks: the codec's, for the fields read here --------------------------------
+
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def _opt_int(v) -> bool:
+    return v is None or type(v) is int
+
+
+def _is_str(v) -> bool:
+    return type(v) is str
+
+
+def _opt_str(v) -> bool:
+    return v is None or type(v) is str
+
+
+def _is_bool(v) -> bool:
+    return type(v) is bool
+
+
+def _shapes(v) -> bool:
+    return type(v) is tuple and all(type(s) is tuple and all(type(d) is int for d in s) for s in v)
+
+
+def _strs(v) -> bool:
+    return type(v) is tuple and all(type(s) is str for s in v)
+
+
+def _opt_strs(v) -> bool:
+    return v is None or _strs(v)
+
+
+_MISSING = object()
+
+
+@dataclass(slots=True)
+class RankColumns:
+    """One rank's records, times on rank 0's clock; `pos` is a record's place in the rank."""
+
+    rank: int
+    events: int = 0
+    first_ns: int | None = None
+    last_ns: int | None = None
+    # communication calls (collectives and point-to-point), in record order
+    pos: np.ndarray = None
+    p2p: np.ndarray = None  # bool
+    group: np.ndarray = None
+    seq: np.ndarray = None
+    peer: np.ndarray = None  # point-to-point only; 0 for collectives
+    start: np.ndarray = None
+    end: np.ndarray = None  # 0 where open
+    open: np.ndarray = None  # bool: entered and never completed
+    step: np.ndarray = None
+    op: np.ndarray = None  # ids, ColumnReader.values
+    sig: np.ndarray = None
+    stack: np.ndarray = None
+    async_op: np.ndarray = None  # bool
+    compute_ns: dict[int, int] = field(default_factory=dict)  # unnamed compute, by step
+    comm_ns: dict[int, int] = field(default_factory=dict)  # completed blocking calls, by step
+    iteration_ns: dict[int, int] = field(default_factory=dict)  # the step's Step record
+    steps_seen: set[int] = field(default_factory=set)  # steps with a call, compute or step figure
+    markers: list[tuple[int, Marker]] = field(default_factory=list)  # (pos, marker)
+
+
+class ColumnReader:
+    """Reads ranks of one bundle as columns; values (ops, signatures, stacks) are interned
+    into `values`, so equal ones share one id across ranks."""
+
+    def __init__(self, bundle: Bundle):
+        self.bundle = bundle
+        self.values: list = [None]  # id -> value; 0 is None
+        self._ids: dict = {None: 0}
+        self._memo: dict = {}
+        self._memo_bytes = 0
+
+    def intern(self, value) -> int:
+        i = self._ids.get(value)
+        if i is None:
+            i = self._ids[value] = len(self.values)
+            self.values.append(value)
+        return i
+
+    # --- a rank ---------------------------------------------------------------------
+
+    def rank(self, rank: int, offset: int, steps: tuple[int, int] | None = None) -> RankColumns:
+        """Rank `rank`'s records (of steps a..b, if given), `offset` subtracted from its times."""
+        out = RankColumns(rank=rank)
+        refs = self.bundle.chunks(rank)
+        if steps is not None:
+            refs = [r for r in refs if r.step_last >= steps[0] and r.step_first <= steps[1]]
+        comm: list[dict] = []
+        base = 0
+        whole = steps is None  # every record of each chunk: times and counts from the index
+        for ref in refs:
+            try:
+                tables, known = self._chunk(ref, whole)
+            except _Unexpected:
+                tables, known = self._from_records(ref)
+            if whole and ref.count:
+                out.events += known
+                lo, hi = ref.t_first - offset, ref.t_last - offset
+                out.first_ns = lo if out.first_ns is None else min(out.first_ns, lo)
+                out.last_ns = hi if out.last_ns is None else max(out.last_ns, hi)
+            for kind, t in tables.items():
+                if steps is not None:
+                    keep = (t["step"] >= steps[0]) & (t["step"] <= steps[1])
+                    if not keep.all():
+                        t = {k: v[keep] if isinstance(v, np.ndarray) else [x for x, y in zip(v, keep) if y]
+                             for k, v in t.items()}
+                        tables[kind] = t
+                n = len(t["step"])
+                if not n:
+                    continue
+                start = t["start"] - offset
+                end = t["end"] - offset
+                op = t["open"]
+                t["start"], t["end"] = start, end
+                if not whole:
+                    out.events += n
+                    lo, hi = int(start.min()), int(np.where(op, start, end).max())
+                    out.first_ns = lo if out.first_ns is None else min(out.first_ns, lo)
+                    out.last_ns = hi if out.last_ns is None else max(out.last_ns, hi)
+                if kind == _COLL or kind == _P2P:
+                    t["pos"] = base + t["kpos"]
+                    t["p2p"] = np.full(n, kind == _P2P)
+                    comm.append(t)
+                    out.steps_seen.update(_distinct(t["step"]))
+                    done = ~op & ~t["async_op"]
+                    if done.any():
+                        _add_by_step(out.comm_ns, t["step"][done], (end - start)[done])
+                elif kind == _COMPUTE:
+                    done = ~op & ~t["named"]
+                    if done.any():
+                        _add_by_step(out.compute_ns, t["step"][done], (end - start)[done])
+                elif kind == _STEP:
+                    done = ~op
+                    for s, d in zip(t["step"][done].tolist(), (end - start)[done].tolist()):
+                        out.iteration_ns[s] = d  # a later Step record of the same step wins
+                        out.steps_seen.add(s)
+                elif kind == _MARKER:
+                    out.markers.extend(zip((base + t["kpos"]).tolist(), t["records"]))
+            base += known
+        out.markers.sort(key=lambda pm: pm[0])
+        names = ("pos", "p2p", "group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack",
+                 "async_op")
+        if comm:
+            cat = {k: np.concatenate([t[k] for t in comm]) for k in names}
+            order = np.argsort(cat["pos"], kind="stable")
+            for k in names:
+                setattr(out, k, cat[k][order])
+        else:
+            for k, dt in zip(names, (np.int64, bool, np.int64, np.int64, np.int64, np.int64, np.int64, bool,
+                                     np.int64, np.int32, np.int32, np.int32, bool)):
+                setattr(out, k, np.zeros(0, dt))
+        return out
+
+    # --- a chunk, from its tables -------------------------------------------------------
+
+    def _chunk(self, ref: ChunkRef, whole: bool) -> tuple[dict[int, dict], int]:
+        """{kind: columns} of the kinds read here, and how many known records the chunk
+        holds. `whole`: memory samples and group records, which only count, are not read."""
+        b = self.bundle
+        frame = b._frame(ref)
+        at = f"{b.path.name}: chunks section, offset {frame.offset}"
+        raw = codec.decompress(frame.payload(b._map), frame.raw_len, at, budget="frame")
+        if len(raw) != frame.raw_len:
+            raise _Unexpected
+        try:
+            return self._tables(raw, ref.count, _SKIPPED if whole else ())
+        except (_Unexpected, ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
+                msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError, msgpack.exceptions.StackError):
+            raise _Unexpected from None
+
+    def _tables(self, raw: bytes, count: int, skip) -> tuple[dict[int, dict], int]:
+        n = len(raw)
+        u = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False, max_buffer_size=max(n, 1),
+                             max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n, max_ext_len=0)
+        u.feed(raw)
+        order = tables = None
+        for _ in range(u.read_map_header()):
+            key = u.unpack()
+            if key == codec.C_ORDER:
+                a = u.tell()
+                u.skip()
+                order = self._decoded(("order", raw[a : u.tell()]), _order_column)
+            elif key == codec.C_TABLES:
+                tables = {}
+                for _ in range(u.read_map_header()):
+                    kind = u.unpack()
+                    if u.read_array_header() < 2:
+                        raise _Unexpected
+                    cols = {}
+                    for _ in range(u.read_map_header()):
+                        k = u.unpack()
+                        a = u.tell()
+                        u.skip()
+                        cols[k] = raw[a : u.tell()]
+                    consts = {}
+                    for _ in range(u.read_map_header()):
+                        k = u.unpack()
+                        consts[k] = u.unpack()
+                    if type(kind) is int and kind in _KNOWN:
+                        tables[kind] = (cols, consts)
+            else:
+                u.skip()
+        if u.tell() != n or order is None or tables is None or len(order) != count:
+            raise _Unexpected
+        known = np.isin(order, _KNOWN)
+        kpos_all = np.cumsum(known) - 1
+        out = {}
+        for kind in _KNOWN:
+            if kind in skip:
+                continue
+            rows = np.flatnonzero(order == kind)
+            if not len(rows):
+                continue
+            if kind not in tables:
+                raise _Unexpected
+            cols, consts = tables[kind]
+            t = self._table(kind, cols, consts, len(rows))
+            if t is not None:
+                t["kpos"] = kpos_all[rows]
+                out[kind] = t
+        return out, int(known.sum())
+
+    def _decoded(self, key, decode):
+        got = self._memo.get(key)
+        if got is None:
+            got = decode(msgpack.unpackb(key[-1], raw=False, use_list=False, strict_map_key=False))
+            size = len(key[-1])
+            if self._memo_bytes + size > _MEMO_BYTES:
+                self._memo.clear()
+                self._memo_bytes = 0
+            self._memo[key] = got
+            self._memo_bytes += size
+        return got
+
+    def _column(self, kind, cols, consts, wire, n, default, decode):
+        """A column as `decode` makes it (memoised by its bytes), or its constant."""
+        if wire in cols:
+            got = self._decoded((kind, wire, cols[wire]), decode)
+            if len(got) != n:
+                raise _Unexpected
+            return got, cols[wire]
+        value = consts.get(wire, default)
+        if value is _MISSING:
+            raise _Unexpected
+        one = decode((value,))
+        return (np.repeat(one, n) if isinstance(one, np.ndarray) else one * n), ("const", value)
+
+    def _table(self, kind: int, cols: dict, consts: dict, n: int) -> dict | None:
+        t: dict = {}
+        deltas = self._times(cols, consts, K_START, n, required=True)
+        if len(deltas) and not (abs(int(deltas[0])) <= _MAX_TIME
+                                and (n == 1 or int(np.abs(deltas[1:]).max()) <= _MAX_TIME // n)):
+            raise _Unexpected
+        start = np.cumsum(deltas)
+        durs, is_open = self._durations(cols, consts, n)
+        if n and (int(np.abs(start).max()) > _MAX_TIME or int(np.abs(durs).max()) >= _MAX_TIME):
+            raise _Unexpected
+        end = start + durs
+        if n and int(np.abs(np.where(is_open, start, end)).max()) > _MAX_TIME:
+            raise _Unexpected
+        step, _ = self._column(kind, cols, consts, K_STEP, n, _MISSING, _int_column)
+        if n and not (_MIN_STEP <= int(step.min()) and int(step.max()) <= _MAX_STEP):
+            raise _Unexpected
+        t.update(start=start, end=np.where(is_open, 0, end), open=is_open, step=step)
+        if kind == _COLL or kind == _P2P:
+            coll = kind == _COLL
+            t["op"], op_key = self._column(kind, cols, consts, K_OP, n, _MISSING, self._ids_of(_is_str))
+            t["group"], _ = self._column(kind, cols, consts, K_GROUP, n, _MISSING, _int_column)
+            t["seq"], _ = self._column(kind, cols, consts, K_SEQ, n, _MISSING, _int_column)
+            if coll:
+                root, root_key = self._column(kind, cols, consts, K_PEER, n, None, self._ids_of(_opt_int))
+                t["peer"] = np.zeros(n, np.int64)
+            else:
+                t["peer"], root_key = self._column(kind, cols, consts, K_PEER, n, _MISSING, _int_column)
+            t["async_op"], _ = self._column(kind, cols, consts, K_ASYNC, n, False, _bool_column)
+            t["stack"], _ = self._column(kind, cols, consts, K_STACK, n, None, self._ids_of(_opt_strs))
+            parts = [(t["op"], op_key)]
+            wires = ((K_IN_SHAPES, K_IN_DTYPES, K_OUT_SHAPES, K_OUT_DTYPES, K_REDUCE_OP) if coll
+                     else (K_IN_SHAPES, K_IN_DTYPES))
+            for wire in wires:
+                check = _shapes if wire in (K_IN_SHAPES, K_OUT_SHAPES) else _strs if wire != K_REDUCE_OP else _opt_str
+                default = None if wire == K_REDUCE_OP else ()
+                parts.append(self._column(kind, cols, consts, wire, n, default, self._ids_of(check)))
+            if coll:
+                parts.append((root, root_key))
+            key = ("sig", kind, n, *(k for _, k in parts))
+            got = self._memo.get(key)
+            if got is None:
+                got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts])
+            t["sig"] = got
+        elif kind == _COMPUTE:
+            names, _ = self._column(kind, cols, consts, K_NAME, n, None, self._ids_of(_opt_str))
+            t["named"] = names != 0
+        elif kind == _MARKER:
+            names, _ = self._column(kind, cols, consts, K_NAME, n, _MISSING, _plain(_is_str))
+            values, _ = self._column(kind, cols, consts, K_VALUE, n, None, _plain(_opt_int))
+            texts, _ = self._column(kind, cols, consts, K_TEXT, n, None, _plain(_opt_str))
+            raw_start, raw_end = start.tolist(), end.tolist()
+            t["records"] = [Marker(start_ns=s, end_ns=None if o else e, step=st, name=nm, value=v, text=tx)
+                            for s, e, o, st, nm, v, tx in zip(raw_start, raw_end, is_open.tolist(),
+                                                               step.tolist(), names, values, texts)]
+        return t
+
+    def _times(self, cols, consts, wire, n, *, required):
+        if wire in cols:
+            v = msgpack.unpackb(cols[wire], raw=False, use_list=False, strict_map_key=False)
+            if type(v) is not tuple or len(v) != n:
+                raise _Unexpected
+            return _ints(v)
+        value = consts.get(wire, _MISSING)
+        if value is _MISSING or type(value) is not int:
+            raise _Unexpected
+        return np.full(n, value, np.int64)
+
+    def _durations(self, cols, consts, n):
+        if K_END in cols:
+            v = msgpack.unpackb(cols[K_END], raw=False, use_list=False, strict_map_key=False)
+            if type(v) is not tuple or len(v) != n:
+                raise _Unexpected
+            if None in v:
+                is_open = np.array([d is None for d in v], dtype=bool)
+                v = [0 if d is None else d for d in v]
+            else:
+                is_open = np.zeros(n, bool)
+            return _ints(v), is_open
+        value = consts.get(K_END, None)
+        if value is None:
+            return np.zeros(n, np.int64), np.ones(n, bool)
+        if type(value) is not int:
+            raise _Unexpected
+        return np.full(n, value, np.int64), np.zeros(n, bool)
+
+    def _ids_of(self, check):
+        def decode(col):
+            distinct = set(col)
+            if not all(map(check, distinct)):
+                raise _Unexpected
+            ids = {v: self.intern(v) for v in distinct}
+            return np.array([ids[v] for v in col], dtype=np.int32).reshape(len(col))
+        return decode
+
+    def _signatures(self, coll: bool, parts: list[np.ndarray]) -> np.ndarray:
+        n = len(parts[0])
+        combos = np.stack(parts, axis=1) if n else np.zeros((0, len(parts)), np.int32)
+        uniq, inverse = np.unique(combos, axis=0, return_inverse=True)
+        vals = self.values
+        ids = []
+        for row in uniq.tolist():
+            v = [vals[i] for i in row]
+            sig = signature_of(*v) if coll else (v[0], v[1], v[2], None, None)
+            ids.append(self.intern(sig))
+        return np.array(ids, dtype=np.int32)[inverse.reshape(-1)] if n else np.zeros(0, np.int32)
+
+    # --- a chunk, through the format's reader ---------------------------------------
+
+    def _from_records(self, ref: ChunkRef) -> tuple[dict[int, dict], int]:
+        """The same columns from the format's records (which raise FormatError if the
+        chunk is malformed)."""
+        records = self.bundle.read_chunk(ref)
+        rows: dict[int, list] = {}
+        for i, rec in enumerate(records):
+            rows.setdefault(rec.KIND, []).append((i, rec))
+        out = {}
+        try:
+            for kind, items in rows.items():
+                recs = [r for _, r in items]
+                t = {"kpos": np.array([i for i, _ in items], np.int64),
+                     "start": np.array([r.start_ns for r in recs], np.int64),
+                     "end": np.array([0 if r.end_ns is None else r.end_ns for r in recs], np.int64),
+                     "open": np.array([r.end_ns is None for r in recs], bool),
+                     "step": np.array([r.step for r in recs], np.int64)}
+                if kind == _COLL or kind == _P2P:
+                    coll = kind == _COLL
+                    t["op"] = np.array([self.intern(r.op) for r in recs], np.int32)
+                    t["group"] = np.array([r.group for r in recs], np.int64)
+                    t["seq"] = np.array([r.seq for r in recs], np.int64)
+                    t["peer"] = np.array([0 if coll else r.peer for r in recs], np.int64)
+                    t["async_op"] = np.array([r.async_op for r in recs], bool)
+                    t["stack"] = np.array([self.intern(r.stack) for r in recs], np.int32)
+                    t["sig"] = np.array([self.intern(signature_of(r.op, r.in_shapes, r.in_dtypes, r.out_shapes,
+                                                                  r.out_dtypes, r.reduce_op, r.root) if coll
+                                                     else (r.op, r.shapes, r.dtypes, None, None)) for r in recs],
+                                        np.int32)
+                elif kind == _COMPUTE:
+                    t["named"] = np.array([r.name is not None for r in recs], bool)
+                elif kind == _MARKER:
+                    t["records"] = recs
+                out[kind] = t
+        except OverflowError:
+            raise FormatError(f"{self.bundle.path.name}: chunk {ref.number} of rank {ref.rank} holds a group, "
+                              "sequence or step number beyond 64 bits") from None
+        return out, len(records)
+
+
+def _distinct(steps: np.ndarray) -> list[int]:
+    lo, hi = int(steps.min()), int(steps.max())
+    if hi - lo < 4096:
+        return (np.flatnonzero(np.bincount(steps - lo)) + lo).tolist()
+    return np.unique(steps).tolist()
+
+
+def _add_by_step(into: dict[int, int], steps: np.ndarray, values: np.ndarray) -> None:
+    """Adds the sums of `values` by step to `into` (steps in order)."""
+    lo, hi = int(steps.min()), int(steps.max())
+    if hi - lo < 4096:
+        n = np.bincount(steps - lo, minlength=hi - lo + 1)
+        sums = np.zeros(hi - lo + 1, np.int64)
+        np.add.at(sums, steps - lo, values)
+        uniq = np.flatnonzero(n)
+        pairs = zip((uniq + lo).tolist(), sums[uniq].tolist())
+    else:
+        uniq, inv = np.unique(steps, return_inverse=True)
+        sums = np.zeros(len(uniq), np.int64)
+        np.add.at(sums, inv.reshape(-1), values)
+        pairs = zip(uniq.tolist(), sums.tolist())
+    for s, v in pairs:
+        into[s] = into.get(s, 0) + v
+
+
+def _ints(values) -> np.ndarray:
+    """int64 values; _Unexpected for anything numpy does not read as int64 (floats,
+    strings, nil, integers beyond 64 bits). A bool among integers reads as 0 or 1."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    arr = np.array(values)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise _Unexpected
+    return arr
+
+
+def _order_column(col) -> np.ndarray:
+    if type(col) is not tuple:
+        raise _Unexpected
+    return _ints(col)
+
+
+_int_column = _order_column
+
+
+def _bool_column(col) -> np.ndarray:
+    if type(col) is not tuple or not all(map(_is_bool, set(col))):
+        raise _Unexpected
+    return np.array(col, dtype=bool).reshape(len(col))
+
+
+def _plain(check):
+    def decode(col):
+        if type(col) is not tuple or not all(map(check, set(col))):
+            raise _Unexpected
+        return col
+    return decode
