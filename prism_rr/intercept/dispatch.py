@@ -15,6 +15,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["OpsMode", "aside", "start"]
 
 
+_VIEWS: dict = {}  # operator -> whether it returns views of its inputs (split, chunk, view, ...)
+
+
 class OpsMode(TorchDispatchMode):
     """Counts every operator's tensors in `tracker` and tells `on_op(func, args, t0, t1)`;
     the first error turns it off and goes to `on_error`."""
@@ -40,7 +43,11 @@ class OpsMode(TorchDispatchMode):
             tracker = self.tracker
             if tracker is not None:
                 tracker.track(args)
-                tracker.track(out)
+                view = _VIEWS.get(func)
+                if view is None:
+                    view = _VIEWS[func] = bool(getattr(func, "is_view", False))
+                if not view:  # a view's outputs share its inputs' storages, just counted
+                    tracker.track(out)
             if self.on_op is not None:
                 self.on_op(func, args, t0, t1)
         except BaseException as exc:

@@ -42,14 +42,17 @@ class CpuMemoryTracker:
     def track(self, obj) -> None:
         """Count the CPU storages of `obj` (a tensor, or lists and tuples of them) from
         now on; those already counted were in use until now."""
+        live = self._live
         for st in _storages(obj):
             key = id(st)
-            if key in self._live:
+            if key in live:
                 self._touch[key] = self._event
+                continue
+            size = st.nbytes()
+            if not size:  # nothing to count (FSDP2 pads a shard list with thousands of these)
                 continue
             if self._owner is None:
                 self._owner = threading.get_ident()
-            size = st.nbytes()
             with self._lock:
                 self._live[key] = size
                 self.allocated += size
@@ -112,26 +115,41 @@ class CpuMemoryTracker:
         return peak
 
 
-def _storages(obj):
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _storages(obj, out: list | None = None) -> list:
     """The untyped storages of the dense CPU tensors in `obj` (a tensor, or lists and
-    tuples of them; tensor subclasses such as DTensor through their inner tensors)."""
-    if isinstance(obj, (list, tuple)):
+    tuples of them; tensor subclasses such as DTensor through their inner tensors).
+
+    Called on every operator's arguments and results: plain tensors take the short way."""
+    if out is None:
+        out = []
+    kind = type(obj)
+    if kind is list or kind is tuple or (kind not in _PLAIN and isinstance(obj, (list, tuple))):
         for o in obj:
-            if isinstance(o, (torch.Tensor, list, tuple)):
-                yield from _storages(o)
-        return
+            k = type(o)
+            if k in _PLAIN:
+                if o.is_cpu and not o.is_sparse:
+                    try:
+                        out.append(o.untyped_storage())
+                    except (RuntimeError, NotImplementedError):
+                        pass
+            elif k is list or k is tuple or isinstance(o, (list, tuple, torch.Tensor)):  # return_types too
+                _storages(o, out)
+        return out
     if not isinstance(obj, torch.Tensor):
-        return
-    if type(obj) is not torch.Tensor and type(obj) is not torch.nn.Parameter:
+        return out
+    if kind not in _PLAIN:
         flatten = getattr(obj, "__tensor_flatten__", None)
         if flatten is not None:
             names, _ = flatten()
             for n in names:
-                yield from _storages(getattr(obj, n))
-            return
-    if obj.device.type != "cpu" or obj.is_sparse:
-        return
-    try:
-        yield obj.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return
+                _storages(getattr(obj, n), out)
+            return out
+    if obj.is_cpu and not obj.is_sparse:
+        try:
+            out.append(obj.untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            pass
+    return out
