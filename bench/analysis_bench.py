@@ -1,0 +1,122 @@
+"""Analysis at scale: diagnose, analyze and diff on synthetic bundles, events/s and peak RSS.
+
+    python bench/analysis_bench.py [--ranks 1024,8192] [--events 1000] [--cache DIR] [--repeat 3]
+
+Each bundle (`prism_rr.format.synthetic`, a dp x tp run) is generated once into the cache
+directory (about two minutes for 8192 x 1000). Each command runs in a fresh process, so its
+peak RSS is its own; the figure is the median wall time of --repeat runs, as events/s
+(the bundle's records over that time), with the load average beside it: on a shared
+machine the figures are noisy. diff compares a bundle with itself (every call is
+compared). analyze and diff are skipped, with a line saying so, where this build lacks
+them. Figures only; nothing asserted. Target: diagnose 8192 x 1000 in at most 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# What each command runs, in a fresh interpreter: prints {"seconds", "peak_rss_mib"}.
+_RUN = """
+import json, resource, sys, time
+from prism_rr.format import open_bundle
+import prism_rr.analysis as A
+what, path = sys.argv[1], sys.argv[2]
+t = time.perf_counter()
+with open_bundle(path) as b:
+    if what == "diagnose":
+        A.diagnosis_json(A.diagnose(b))
+    elif what == "analyze":
+        A.straggler_totals(A.attribute(b))
+    elif what == "diff":
+        with open_bundle(path) as other:
+            A.diff_json(A.diff_bundles(b, other))
+print(json.dumps({"seconds": time.perf_counter() - t,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+_NEEDS = {"diagnose": ("diagnose",), "analyze": ("attribute", "straggler_totals"),
+          "diff": ("diff_bundles", "diff_json")}
+
+
+def bundle_path(cache: Path, ranks: int, events: int) -> Path:
+    from prism_rr.format import pack
+    from prism_rr.format.synthetic import write_synthetic
+
+    out = cache / f"analysis-{ranks}x{events}.prism"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        print(f"generating {out} (once) ...", file=sys.stderr)
+        t = time.perf_counter()
+        spools = Path(tempfile.mkdtemp(dir=cache))
+        try:
+            write_synthetic(spools, ranks, events)
+            pack(spools, out.with_suffix(".tmp"))
+            os.replace(out.with_suffix(".tmp"), out)
+        finally:
+            shutil.rmtree(spools, ignore_errors=True)
+        print(f"  took {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    return out
+
+
+def missing(what: str) -> list[str]:
+    import prism_rr.analysis as A
+
+    return [name for name in _NEEDS[what] if not hasattr(A, name)]
+
+
+def measure(what: str, path: Path, repeat: int) -> dict:
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", _RUN, what, str(path)], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{what} {path.name} failed:\n{out.stderr[-2000:]}")
+        runs.append(json.loads(out.stdout))
+    seconds = statistics.median(r["seconds"] for r in runs)
+    return {"seconds": seconds, "runs": [round(r["seconds"], 2) for r in runs],
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs), "load": os.getloadavg()[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="1024,8192", help="comma-separated world sizes")
+    ap.add_argument("--events", type=int, default=1000, help="records per rank")
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-analysis-bench")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (the median is printed)")
+    ap.add_argument("--commands", default="diagnose,analyze,diff")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = ap.parse_args()
+
+    from prism_rr.format import open_bundle
+
+    results = []
+    for ranks in map(int, args.ranks.split(",")):
+        path = bundle_path(args.cache, ranks, args.events)
+        with open_bundle(path) as b:
+            events = b.event_count
+        for what in args.commands.split(","):
+            lacking = missing(what)
+            if lacking:
+                print(f"{what:9} {ranks:>6} x {args.events}: skipped: prism_rr.analysis has no "
+                      f"{', '.join(lacking)} in this build", file=sys.stderr)
+                continue
+            r = measure(what, path, args.repeat)
+            r.update(command=what, ranks=ranks, events=events, events_per_s=events / r["seconds"])
+            results.append(r)
+            print(f"{what:9} {ranks:>6} x {args.events}: {r['seconds']:7.2f} s (median of {r['runs']}), "
+                  f"{r['events_per_s']:>12,.0f} events/s, peak RSS {r['peak_rss_mib']:,.0f} MiB, "
+                  f"load {r['load']:.1f}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps({"results": results, "cpus": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+    main()
