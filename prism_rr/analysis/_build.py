@@ -204,11 +204,11 @@ def _spread_waits(stats: dict[int, StepStats], t: CallTable) -> None:
     if not len(t.step):
         return
     waits = t.waits()
-    steps, si = np.unique(t.step, return_inverse=True)
-    ranks, ri = np.unique(t.rank, return_inverse=True)
-    cell = si.reshape(-1).astype(np.int64) * len(ranks) + ri.reshape(-1)
-    if len(steps) * len(ranks) <= 1 << 26:
-        cells = len(steps) * len(ranks)
+    lo, hi = int(t.step.min()), int(t.step.max())
+    world = int(t.rank.max()) + 1
+    if (hi - lo + 1) * world <= 1 << 26:  # a dense (step, rank) grid
+        cell = (t.step - lo) * world + t.rank
+        cells = (hi - lo + 1) * world
         present = np.bincount(cell, minlength=cells) > 0
         if int(waits.sum()) < 1 << 52:  # float sums are exact
             sums = np.bincount(cell, weights=waits, minlength=cells).astype(np.int64)
@@ -216,15 +216,14 @@ def _spread_waits(stats: dict[int, StepStats], t: CallTable) -> None:
             sums = np.zeros(cells, np.int64)
             np.add.at(sums, cell, waits)
         cell = np.flatnonzero(present)
-        sums = sums[cell]
-    else:
-        cell, inv = np.unique(cell, return_inverse=True)
-        sums = np.zeros(len(cell), np.int64)
-        np.add.at(sums, inv.reshape(-1), waits)
-    steps, ranks = steps.tolist(), ranks.tolist()
-    n = len(ranks)
-    for c, v in zip(cell.tolist(), sums.tolist()):
-        stats[steps[c // n]].wait_ns[ranks[c % n]] = v
+        for c, v in zip(cell.tolist(), sums[cell].tolist()):
+            stats[lo + c // world].wait_ns[c % world] = v
+        return
+    keys, inv = np.unique(np.stack([t.step, t.rank], axis=1), axis=0, return_inverse=True)
+    sums = np.zeros(len(keys), np.int64)
+    np.add.at(sums, inv.reshape(-1), waits)
+    for (s, r), v in zip(keys.tolist(), sums.tolist()):
+        stats[s].wait_ns[r] = v
 
 
 # --- crash files ------------------------------------------------------------------------

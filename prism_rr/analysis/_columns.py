@@ -32,6 +32,13 @@ __all__ = ["ColumnReader", "RankColumns", "signature_of"]
 _COLL, _P2P, _COMPUTE, _STEP, _MARKER = Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Marker.KIND
 _KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND)
 _SKIPPED = (Memory.KIND, GroupInfo.KIND)
+# the columns read of each kind (the others are skipped unread)
+_TIMES = frozenset({K_START, K_END, K_STEP})
+_CALL = _TIMES | {K_OP, K_GROUP, K_SEQ, K_PEER, K_ASYNC, K_STACK, K_IN_SHAPES, K_IN_DTYPES}
+_READ = {
+    Collective.KIND: _CALL | {K_OUT_SHAPES, K_OUT_DTYPES, K_REDUCE_OP}, PointToPoint.KIND: _CALL,
+    Compute.KIND: _TIMES | {K_NAME}, Marker.KIND: _TIMES | {K_NAME, K_VALUE, K_TEXT},
+}
 _MAX_TIME = 1 << 62  # the codec's bound on times
 _MIN_STEP, _MAX_STEP = -(1 << 31), (1 << 31) - 1
 _MEMO_BYTES = 64 << 20  # decoded columns kept, by the size of their bytes
@@ -225,8 +232,9 @@ class ColumnReader:
             raise _Unexpected
         try:
             return self._tables(raw, ref.count, _SKIPPED if whole else ())
-        except (_Unexpected, ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
-                msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError, msgpack.exceptions.StackError):
+        except MemoryError:
+            raise
+        except Exception:  # msgpack and numpy raise many types on a stranger's bytes: the reader judges
             raise _Unexpected from None
 
     def _tables(self, raw: bytes, count: int, skip) -> tuple[dict[int, dict], int]:
@@ -248,11 +256,13 @@ class ColumnReader:
                     if u.read_array_header() < 2:
                         raise _Unexpected
                     cols = {}
+                    need = _READ.get(kind, _TIMES)
                     for _ in range(u.read_map_header()):
                         k = u.unpack()
                         a = u.tell()
                         u.skip()
-                        cols[k] = raw[a : u.tell()]
+                        if k in need:
+                            cols[k] = raw[a : u.tell()]
                     consts = {}
                     for _ in range(u.read_map_header()):
                         k = u.unpack()

@@ -429,13 +429,27 @@ def _parting(t) -> list[tuple[int, int, list[int]]]:
     the columns by sorting rather than per member."""
     if not len(t.rank):
         return []
-    gids, gi = np.unique(t.group, return_inverse=True)
-    steps, si = np.unique(t.step, return_inverse=True)
-    ranks, ri = np.unique(t.rank, return_inverse=True)
+    head = np.ones(len(t.group), bool)
+    head[1:] = t.group[1:] != t.group[:-1]  # rows are sorted by group
+    gids, gi = t.group[head], np.cumsum(head) - 1
+    ranks, ri = np.arange(int(t.rank.max()) + 1), t.rank  # recorded ranks are below the world size
+    lo, hi = int(t.step.min()), int(t.step.max())
+    if hi - lo < 1 << 20:
+        steps, si = np.arange(lo, hi + 1), t.step - lo
+    else:
+        steps, si = np.unique(t.step, return_inverse=True)
     nr, ns = len(ranks), len(steps)
-    pairs, pair_of_row = np.unique(gi.reshape(-1).astype(np.int64) * nr + ri.reshape(-1), return_inverse=True)
-    cells, counts = np.unique(pair_of_row.reshape(-1).astype(np.int64) * ns + si.reshape(-1), return_counts=True)
-    cell_pair, cell_step = cells // ns, cells % ns  # a cell: one (group, rank, step)
+    if len(gids) * nr * ns < 1 << 62:  # one sort of one key
+        cells, counts = np.unique((gi * nr + ri) * ns + si.reshape(-1), return_counts=True)
+        by_pair = cells // ns
+        first = np.ones(len(cells), bool)
+        first[1:] = by_pair[1:] != by_pair[:-1]
+        pairs, cell_pair = by_pair[first], np.cumsum(first) - 1
+    else:
+        pairs, pair_of_row = np.unique(gi * nr + ri, return_inverse=True)
+        cells, counts = np.unique(pair_of_row.reshape(-1) * ns + si.reshape(-1), return_counts=True)
+        cell_pair = cells // ns
+    cell_step = cells % ns  # a cell: one (group, rank, step)
     p_group, p_rank = pairs // nr, pairs % nr
     steps_of_pair = np.bincount(cell_pair, minlength=len(pairs))
     calls_of_pair = np.bincount(cell_pair, weights=counts, minlength=len(pairs))
