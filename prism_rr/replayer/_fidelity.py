@@ -114,6 +114,10 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # per real rank, the median over scored steps of its replayed compute over its
         # recorded compute; `compute_ratio` is the median of those
         "compute_ratio": _median(by_rank.values()),
+        # the slowest real rank's time from its start-up hook to its first step, and the
+        # replayer's own share of it (reading the bundle, planning the virtual peers)
+        "setup_s": _slowest(stats, "setup_ns"),
+        "replayer_setup_s": _slowest(stats, "replayer_setup_ns"),
         "compute_ratio_by_rank": {str(r): q for r, q in by_rank.items()} or None,
         "diverged": bool(divs),
         "first_divergence": divs[0] if divs else None,
@@ -130,6 +134,11 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # per real rank: the calls and steps it made against those recorded
         "progress": progress,
     }
+
+
+def _slowest(stats: dict[int, dict], key: str) -> float | None:
+    values = [st[key] for st in stats.values() if isinstance(st.get(key), int) and not isinstance(st.get(key), bool)]
+    return max(values) / 1e9 if values else None
 
 
 def _prediction(bundle, what_if: dict | None, rec_step, rep_step, rec_peak, rep_peak) -> dict | None:
@@ -257,6 +266,10 @@ def card(report: dict) -> str:
                 lines.append(f"  (rank {e.get('rank')}'s output is above)")
         return "\n".join(lines)
     lines += _predicted_lines(report) if report.get("prediction") else _measured_lines(report)
+    if report.get("setup_s") is not None:
+        share = report.get("replayer_setup_s")
+        lines.append(f"  set-up {report['setup_s']:.2f} s before the first step"
+                     + (f" (the replayer's own {share:.2f} s)" if share is not None else ""))
     lines += [
         f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
         + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "

@@ -17,6 +17,7 @@ import logging
 import os
 import weakref
 from datetime import timedelta
+from time import monotonic_ns
 
 from prism_rr.intercept.creation import GroupCreation, Plan, fix_books
 from prism_rr.intercept.hook import on_import
@@ -38,16 +39,20 @@ class _Replayer:
         self.session = None
         self.worker = None  # under a launcher: what torchrun made of this process
         self.exchange = None  # ... and the real ranks' results on its store
+        self.armed_ns: int | None = None  # when the start-up hook armed the replayer
 
     def plan(self, gid: int, a: dict, is_world: bool) -> Plan:
         if is_world and self.session is None:
             from prism_rr.errors import ReplayError
             from prism_rr.replayer._session import ReplaySession
 
+            made = monotonic_ns()
             try:
                 self.session = ReplaySession(self.options, int(a["group_rank"]), int(a["group_size"]))
             except ReplayError as exc:  # another world size, a rank not recorded: the launcher says it once
                 _refuse(self.options, int(a["group_rank"]), str(exc))
+            self.session.armed_ns = self.armed_ns
+            self.session.setup_ns = monotonic_ns() - made
             if self.exchange is not None:
                 self.session.exchange = self.exchange
                 self.session.gathers = self.worker.local_rank == 0
@@ -111,6 +116,7 @@ def arm() -> None:
 
     Under a launcher, first make a worker's environment the recorded world's (before the
     program reads it); torchrun's own process arms nothing."""
+    _replayer.armed_ns = monotonic_ns()
     options = ReplayOptions.from_json(os.environ[ENV_VAR])
     if options.launcher:
         from prism_rr.errors import ReplayError

@@ -88,6 +88,8 @@ class ReplaySession:
     """The replay state of this process (one real rank)."""
 
     def __init__(self, options: ReplayOptions, rank: int, world_size: int):
+        self.armed_ns: int | None = None  # set by the installer: when the start-up hook ran
+        self.setup_ns: int | None = None  # ... and how long making this session took
         self.options = options
         self.rank = rank
         self.bundle = open_bundle(options.bundle)
@@ -307,6 +309,11 @@ class ReplaySession:
             "rank": self.rank,
             "steps": self.steps,
             "calls": self.calls,
+            # set-up: from the start-up hook to the first step's start (the program's imports
+            # and model building with the replayer's own share), and that share: reading the
+            # bundle and planning the virtual peers
+            "setup_ns": None if self.armed_ns is None or not self.steps else self.steps[0][1] - self.armed_ns,
+            "replayer_setup_ns": self.setup_ns,
             "synthetic_numerics": self.synthetic,
             "predicted_shape_calls": self.predicted_shape_calls,
             "predicted_shape_mismatches": self.predicted_shape_mismatches,

@@ -52,6 +52,8 @@ def test_replay_rank0_of_world_8192(tmp_path, make_demo):
         assert f["world_size"] == 2 * dp and f["exit_code"] == 0
         assert f["diverged"] is False and f["first_divergence"] is None and f["divergences"] == 0
         assert [s["step"] for s in f["steps"]] == [1, 2, 3]
+        # set-up before the first step is reported, with the replayer's own share of it
+        assert 0 < f["replayer_setup_s"] < f["setup_s"]
     assert facts[2]["predicted_shape_calls"] == 0  # nothing resized: every shape checked
     # At world 8192 the replay predicts another run than the recorded one, and says so.
     assert facts[2]["mode"] == "fidelity"
