@@ -253,7 +253,8 @@ class ColumnReader:
                 tables = {}
                 for _ in range(u.read_map_header()):
                     kind = u.unpack()
-                    if u.read_array_header() < 2:
+                    parts = u.read_array_header()
+                    if parts < 2:
                         raise _Unexpected
                     cols = {}
                     need = _READ.get(kind, _TIMES)
@@ -267,29 +268,26 @@ class ColumnReader:
                     for _ in range(u.read_map_header()):
                         k = u.unpack()
                         consts[k] = u.unpack()
+                    for _ in range(parts - 2):  # what a later minor version may add
+                        u.skip()
                     if type(kind) is int and kind in _KNOWN:
                         tables[kind] = (cols, consts)
             else:
                 u.skip()
-        if u.tell() != n or order is None or tables is None or len(order) != count:
+        if u.tell() != n or order is None or tables is None or order[0] != count:
             raise _Unexpected
-        known = np.isin(order, _KNOWN)
-        kpos_all = np.cumsum(known) - 1
+        _, known, places = order
         out = {}
-        for kind in _KNOWN:
+        for kind, kpos in places.items():
             if kind in skip:
-                continue
-            rows = np.flatnonzero(order == kind)
-            if not len(rows):
                 continue
             if kind not in tables:
                 raise _Unexpected
             cols, consts = tables[kind]
-            t = self._table(kind, cols, consts, len(rows))
-            if t is not None:
-                t["kpos"] = kpos_all[rows]
-                out[kind] = t
-        return out, int(known.sum())
+            t = self._table(kind, cols, consts, len(kpos))
+            t["kpos"] = kpos
+            out[kind] = t
+        return out, known
 
     def _decoded(self, key, decode):
         got = self._memo.get(key)
@@ -316,7 +314,7 @@ class ColumnReader:
         one = decode((value,))
         return (np.repeat(one, n) if isinstance(one, np.ndarray) else one * n), ("const", value)
 
-    def _table(self, kind: int, cols: dict, consts: dict, n: int) -> dict | None:
+    def _table(self, kind: int, cols: dict, consts: dict, n: int) -> dict:
         t: dict = {}
         deltas = self._times(cols, consts, K_START, n, required=True)
         if len(deltas) and not (abs(int(deltas[0])) <= _MAX_TIME
@@ -499,13 +497,19 @@ def _ints(values) -> np.ndarray:
     return arr
 
 
-def _order_column(col) -> np.ndarray:
+def _int_column(col) -> np.ndarray:
     if type(col) is not tuple:
         raise _Unexpected
     return _ints(col)
 
 
-_int_column = _order_column
+def _order_column(col) -> tuple[int, int, dict[int, np.ndarray]]:
+    """(records, records of known kinds, {kind: each record's place among those})."""
+    order = _int_column(col)
+    known = np.isin(order, _KNOWN)
+    place = np.cumsum(known) - 1
+    rows = {kind: place[order == kind] for kind in _KNOWN}
+    return len(order), int(known.sum()), {k: v for k, v in rows.items() if len(v)}
 
 
 def _bool_column(col) -> np.ndarray:
