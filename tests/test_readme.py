@@ -98,6 +98,9 @@ PLACEHOLDERS: dict[str, object] = {
     "train_edited.py": TRAIN.replace("WIDTH", "9"),
     "dp2.prism": _record("dp2.prism", 2),  # a real run at dp 2 ...
     "dp4.prism": "run.prism",  # ... and at dp 4: the README's own run.prism (4 ranks of train.py)
+    "reference.prism": "run.prism",  # diff's reference: the README's own run
+    # Flight Recorder dumps of 3 gloo ranks, rank 1 skipping an all_reduce (tests/data/fr)
+    "fr-dumps/": ["cp", "-r", str(Path(__file__).parent / "data" / "fr" / "skip" / "pickle"), "fr-dumps"],
     # A replay's own recording, to compare with the recording in the TUI.
     "replay.prism": [*PRISM, "replay", "run.prism", "--ranks", "0", "-o", "replay.prism", "--timeout", "120",
                      "--", sys.executable, "train.py"],
@@ -119,7 +122,7 @@ SKIPPED: dict[str, str] = {
 }
 
 OUTPUT_OPTIONS = {"-o", "--output", "--report"}
-FILE = re.compile(r".*\.(py|prism|prism\.d|json)$")
+FILE = re.compile(r".*\.(py|prism|prism\.d|json)$|^fr-dumps/$")
 EXIT = re.compile(r"\(exit (\d+)( if any)?\)")
 
 
@@ -189,8 +192,8 @@ def plan(cmd: Command) -> Plan:
     if words[0] != "prism-rr":
         raise Uncovered(f"`{cmd.text}`: not a prism-rr command")
     sub = words[1]
-    known = {"demo", "record", "replay", "tui", "diagnose", "export", "redact", "info", "scale",
-             "verify", "pack", "repair", "--help"}
+    known = {"demo", "record", "replay", "tui", "diagnose", "analyze", "diff", "export", "redact", "info",
+             "scale", "verify", "pack", "repair", "import", "--help"}
     if sub not in known:
         raise Uncovered(f"`{cmd.text}`: this test does not know how to run `prism-rr {sub}`")
     argv, needs, after, prev = [*PRISM], [], False, None
