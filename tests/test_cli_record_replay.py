@@ -157,6 +157,8 @@ def test_slice_roles_finds_the_layout(tmp_path, layout, by, replayed):
     rep = run_cli("replay", out, "--ranks", str(replayed), "--", sys.executable, path, layout, timeout=200)
     assert rep.returncode == 0, rep.stderr
     assert "diverged: no" in rep.stderr
+    if layout != "mesh":
+        return  # what follows does not depend on where the layout came from
     # Rank 3 was not recorded: it replays rank 1's records, mapped onto its own groups.
     other = run_cli("replay", out, "--ranks", "3", "--", sys.executable, path, layout, timeout=120)
     assert other.returncode == 0, other.stderr
