@@ -210,7 +210,7 @@ def _spread_waits(stats: dict[int, StepStats], t: CallTable) -> None:
         cell = (t.step - lo) * world + t.rank
         cells = (hi - lo + 1) * world
         present = np.bincount(cell, minlength=cells) > 0
-        if int(waits.sum()) < 1 << 52:  # float sums are exact
+        if float(waits.sum(dtype=np.float64)) < 2.0**52:  # float sums are exact
             sums = np.bincount(cell, weights=waits, minlength=cells).astype(np.int64)
         else:
             sums = np.zeros(cells, np.int64)

@@ -63,10 +63,6 @@ def signature_of(op, in_shapes, in_dtypes, out_shapes, out_dtypes, reduce_op, ro
 
 # --- value checks: the codec's, for the fields read here --------------------------------
 
-def _is_int(v) -> bool:
-    return type(v) is int
-
-
 def _opt_int(v) -> bool:
     return v is None or type(v) is int
 
@@ -316,7 +312,7 @@ class ColumnReader:
 
     def _table(self, kind: int, cols: dict, consts: dict, n: int) -> dict:
         t: dict = {}
-        deltas = self._times(cols, consts, K_START, n, required=True)
+        deltas = self._times(cols, consts, K_START, n)
         if len(deltas) and not (abs(int(deltas[0])) <= _MAX_TIME
                                 and (n == 1 or int(np.abs(deltas[1:]).max()) <= _MAX_TIME // n)):
             raise _Unexpected
@@ -370,7 +366,7 @@ class ColumnReader:
                                                                step.tolist(), names, values, texts)]
         return t
 
-    def _times(self, cols, consts, wire, n, *, required):
+    def _times(self, cols, consts, wire, n):
         if wire in cols:
             v = msgpack.unpackb(cols[wire], raw=False, use_list=False, strict_map_key=False)
             if type(v) is not tuple or len(v) != n:
@@ -471,10 +467,9 @@ def _distinct(steps: np.ndarray) -> list[int]:
 def _add_by_step(into: dict[int, int], steps: np.ndarray, values: np.ndarray) -> None:
     """Adds the sums of `values` by step to `into` (steps in order)."""
     lo, hi = int(steps.min()), int(steps.max())
-    if hi - lo < 4096:
+    if hi - lo < 4096 and float(np.abs(values).sum(dtype=np.float64)) < 2.0**52:  # float sums are exact
         n = np.bincount(steps - lo, minlength=hi - lo + 1)
-        sums = np.zeros(hi - lo + 1, np.int64)
-        np.add.at(sums, steps - lo, values)
+        sums = np.bincount(steps - lo, weights=values, minlength=hi - lo + 1).astype(np.int64)
         uniq = np.flatnonzero(n)
         pairs = zip((uniq + lo).tolist(), sums[uniq].tolist())
     else:
