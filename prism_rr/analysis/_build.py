@@ -7,7 +7,12 @@ sorting those rows (`_calls`), not by a dict of objects.
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -95,9 +100,19 @@ class ExecutionGraph:
 _COMM = ("group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack", "async_op")
 
 
+# From this many recorded ranks, a second process reads half of them (where a second core
+# is there): starting it costs about half a second; 8192 ranks take seconds to read.
+PARALLEL_FROM_RANKS = 2048
+
+
 def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
-                ranks: list[int] | None = None) -> ExecutionGraph:
-    """Read the recorded ranks of `bundle` (optionally only `steps` a..b) and match their calls."""
+                ranks: list[int] | None = None, processes: int | None = None) -> ExecutionGraph:
+    """Read the recorded ranks of `bundle` (optionally only `steps` a..b) and match their calls.
+
+    `processes`: 1 reads every rank here; 2 has a second interpreter (a subprocess, so
+    safe from any thread and any main module) read the second half of the ranks
+    meanwhile. None: 2 from PARALLEL_FROM_RANKS recorded ranks on a machine with more
+    than one core."""
     recorded = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     rset = set(recorded)
     groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
@@ -108,8 +123,7 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
     figures: list[RankColumns] = []  # per-step figures only; the call columns go to `columns`
     columns: dict[str, list[np.ndarray]] = {k: [] for k in (*_COMM, "rank", "p2p")}
     t0 = None
-    for rank in recorded:
-        cols = reader.rank(rank, offsets[rank], steps)
+    for rank, cols in _read(bundle, reader, recorded, offsets, steps, processes):
         trace = _trace(bundle, cols, offsets[rank], reader.values, steps)
         rs = sums.get(rank, {})
         trace.dropped = int(rs.get("dropped", 0) or 0)
@@ -142,6 +156,39 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
     graph.p2p = P2PMap(graph.p2p_table)
     graph.steps = _step_stats(figures, table)
     return graph
+
+
+def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[int, int], steps,
+          processes: int | None):
+    """(rank, columns) in `ranks` order; the second half read by a second process where asked."""
+    if processes is None:
+        processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
+    if processes < 2 or len(ranks) < 2:
+        for rank in ranks:
+            yield rank, reader.rank(rank, offsets[rank], steps)
+        return
+    half = len(ranks) // 2
+    mine, theirs = ranks[:half], ranks[half:]
+    job = {"path": str(bundle.path.resolve()), "ranks": [[r, offsets[r]] for r in theirs],
+           "steps": list(steps) if steps is not None else None}
+    proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc.stdin.write(json.dumps(job).encode())
+        proc.stdin.close()
+        for rank in mine:
+            yield rank, reader.rank(rank, offsets[rank], steps)
+        data = proc.stdout.read()
+    finally:
+        proc.stdout.close()
+        if proc.wait() != 0 and proc.returncode is not None:
+            data = None
+    if data is None:  # it failed (a malformed chunk, no memory, ...): read them here, which says why
+        for rank in theirs:
+            yield rank, reader.rank(rank, offsets[rank], steps)
+        return
+    parts, values = pickle.loads(data)  # our own child's output
+    yield from zip(theirs, reader.adopt(parts, values))
 
 
 def _trace(bundle: Bundle, cols: RankColumns, offset: int, values: list, steps) -> RankTrace:

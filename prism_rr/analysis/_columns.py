@@ -27,7 +27,7 @@ from prism_rr.format.records import (
     K_VALUE, Marker, Memory, PointToPoint, Step,
 )
 
-__all__ = ["ColumnReader", "RankColumns", "signature_of"]
+__all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
 
 _COLL, _P2P, _COMPUTE, _STEP, _MARKER = Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Marker.KIND
 _KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND)
@@ -133,6 +133,13 @@ class ColumnReader:
         self._ids: dict = {None: 0}
         self._memo: dict = {}
         self._memo_bytes = 0
+
+    def adopt(self, parts: list[RankColumns], values: list) -> list[RankColumns]:
+        """Columns another reader read (`read_ranks`), their ids turned into this one's."""
+        ids = np.array([self.intern(v) for v in values], np.int32)
+        for c in parts:
+            c.op, c.sig, c.stack = ids[c.op], ids[c.sig], ids[c.stack]
+        return parts
 
     def intern(self, value) -> int:
         i = self._ids.get(value)
@@ -462,6 +469,24 @@ def _distinct(steps: np.ndarray) -> list[int]:
     if hi - lo < 4096:
         return (np.flatnonzero(np.bincount(steps - lo)) + lo).tolist()
     return np.unique(steps).tolist()
+
+
+def serve() -> None:
+    """A second reading process: reads {"path", "ranks": [[rank, offset], ...], "steps"}
+    as JSON on stdin, writes the pickle of (columns, the values their ids stand for) on
+    stdout, for ColumnReader.adopt in the process that started it."""
+    import json
+    import pickle
+    import sys
+
+    from prism_rr.format import open_bundle
+
+    job = json.loads(sys.stdin.buffer.read())
+    steps = tuple(job["steps"]) if job["steps"] is not None else None
+    with open_bundle(job["path"]) as bundle:
+        reader = ColumnReader(bundle)
+        parts = [reader.rank(r, off, steps) for r, off in job["ranks"]]
+    sys.stdout.buffer.write(pickle.dumps((parts, reader.values), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _add_by_step(into: dict[int, int], steps: np.ndarray, values: np.ndarray) -> None:

@@ -88,8 +88,26 @@ def test_the_graph_reads_like_dicts_of_calls(tmp_path):
 
 def test_a_chunk_of_the_wrong_types_is_refused_by_the_format_reader(tmp_path):
     def edit(rank, recs):
-        return [dataclasses.replace(r, op=7) if rank == 3 and type(r) is Collective else r for r in recs]
+        return [dataclasses.replace(r, op=7) if rank == 203 and type(r) is Collective else r for r in recs]
 
     with open_bundle(_bundle(tmp_path, edit)) as b:
         with pytest.raises(FormatError, match="field op has a value of the wrong type"):
             diagnose(b)
+        with pytest.raises(FormatError, match="field op has a value of the wrong type"):
+            build_graph(b, processes=2)  # the second process fails; its ranks are read again here
+
+
+def test_a_second_process_reads_half_the_ranks_to_the_same_graph(tmp_path):
+    def edit(rank, recs):  # rank 200 (read by the second process) never leaves its calls of seq 30
+        if rank != 200:
+            return recs
+        return [dataclasses.replace(r, end_ns=None) if type(r) is Collective and r.seq == 30 else r
+                for r in recs if not (type(r) is Collective and r.seq > 30)]
+
+    with open_bundle(_bundle(tmp_path, edit)) as b:
+        one, two = build_graph(b, processes=1), build_graph(b, processes=2)
+        assert diagnose(b, graph=one) == diagnose(b, graph=two) != []
+    assert list(one.calls.items()) == list(two.calls.items())
+    assert list(one.p2p.items()) == list(two.p2p.items())
+    assert one.steps == two.steps
+    assert {r: t.open_calls for r, t in one.traces.items()} == {r: t.open_calls for r, t in two.traces.items()}
