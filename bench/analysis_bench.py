@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-# What each command runs, in a fresh interpreter: prints {"seconds", "peak_rss_mib"}.
+# What each command runs, in a fresh interpreter: prints {"seconds", "peak_rss_mib",
+# "helper_rss_mib"} (the peak of any process it started: diagnose's second reader).
 _RUN = """
 import json, resource, sys, time
 from prism_rr.format import open_bundle
@@ -40,7 +41,8 @@ with open_bundle(path) as b:
         with open_bundle(path) as other:
             A.diff_json(A.diff_bundles(b, other))
 print(json.dumps({"seconds": time.perf_counter() - t,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "helper_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 _NEEDS = {"diagnose": ("diagnose",), "analyze": ("attribute", "straggler_totals"),
@@ -82,7 +84,8 @@ def measure(what: str, path: Path, repeat: int) -> dict:
         runs.append(json.loads(out.stdout))
     seconds = statistics.median(r["seconds"] for r in runs)
     return {"seconds": seconds, "runs": [round(r["seconds"], 2) for r in runs],
-            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs), "load": os.getloadavg()[0]}
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+            "helper_rss_mib": max(r["helper_rss_mib"] for r in runs), "load": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -112,7 +115,8 @@ def main() -> None:
             r.update(command=what, ranks=ranks, events=events, events_per_s=events / r["seconds"])
             results.append(r)
             print(f"{what:9} {ranks:>6} x {args.events}: {r['seconds']:7.2f} s (median of {r['runs']}), "
-                  f"{r['events_per_s']:>12,.0f} events/s, peak RSS {r['peak_rss_mib']:,.0f} MiB, "
+                  f"{r['events_per_s']:>12,.0f} events/s, peak RSS {r['peak_rss_mib']:,.0f} MiB"
+                  f"{f' (+ {helper:,.0f} MiB helper process)' if (helper := r['helper_rss_mib']) else ''}, "
                   f"load {r['load']:.1f}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps({"results": results, "cpus": os.cpu_count()}))
