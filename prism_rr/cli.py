@@ -505,7 +505,8 @@ def diagnose(
 
     with open_bundle(bundle) as b:
         findings = find(b)
-        costs = straggler_totals(attribute(b))
+        # Re-timing every step costs as much as `analyze`: only where a straggler was found.
+        costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in findings) else []
     cost_of = {e["rank"]: e["cost_ns"] for e in costs}
     if as_json:
         out = diagnosis_json(findings)
