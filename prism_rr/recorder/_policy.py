@@ -36,6 +36,7 @@ class RecordingObserver:
 
     def __init__(self, rec):
         self.rec = rec
+        self._futureless: set[tuple[int, str]] = set()  # (group, op) whose Works have no future
 
     @property
     def live(self) -> bool:
@@ -65,10 +66,15 @@ class RecordingObserver:
             # message at each wait().
             _finish(work, rec, token, timedelta(0))
             return work
-        try:
-            fut = work.get_future()
-        except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor
-            fut = None
+        if not token.async_op:  # torch's blocking send or recv: its wait() comes next
+            return TimedWork(work, rec, token)
+        fut = None
+        kind = (token.group, token.op)
+        if kind not in self._futureless:
+            try:
+                fut = work.get_future()
+            except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor: an exception
+                self._futureless.add(kind)  # from C++ costs ~20 us; ask once per group and op
         if fut is not None:
             token.work = fut  # a reap completes it if no wait() comes first
             fut.add_done_callback(lambda f: _done(rec, token, f))
