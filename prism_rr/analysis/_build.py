@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import numpy as np
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective
 from prism_rr.analysis._calls import CallMap, CallTable, P2PMap, P2PTable
-from prism_rr.analysis._columns import ColumnReader, RankColumns, signature_of
+from prism_rr.analysis._columns import ColumnReader, RankColumns, load_columns, signature_of
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature"]
@@ -187,7 +186,7 @@ def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[
         for rank in theirs:
             yield rank, reader.rank(rank, offsets[rank], steps)
         return
-    parts, values = pickle.loads(data)  # our own child's output
+    parts, values = load_columns(data)  # our own child's output, as plain data
     yield from zip(theirs, reader.adopt(parts, values))
 
 

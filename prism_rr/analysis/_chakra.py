@@ -30,9 +30,14 @@ CHAKRA_VERSION = "0.0.4"  # GlobalMetadata.version: the schema the nodes follow
 
 # et_def.proto: NodeType
 COMP_NODE, COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 4, 5, 6, 7
-# et_def.proto: CollectiveCommType, by prism-rr op (exact names first, then families)
-_COMM_TYPE_OF_OP = {"reduce": 1, "gather": 3, "scatter": 4, "broadcast": 5}
-_COMM_TYPE_OF_FAMILY = {"all_reduce": 0, "all_gather": 2, "all_to_all": 6, "reduce_scatter": 7, "barrier": 9}
+# et_def.proto: CollectiveCommType, by the form of an op in format/ops.py (how its outputs
+# follow from its members' inputs): ALL_REDUCE 0, REDUCE 1, ALL_GATHER 2, GATHER 3,
+# SCATTER 4, BROADCAST 5, ALL_TO_ALL 6, REDUCE_SCATTER 7, BARRIER 9
+_COMM_TYPE_OF_FORM = {
+    "reduce_all": 0, "reduce_root": 1, "gather_list": 2, "gather_list_by_rank": 2, "gather_tensor": 2,
+    "gather_root": 3, "scatter_root": 4, "copy_root": 5, "all_to_all": 6, "all_to_all_single": 6,
+    "reduce_scatter_list": 7, "reduce_scatter_tensor": 7, "none": 9,
+}
 
 # Field numbers. Node: id 1, name 2, type 3, ctrl_deps 4, data_deps 5, start_time_micros 6,
 # duration_micros 7, inputs 8, outputs 9, attr 10. IOInfo: values 1, shapes 2, types 3.
@@ -109,9 +114,8 @@ def _delimited(message: bytes) -> bytes:
 
 def comm_type(op: str) -> int | None:
     """Chakra's CollectiveCommType of a collective op, or None where it has none."""
-    if op in _COMM_TYPE_OF_OP:
-        return _COMM_TYPE_OF_OP[op]
-    return _COMM_TYPE_OF_FAMILY.get(ops.family(op))
+    o = ops.lookup(op)
+    return None if o is None else _COMM_TYPE_OF_FORM.get(o.form)
 
 
 def export_chakra(

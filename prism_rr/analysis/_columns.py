@@ -471,12 +471,44 @@ def _distinct(steps: np.ndarray) -> list[int]:
     return np.unique(steps).tolist()
 
 
+_ARRAYS = ("pos", "p2p", "group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack", "async_op")
+_MARKER_FIELDS = ("start_ns", "end_ns", "step", "name", "value", "text")
+
+
+def dump_columns(parts: list[RankColumns], values: list) -> bytes:
+    """(columns, the values their ids stand for) as msgpack: arrays as dtype, shape and
+    bytes, values as they are (tuples stay tuples on the way back). No pickle: the bytes
+    cross a pipe from a process that read a stranger's bundle."""
+    def array(a):
+        return None if a is None else [a.dtype.str, list(a.shape), a.tobytes()]
+
+    rows = [[c.rank, c.events, c.first_ns, c.last_ns, [array(getattr(c, n)) for n in _ARRAYS],
+             list(c.compute_ns.items()), list(c.comm_ns.items()), list(c.iteration_ns.items()),
+             sorted(c.steps_seen), [[pos, [getattr(m, f) for f in _MARKER_FIELDS]] for pos, m in c.markers]]
+            for c in parts]
+    return msgpack.packb([rows, values], use_bin_type=True)
+
+
+def load_columns(data: bytes) -> tuple[list[RankColumns], list]:
+    """What dump_columns wrote."""
+    rows, values = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+    parts = []
+    for rank, events, first, last, arrays, compute, comm, iteration, seen, markers in rows:
+        c = RankColumns(rank=rank, events=events, first_ns=first, last_ns=last, compute_ns=dict(compute),
+                        comm_ns=dict(comm), iteration_ns=dict(iteration), steps_seen=set(seen),
+                        markers=[(pos, Marker(**dict(zip(_MARKER_FIELDS, m)))) for pos, m in markers])
+        for name, a in zip(_ARRAYS, arrays):
+            if a is not None:
+                setattr(c, name, np.frombuffer(a[2], dtype=np.dtype(a[0])).reshape(a[1]).copy())
+        parts.append(c)
+    return parts, list(values)
+
+
 def serve() -> None:
     """A second reading process: reads {"path", "ranks": [[rank, offset], ...], "steps"}
-    as JSON on stdin, writes the pickle of (columns, the values their ids stand for) on
-    stdout, for ColumnReader.adopt in the process that started it."""
+    as JSON on stdin, writes dump_columns of what it read on stdout, for
+    ColumnReader.adopt in the process that started it."""
     import json
-    import pickle
     import sys
 
     from prism_rr.format import open_bundle
@@ -486,7 +518,7 @@ def serve() -> None:
     with open_bundle(job["path"]) as bundle:
         reader = ColumnReader(bundle)
         parts = [reader.rank(r, off, steps) for r, off in job["ranks"]]
-    sys.stdout.buffer.write(pickle.dumps((parts, reader.values), protocol=pickle.HIGHEST_PROTOCOL))
+    sys.stdout.buffer.write(dump_columns(parts, reader.values))
 
 
 def _add_by_step(into: dict[int, int], steps: np.ndarray, values: np.ndarray) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from prism_rr.errors import FormatError, UsageError
-from prism_rr.format import layout
+from prism_rr.format import layout, ops
 from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint, Record
 from prism_rr.format.rewrite import Rewrite
 from prism_rr.format.spool import encode_frame, spool_header, spool_path
@@ -358,18 +358,6 @@ _DTYPES = {
     "Float8_e5m2fnuz": ("float8_e5m2fnuz", 1), "Float8_e4m3fnuz": ("float8_e4m3fnuz", 1),
     "Float8_e8m0fnu": ("float8_e8m0fnu", 1),
 }
-# Names backends give their ops in profiling names -> the op names of records (format/ops.py).
-_OPS = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
-    "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
-    "_all_gather_base": "all_gather_into_tensor", "all_gather_single": "all_gather_into_tensor",
-    "all_gather_base": "all_gather_into_tensor", "ALLGATHER_coalesced": "all_gather_into_tensor_coalesced",
-    "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_single": "reduce_scatter_tensor",
-    "reduce_scatter_base": "reduce_scatter_tensor", "REDUCE_SCATTER_coalesced": "reduce_scatter_tensor_coalesced",
-    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_allv": "all_to_all_single",
-    "all_to_all_v_single": "all_to_all_single", "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
-    "all_reduce_barrier": "barrier",
-}
 _ITEMSIZE = dict(_DTYPES.values())  # dtype name -> bytes per element
 _DTYPE_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}  # a dump's dtype lists, mapped once
 _P2P_NAME = re.compile(r"(send|recv) (\d{1,7})(->|<-)(\d{1,7})")
@@ -585,7 +573,7 @@ def _entry(f: _Fields, seen: dict) -> Entry | None:
         src, dst = (a, b) if arrow == "->" else (b, a)
         p2p, op = (kind, src, dst), kind
     else:
-        op = _OPS.get(op, op)
+        op = ops.from_backend(op)
     frames = f.value.get("frames")
     stack = None
     if frames is not None:
@@ -801,11 +789,11 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
             note["unplaced"] += 1  # group ranks to global ranks: unknown
             continue
         src, dst = members[src], members[dst]
-        peer = dst if kind == "send" else src
+        peer = src if ops.receives(kind) else dst
         key = (gid, src, dst)
         seq = messages[key] = messages.get(key, -1) + 1
-        sizes, dtypes = (e.in_sizes, e.in_dtypes) if kind == "send" else (e.out_sizes or e.in_sizes,
-                                                                           e.out_dtypes or e.in_dtypes)
+        sizes, dtypes = (e.out_sizes or e.in_sizes, e.out_dtypes or e.in_dtypes) if ops.receives(kind) else \
+            (e.in_sizes, e.in_dtypes)
         yield PointToPoint(start_ns=start, end_ns=end, step=0, op=kind, group=gid, seq=seq, peer=peer,
                            shapes=sizes, dtypes=dtypes, nbytes=_bytes(sizes, dtypes), stack=e.stack)
     yield Marker(start_ns=last, end_ns=last, step=0, name="recording_end", value=open_calls,

@@ -33,8 +33,8 @@ from math import ceil, log2
 from typing import NamedTuple
 
 __all__ = [
-    "FAMILIES", "FAMILY_NAMES", "FORMS", "OPS", "Op", "algorithm_factor", "family", "is_p2p", "joined", "latency_steps",
-    "lookup", "receives", "shard_side",
+    "BACKEND_NAMES", "FAMILIES", "FAMILY_NAMES", "FORMS", "OPS", "Op", "algorithm_factor", "family",
+    "from_backend", "is_p2p", "joined", "latency_steps", "lookup", "receives", "shard_side",
 ]
 
 
@@ -104,6 +104,27 @@ OPS: dict[str, Op] = {o.name: o for o in (
     Op("isend", "p2p", "p2p", None, True),
     Op("irecv", "p2p", "p2p", None, True),
 )}
+
+
+# The names torch's backends and Flight Recorder's profiling names give calls (ProcessGroup
+# methods, NCCL's), for the op names records use: what `import fr` reads.
+BACKEND_NAMES: dict[str, str] = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather_into_tensor", "all_gather_single": "all_gather_into_tensor",
+    "all_gather_base": "all_gather_into_tensor", "ALLGATHER_coalesced": "all_gather_into_tensor_coalesced",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_base": "reduce_scatter_tensor", "REDUCE_SCATTER_coalesced": "reduce_scatter_tensor_coalesced",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "all_to_allv": "all_to_all_single",
+    "all_to_all_v_single": "all_to_all_single", "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
+    "all_reduce_barrier": "barrier",
+}
+
+
+def from_backend(name: str) -> str:
+    """The op name of records for a backend's name of a call (`allreduce` -> all_reduce);
+    a name that is none of those stays as it is."""
+    return BACKEND_NAMES.get(name, name)
 
 
 def lookup(name: str) -> Op | None:
