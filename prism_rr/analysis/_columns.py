@@ -61,35 +61,15 @@ def signature_of(op, in_shapes, in_dtypes, out_shapes, out_dtypes, reduce_op, ro
     return (op, shapes, dtypes, reduce_op, root)
 
 
-# --- value checks: the codec's, for the fields read here --------------------------------
+# --- value checks: the codec's own (codec.field_check), for the fields read here ------
 
-def _opt_int(v) -> bool:
-    return v is None or type(v) is int
-
-
-def _is_str(v) -> bool:
-    return type(v) is str
-
-
-def _opt_str(v) -> bool:
-    return v is None or type(v) is str
-
-
-def _is_bool(v) -> bool:
-    return type(v) is bool
-
-
-def _shapes(v) -> bool:
-    return type(v) is tuple and all(type(s) is tuple and all(type(d) is int for d in s) for s in v)
-
-
-def _strs(v) -> bool:
-    return type(v) is tuple and all(type(s) is str for s in v)
-
-
-def _opt_strs(v) -> bool:
-    return v is None or _strs(v)
-
+_is_str = codec.field_check(Collective, "op")
+_opt_int = codec.field_check(Collective, "root")
+_opt_str = codec.field_check(Collective, "reduce_op")
+_is_bool = codec.field_check(Collective, "async_op")
+_shapes = codec.field_check(Collective, "in_shapes")
+_strs = codec.field_check(Collective, "in_dtypes")
+_opt_strs = codec.field_check(Collective, "stack")
 
 _MISSING = object()
 

@@ -26,7 +26,7 @@ from prism_rr.format.records import (
     Step,
 )
 
-__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "maker", "unpack"]
+__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "field_check", "maker", "unpack"]
 
 # Top-level keys of a chunk payload.
 C_ORDER = 0  # kind of each record, in record order
@@ -437,6 +437,12 @@ _NARROW.update({(GroupInfo, "backend"): _is_str})
 _CHECKS["backend"] = _is_str
 
 
+def field_check(cls: type, name: str) -> Callable[[Any], bool]:
+    """The check a decoded value of field `name` of record `cls` must pass (the one
+    decode_chunk applies), for readers of their own."""
+    return _NARROW.get((cls, name)) or _CHECKS[name]
+
+
 def _not_none(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: v is not None and check(v)
 
@@ -534,7 +540,7 @@ def _decode_table(cls, columns, constants, n: int, where: str, world: int = layo
             distinct = (const,)
         if name == "start_ns" or name == "end_ns":
             continue
-        check = _NARROW.get((cls, name)) or _CHECKS[name]
+        check = field_check(cls, name)
         if not all(map(check, distinct)):
             raise FormatError(f"{where}: field {name} has a value of the wrong type")
     if "start_ns" in varying:
