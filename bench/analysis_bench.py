@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 # What each command runs, in a fresh interpreter: prints {"seconds", "peak_rss_mib",
@@ -50,23 +48,9 @@ _NEEDS = {"diagnose": ("diagnose",), "analyze": ("attribute", "straggler_totals"
 
 
 def bundle_path(cache: Path, ranks: int, events: int) -> Path:
-    from prism_rr.format import pack
-    from prism_rr.format.synthetic import write_synthetic
+    from tui_bench import bundle_path as make  # bench/ is on the path of a bench script
 
-    out = cache / f"analysis-{ranks}x{events}.prism"
-    if not out.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        print(f"generating {out} (once) ...", file=sys.stderr)
-        t = time.perf_counter()
-        spools = Path(tempfile.mkdtemp(dir=cache))
-        try:
-            write_synthetic(spools, ranks, events)
-            pack(spools, out.with_suffix(".tmp"))
-            os.replace(out.with_suffix(".tmp"), out)
-        finally:
-            shutil.rmtree(spools, ignore_errors=True)
-        print(f"  took {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    return out
+    return make(cache, ranks, events, prefix="analysis")
 
 
 def missing(what: str) -> list[str]:

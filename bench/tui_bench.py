@@ -22,11 +22,13 @@ import time
 from pathlib import Path
 
 
-def bundle_path(cache: Path, ranks: int, events: int) -> Path:
+def bundle_path(cache: Path, ranks: int, events: int, prefix: str = "tui") -> Path:
+    """The synthetic RANKS x EVENTS bundle in `cache`, generated the first time (also
+    bench/analysis_bench.py's)."""
     from prism_rr.format import pack
     from prism_rr.format.synthetic import write_synthetic
 
-    out = cache / f"tui-{ranks}x{events}.prism"
+    out = cache / f"{prefix}-{ranks}x{events}.prism"
     if not out.exists():
         cache.mkdir(parents=True, exist_ok=True)
         print(f"generating {out} (once) ...", file=sys.stderr)

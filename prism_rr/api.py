@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from prism_rr.errors import UsageError
 from prism_rr.recorder.launch import spool_dir_for
-from prism_rr.specs import parse_bandwidth, parse_ranks, parse_steps
+from prism_rr.specs import parse_bandwidth, parse_ranks, step_window
 
 if TYPE_CHECKING:
     from prism_rr.format import PackResult, VerifyReport
@@ -257,10 +257,7 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
 
     if fmt not in ("chrome", "chakra", "parquet"):
         raise UsageError(f"--format must be chrome, chakra or parquet, not {fmt!r}")
-    window = parse_steps(steps)
-    if window is not None:
-        lo, hi = window
-        window = (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
+    window = step_window(steps)
     rank_list = list(parse_ranks(ranks)) if ranks else None
     with open_bundle(bundle) as b:
         if fmt == "chrome":

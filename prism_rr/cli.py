@@ -562,12 +562,9 @@ def analyze(
     """
     from prism_rr.analysis import attribute, attribution_json_text, attribution_lines
     from prism_rr.format import open_bundle
-    from prism_rr.specs import parse_ranks, parse_steps
+    from prism_rr.specs import parse_ranks, step_window
 
-    window = parse_steps(steps)
-    if window is not None:
-        lo, hi = window
-        window = (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
+    window = step_window(steps)
     chosen = list(parse_ranks(ranks)) if ranks else None
     with open_bundle(bundle) as b:
         if chosen is not None and not set(chosen) & set(b.recorded_ranks):

@@ -9,7 +9,7 @@ import re
 
 from prism_rr.errors import UsageError
 
-__all__ = ["format_ranks", "parse_bandwidth", "parse_ranks", "parse_slow_rank", "parse_steps"]
+__all__ = ["format_ranks", "parse_bandwidth", "parse_ranks", "parse_slow_rank", "parse_steps", "step_window"]
 
 
 def parse_steps(spec) -> tuple[int | None, int | None] | None:
@@ -38,6 +38,16 @@ def parse_steps(spec) -> tuple[int | None, int | None] | None:
         raise UsageError(f"empty step window {spec!r}")
     return (lo, hi)
 
+
+
+def step_window(spec) -> tuple[int, int] | None:
+    """parse_steps's "A:B" (B excluded) as the steps a..b both included that the analysis
+    functions take (an open end: from step 0, or to the last)."""
+    window = parse_steps(spec)
+    if window is None:
+        return None
+    lo, hi = window
+    return (lo or 0, (hi - 1) if hi is not None else 2**31 - 1)
 
 def parse_ranks(spec) -> tuple[int, ...] | None:
     """"0,2,4-7", an int, or an iterable of ints -> sorted ranks; None (or "") means every rank."""
