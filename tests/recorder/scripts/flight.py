@@ -28,8 +28,13 @@ model = torch.nn.Linear(8, 8)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 step = 0
 while True:
-    if mode == "loop" and (where / "stop").exists():
-        break
+    if mode == "loop":
+        # every rank stops at the same step: one that saw the file alone would leave the
+        # others in a collective it never joins
+        stop = torch.tensor([float((where / "stop").exists())])
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item():
+            break
     if mode != "loop" and step == steps:
         break
     (where / f"step-{rank}").write_text(str(step))
