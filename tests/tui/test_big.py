@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable, Sparkline
 
-from tui_helpers import make_app, screen_text, settle, sync
+from tui_helpers import make_app, palette_pick, screen_text, settle, sync
 
 SIZE = (140, 44)
 
@@ -45,10 +45,8 @@ async def test_goto_and_palette_on_8192_ranks(big):
         rec = tl.model.load(8000).records[tl.selected[1]]
         assert (tl.cursor_rank, rec.group, rec.seq) == (8000, 4001, 3)
         assert app.screen.query_one("#detail").arrivals["members"] == 2
-        await pilot.press("ctrl+p", *"rank 4321")
-        await pilot.pause(0.3)
-        await settle(pilot)
-        await pilot.press("enter")
+        await pilot.press("ctrl+p")
+        await palette_pick(pilot, "rank 4321", "rank 4321")
         await settle(pilot, app.screen.timeline)
         assert app.screen.timeline.cursor_rank == 4321
 

@@ -12,7 +12,7 @@ from prism_rr.tui.screens.compare import CompareScreen
 from prism_rr.tui.screens.help import HelpScreen
 from prism_rr.tui.screens.overview import OverviewScreen
 from prism_rr.tui.screens.timeline import TimelineScreen
-from tui_helpers import HANG_GROUP, HANG_SEQ, make_app, screen_text, settle, sync
+from tui_helpers import HANG_GROUP, HANG_SEQ, make_app, palette_pick, screen_text, settle, sync
 
 
 SIZE = (120, 40)
@@ -196,10 +196,7 @@ async def test_command_palette_finds_ranks_groups_and_ops(small):
         ):
             await pilot.press("ctrl+p")
             await settle(pilot)
-            await pilot.press(*query)
-            await pilot.pause(0.3)
-            await settle(pilot)
-            await pilot.press("enter")
+            await palette_pick(pilot, query, query)
             await settle(pilot)
             assert check(), query
 

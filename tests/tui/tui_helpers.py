@@ -25,6 +25,31 @@ async def settle(pilot, timeline=None, timeout: float = 30.0) -> None:
     await pilot.pause()
 
 
+async def palette_pick(pilot, query: str, expect: str, timeout: float = 30.0) -> None:
+    """Type `query` into the open command palette and press Enter once its first hit reads `expect`.
+
+    The palette searches in a worker after each key; on a loaded machine a fixed pause
+    can end before the hit is listed, and Enter then picks nothing.
+    """
+    import asyncio
+    import time
+
+    from textual.command import CommandList
+
+    await pilot.press(*query)
+    end = time.monotonic() + timeout
+    while True:
+        await pilot.pause()
+        lst = pilot.app.screen.query_one(CommandList)
+        if lst.option_count and expect in str(lst.get_option_at_index(0).prompt):
+            break
+        assert time.monotonic() < end, f"the palette never listed {expect!r} for {query!r}"
+        await asyncio.sleep(0.02)
+    if lst.highlighted is None:
+        lst.highlighted = 0
+    await pilot.press("enter")
+
+
 def make_app(bundle, compare=None, **kw):
     """The app with animations off, as every test runs it."""
     from prism_rr.tui.app import PrismApp
