@@ -1,20 +1,32 @@
 """What the collectives, diagnosis and compare screens show; imports no UI.
 
-Diagnosis is `prism_rr.analysis.diagnose`, named here for the screens. A group's calls are matched here from the timeline model's spans, so the screen reads
-only that group's members, and shares their cached spans with the timeline.
+Diagnosis is `prism_rr.analysis.diagnose`, named here for the screens, and run apart in a
+child process (`diagnose_apart`): on a big bundle it takes seconds of CPU that would
+otherwise stall the screen, and a process can be stopped when the user cancels. A
+group's calls are matched here from the analysis's columns (`group_calls`), read a batch
+of members at a time, so the screen can say how far it got and stop between batches.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import time
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Callable
 
-from prism_rr.analysis import Finding, diagnose, step_durations
-from prism_rr.format import Bundle, Collective, PointToPoint
+import numpy as np
+
+from prism_rr.analysis import Finding, attribute, build_graph, diagnose, step_durations, straggler_totals
+from prism_rr.errors import PrismError
+from prism_rr.format import Bundle, Collective, PointToPoint, open_bundle
 from prism_rr.tui.model import FAR, TimelineModel
 
-__all__ = ["CallRow", "Finding", "compare_bundles", "diagnose", "group_calls"]
+__all__ = ["CallRow", "Finding", "StepGrid", "compare_bundles", "diagnose", "diagnose_apart", "group_calls", "step_grid"]
+
+MEMBERS_PER_BATCH = 512  # ranks read per build_graph in group_calls: about half a second each
 
 
 @dataclass(slots=True)
@@ -26,7 +38,7 @@ class CallRow:
     ops: dict[str, int] = field(default_factory=dict)  # op -> how many members called it
     arrivals: dict[int, int] = field(default_factory=dict)  # rank -> enter time
     ends: dict[int, int] = field(default_factory=dict)  # rank -> end (FAR: never completed)
-    nbytes: dict[int, int] = field(default_factory=dict)
+    sigs: dict[int, int] = field(default_factory=dict)  # rank -> its signature (op, shapes, dtypes, ...), interned
     step: int | None = None
 
     @property
@@ -52,8 +64,8 @@ class CallRow:
         out = []
         if len(self.ops) > 1:
             out.append("op mismatch: " + ", ".join(f"{o}x{n}" for o, n in sorted(self.ops.items())))
-        if len(set(self.nbytes.values())) > 1:
-            out.append("size mismatch")
+        elif len(set(self.sigs.values())) > 1:
+            out.append("shape/dtype mismatch")
         if self.hung:
             out.append(f"never completed on {len(self.hung)}")
         if self.missing(expected):
@@ -63,25 +75,157 @@ class CallRow:
 
 def group_calls(tm: TimelineModel, group: int, *, progress: Callable[[int, int], None] | None = None,
                 stop: Callable[[], bool] | None = None) -> tuple[list[CallRow], tuple[int, ...]]:
-    """Every call of `group`, matched by sequence number over its recorded members."""
+    """Every call of `group`, matched by sequence number over its recorded members.
+
+    The members are read as the analysis reads them (numpy columns, no record objects,
+    about 1 ms a rank), MEMBERS_PER_BATCH at a time: `progress(done, total)` after each
+    batch, `stop()` checked before each. The timeline's cached spans are left alone (a
+    4096-member group read through them took a minute and evicted the timeline's rows).
+    """
     members = tuple(r for r in tm.group_members(group) if r in tm.row_of)
     rows: dict[int, CallRow] = {}
-    for n, r in enumerate(members):
+    for lo in range(0, len(members), MEMBERS_PER_BATCH):
         if stop is not None and stop():
             break
-        spans = tm.load(r)
-        for i, rec in enumerate(spans.records):
-            if isinstance(rec, Collective) and rec.group == group:
-                row = rows.get(rec.seq)
-                if row is None:
-                    row = rows[rec.seq] = CallRow(group=group, seq=rec.seq, step=rec.step)
-                row.ops[rec.op] = row.ops.get(rec.op, 0) + 1
-                row.arrivals[r] = spans.starts[i]
-                row.ends[r] = spans.ends[i]
-                row.nbytes[r] = rec.in_bytes
+        batch = list(members[lo : lo + MEMBERS_PER_BATCH])
+        table = build_graph(tm.bundle, ranks=batch, processes=1).table
+        at = np.flatnonzero(table.group == group)
+        values = table.values
+        for seq, rank, start, end, open_, step, op, sig in zip(
+                *(getattr(table, k)[at].tolist() for k in ("seq", "rank", "start", "end", "open", "step", "op", "sig"))):
+            row = rows.get(seq)
+            if row is None:
+                row = rows[seq] = CallRow(group=group, seq=seq, step=step)
+            name = values[op]
+            row.ops[name] = row.ops.get(name, 0) + 1
+            row.arrivals[rank] = start
+            row.ends[rank] = FAR if open_ else end
+            row.sigs[rank] = sig
         if progress is not None:
-            progress(n + 1, len(members))
+            progress(min(lo + MEMBERS_PER_BATCH, len(members)), len(members))
     return [rows[s] for s in sorted(rows)], members
+
+
+# --- every rank's steps --------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StepGrid:
+    """Each recorded rank's steps from the summaries (no events read): row i is ranks[i].
+
+    `time`: the step's duration; `late`: how long after the step's earliest start (across
+    ranks, on rank 0's clock) the rank started it. Both in ns, NaN where the rank has no
+    finished step."""
+
+    ranks: list[int]
+    steps: list[int]
+    time: np.ndarray  # float64 [rank row, step column]
+    late: np.ndarray
+
+    def rank_means(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per rank: mean and max step time, mean lateness (NaN for a rank with no step)."""
+        have = ~np.isnan(self.time)
+        n = have.sum(axis=1)
+        some = n > 0
+        mean = np.full(len(self.ranks), np.nan)
+        mx = np.full(len(self.ranks), np.nan)
+        late = np.full(len(self.ranks), np.nan)
+        mean[some] = np.where(have, self.time, 0).sum(axis=1)[some] / n[some]
+        mx[some] = np.where(have, self.time, -np.inf).max(axis=1)[some]
+        late[some] = np.where(have, self.late, 0).sum(axis=1)[some] / n[some]
+        return mean, mx, late
+
+
+def step_grid(tm: TimelineModel) -> StepGrid:
+    """The StepGrid of `tm`'s bundle: a pass over the summaries' step table."""
+    ranks, steps = tm.ranks, tm.steps
+    row_of, offsets = tm.row_of, tm.offsets
+    time_ = np.full((len(ranks), len(steps)), np.nan)
+    start = np.full((len(ranks), len(steps)), np.nan)
+    table = tm.summaries["steps"]
+    for j, s in enumerate(steps):
+        rows, starts, ends = [], [], []
+        for r, v in table.get(s, {}).items():
+            i = row_of.get(r)
+            if i is not None and v[1] is not None:
+                rows.append(i)
+                starts.append(v[0] - offsets.get(r, 0))
+                ends.append(v[1] - v[0])
+        if rows:
+            time_[rows, j] = ends
+            start[rows, j] = starts
+    first = np.where(np.isnan(start), np.inf, start).min(axis=0, initial=np.inf)
+    return StepGrid(ranks=list(ranks), steps=list(steps), time=time_, late=start - first)
+
+
+# --- diagnosis, in a child process ----------------------------------------------------------
+
+
+def _diagnose_child(path, conn) -> None:
+    """The child's side of diagnose_apart: the findings, and where a straggler was found,
+    each straggler's cost (re-timing every step costs as much as `prism-rr analyze`:
+    only then, as `prism-rr diagnose` does). It leads a process group of its own, so
+    a cancel ends the reader it starts for big bundles with it."""
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
+    try:
+        with open_bundle(path) as b:
+            found = diagnose(b)
+            costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in found) else []
+        conn.send(("ok", found, costs))
+    except PrismError as exc:
+        conn.send(("bundle", exc, None))
+    except Exception as exc:  # noqa: BLE001 - the parent says so; the child must not print
+        conn.send(("failed", f"{type(exc).__name__}: {exc}", None))
+    finally:
+        conn.close()
+
+
+def diagnose_apart(bundle: Bundle, *, tick: Callable[[float], None] | None = None,
+                   stop: Callable[[], bool] | None = None, every: float = 0.25):
+    """`diagnose(bundle)` and the stragglers' costs ({rank, cost_ns, steps, late_calls},
+    costliest first), computed in a child process that reads the bundle afresh.
+
+    `tick(seconds so far)` is called every `every` seconds while it runs; when `stop()`
+    turns true the child is ended and None is returned. A malformed bundle raises its
+    PrismError here; any other failure of the analysis raises RuntimeError with its text.
+    Where the platform can fork, the child inherits this module as it is (a test's
+    stand-in for `diagnose` included).
+    """
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    ours, theirs = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_diagnose_child, args=(str(bundle.path), theirs), daemon=True,
+                        name="prism-rr diagnose")
+    t0 = time.monotonic()
+    child.start()
+    theirs.close()
+    try:
+        while not ours.poll(every):
+            if stop is not None and stop():
+                return None
+            if not child.is_alive() and not ours.poll(0):
+                raise RuntimeError(f"the diagnosis process ended with exit code {child.exitcode}")
+            if tick is not None:
+                tick(time.monotonic() - t0)
+        try:
+            status, value, costs = ours.recv()
+        except EOFError:
+            child.join(1)
+            raise RuntimeError(f"the diagnosis process ended with exit code {child.exitcode}") from None
+    finally:
+        ours.close()
+        if child.is_alive():
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except (AttributeError, OSError):  # no process groups here, or it just ended
+                child.terminate()
+        child.join(5)
+    if status == "bundle":
+        raise value
+    if status == "failed":
+        raise RuntimeError(value)
+    return value, costs
 
 
 # --- compare ---------------------------------------------------------------------------
