@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from textual.app import App
@@ -16,11 +17,12 @@ from prism_rr.tui.commands import BundleCommands
 from prism_rr.tui.model import TimelineModel
 from prism_rr.tui.screens.collectives import CollectivesScreen
 from prism_rr.tui.screens.compare import CompareScreen
+from prism_rr.tui.screens.heatmap import HeatmapScreen
 from prism_rr.tui.screens.help import HelpScreen
 from prism_rr.tui.screens.overview import OverviewScreen
 from prism_rr.tui.screens.timeline import TimelineScreen
 
-__all__ = ["PrismApp", "load_keymap"]
+__all__ = ["PrismApp", "binding_ids", "load_keymap"]
 
 
 def load_keymap(path: str | os.PathLike) -> dict[str, str]:
@@ -34,6 +36,27 @@ def load_keymap(path: str | os.PathLike) -> dict[str, str]:
     return out
 
 
+def binding_ids() -> set[str]:
+    """Every binding id a keymap can name: those of this package's screens and widgets
+    (each module imported, so screens opened on demand count) and textual's own."""
+    import importlib
+    import pkgutil
+
+    from textual.dom import DOMNode
+
+    from prism_rr.tui import screens, widgets
+
+    for pkg in (screens, widgets):
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    ids, todo = set(), [DOMNode]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        ids.update(b.id for b in cls.__dict__.get("BINDINGS", ()) if isinstance(b, Binding) and b.id)
+    return ids
+
+
 class PrismApp(App):
     """Browse a bundle; with a replay, compare them."""
 
@@ -45,7 +68,10 @@ class PrismApp(App):
         "timeline": TimelineScreen,
         "collectives": CollectivesScreen,
         "compare": CompareScreen,
+        "heatmap": HeatmapScreen,
     }
+    # below 100 columns the screens take their compact layout (app.tcss: .-narrow)
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("q", "quit", "Quit", id="app.quit"),
         Binding("f1", "help", "Help", id="app.help"),
@@ -54,6 +80,8 @@ class PrismApp(App):
         Binding("2", "switch_mode('timeline')", "Timeline", id="app.timeline"),
         Binding("3", "switch_mode('collectives')", "Collectives", id="app.collectives"),
         Binding("4", "switch_mode('compare')", "Compare", id="app.compare"),
+        Binding("5", "switch_mode('heatmap')", "Heat map", id="app.heatmap"),
+        Binding("ctrl+s", "screenshot", "Screenshot", id="app.screenshot"),
     ]
 
     def __init__(self, bundle: Bundle | str | os.PathLike, compare: Bundle | str | os.PathLike | None = None,
@@ -85,6 +113,10 @@ class PrismApp(App):
     def on_mount(self) -> None:
         if self._user_keymap:
             self.set_keymap(self._user_keymap)
+            unknown = sorted(set(self._user_keymap) - binding_ids())
+            if unknown:
+                self.notify(f"keymap: no binding has the id{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(unknown)} (F1 lists the ids)", severity="warning", timeout=15)
         self.switch_mode(self.start_mode)
 
     # --- what other screens ask for ------------------------------------------------
@@ -143,6 +175,24 @@ class PrismApp(App):
         self.call_after_refresh(self.screen.timeline.action_call, 1, op)
 
     # --- actions -------------------------------------------------------------------
+
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """An SVG of the screen, in the working directory unless `path` says otherwise
+        (textual's default, ~/Downloads, is missing on servers), named after the bundle
+        and the time; a notification says where."""
+        name = filename or f"{self.bundle.path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.svg"
+        try:
+            saved = self.save_screenshot(name, path or os.getcwd())
+        except OSError as exc:
+            self.notify(f"could not save the screenshot: {exc}", title="Screenshot", severity="error")
+            return
+        self.notify(f"saved to {saved}", title="Screenshot")
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The command palette's "Save screenshot" too."""
+        self.action_screenshot(filename, path)
+        return None
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -1,0 +1,71 @@
+"""The heat map: every rank in view, cells coloured by their bucket's worst value, Enter
+opens the timeline at that rank and step."""
+
+from __future__ import annotations
+
+from prism_rr.tui.screens.heatmap import HeatmapScreen
+from prism_rr.tui.screens.timeline import TimelineScreen
+from prism_rr.tui.widgets.heatmap import RAMP
+from tui_helpers import make_app, screen_text, settle, sync
+
+
+def _colours(hm, y: int) -> list[str]:
+    """The background of each step's cell on line y (0 is the step header)."""
+    segs = [s for s in hm.render_line(y)][1:]  # the rank label first
+    out = []
+    for s in segs:
+        out += [s.style.bgcolor.name if s.style and s.style.bgcolor else ""] * (len(s.text) // hm.cell)
+    return out
+
+
+@sync
+async def test_every_rank_of_8192_in_view_and_enter_opens_the_timeline(big):
+    app = make_app(big)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("m")  # from the overview (5 from anywhere)
+        await settle(pilot)
+        assert isinstance(app.screen, HeatmapScreen)
+        hm = app.screen.heatmap
+        assert hm.rows <= hm.view_rows and hm.rows * hm.per >= 8192
+        assert "-8191 " in screen_text(app)  # the last row: the last rank is in view
+        await pilot.press("down", "down", "down")
+        ranks, step, value, worst = hm.cursor_cell()
+        assert ranks.start == 3 * hm.per and worst in ranks and value is not None
+        assert f"ranks {ranks.start}-{ranks.stop - 1} · step {step}" in screen_text(app)
+        await pilot.press("plus")  # half as many ranks a row: the cursor keeps its first rank
+        assert hm.per == (len(ranks) // 2 or 1) and hm.cursor_cell()[0].start == ranks.start
+        await pilot.press("0")
+        await pilot.press("enter")
+        await settle(pilot, getattr(app.screen, "timeline", None))
+        assert isinstance(app.screen, TimelineScreen)
+        tl = app.screen.timeline
+        assert tl.cursor_rank == worst
+        assert tl.model.step_at(tl.cursor_rank, tl.cursor_time - tl.shift(tl.cursor_rank)) == step
+
+
+@sync
+async def test_cells_are_coloured_by_step_time_or_late_start(small):
+    app = make_app(small)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        await settle(pilot)
+        hm = app.screen.heatmap
+        assert hm.per == 1  # 8 ranks fit: one a row
+        stats = {s["step"]: s for s in app.model.step_stats()}
+        for j, step in enumerate(hm.grid.steps):
+            column = [_colours(hm, 1 + i)[j] for i in range(hm.rows)]
+            hot = [hm.grid.ranks[i] for i, c in enumerate(column) if c == RAMP[-1]]
+            if stats[step]["max"] == max(s["max"] for s in stats.values() if s["max"] is not None):
+                assert hot == [stats[step]["slowest"]]
+        assert "step time" in screen_text(app)
+        await pilot.press("t")
+        assert "late start" in screen_text(app)
+        lo, hi = hm.scale()
+        assert lo == 0 and hi == max(v for v in hm.grid.late.ravel().tolist() if v == v)
+        await pilot.press("right", "right", "down", "enter")
+        await settle(pilot, getattr(app.screen, "timeline", None))
+        tl = app.screen.timeline
+        assert tl.cursor_rank == hm.grid.ranks[1]
+        assert tl.model.step_at(tl.cursor_rank, tl.cursor_time - tl.shift(tl.cursor_rank)) == hm.grid.steps[2]
