@@ -8,7 +8,7 @@ that direction between the rank and its peer (FORMAT.md, key 6).
 from __future__ import annotations
 
 from prism_rr.format import ops
-from prism_rr.format.records import Collective, PointToPoint
+from prism_rr.format.records import Collective, PointToPoint, Step
 
 __all__ = ["Schedule", "direction"]
 
@@ -29,6 +29,7 @@ class Schedule:
         self._calls: dict[tuple, object] = {}
         self.windowed: dict[int, bool] = {}
         self.clock_offset: dict[int, int] = {}
+        self.step_ends: dict[int, dict[int, int]] = {}  # rank -> step -> its Step record's end
         # A bundle made by `prism-rr scale` predicts the shapes of some calls on the groups
         # it resized (FSDP pads each shard its own way); there the live shapes are taken.
         scale = bundle.manifest.get("scale") if isinstance(bundle.manifest.get("scale"), dict) else {}
@@ -48,11 +49,14 @@ class Schedule:
                 # (milliseconds on a loaded machine).
                 offset = 0
             self.clock_offset[rank] = offset
+            ends = self.step_ends[rank] = {}
             for rec in bundle.events(rank):
                 if isinstance(rec, Collective):
                     self._calls[(rank, rec.group, rec.seq)] = rec
                 elif isinstance(rec, PointToPoint):
                     self._calls[(rank, rec.group, direction(rec.op), rec.peer, rec.seq)] = rec
+                elif isinstance(rec, Step) and rec.end_ns is not None:
+                    ends[rec.step] = rec.end_ns
 
     @classmethod
     def for_real_ranks(cls, bundle, real, roles=None) -> Schedule:

@@ -290,6 +290,8 @@ class ReplaySession:
         self.step_start = model
         self.last_return = t
         self.compute_ns = 0
+        # the virtual peers start this step relative to us, as they did in the recording
+        self.clock.step_started(model, self.schedule.step_ends.get(self.source(self.rank), {}).get(self.step - 1))
 
     def _calibrate(self) -> None:
         """Virtual timing: real compute runs this much slower (or faster) than recorded."""

@@ -13,6 +13,15 @@ for: the entry is also no earlier than its replayed completion plus the recorded
 from its completion to that call. Recorded times are mapped onto the model clock once, at
 the real rank's first recorded call, using the per-rank clock offsets of the recording.
 
+At each of the real rank's step boundaries the peers are also placed relative to it: a
+peer that resumed before the real rank's boundary, in the recording and in the replay,
+enters its next call no later than the boundary's model time plus the recorded time from
+the real rank's boundary to that entry (negative if the peer was ahead), plus what its
+slow_rank factor adds to the gap. Without this, time a peer spent before the boundary in the recording
+(step 0's lazy initialisation, a noisy machine) but the real rank did not spend in the
+replay is waited for in the next step: the replay's step 0 would leak into its first
+scored step. A peer that was late after the boundary in the recording is late here too.
+
 A peer is named by a key: its rank, or (many ranks of one role that enter together, see
 `_group`) a string "r<rep>" whose records are the representative's. `src` maps a key to
 the rank whose recorded clock its records are on. In a bundle written by `scale`, a
@@ -36,6 +45,7 @@ class PeerClock:
         self._shift: int | None = None  # model ns = recorded reference ns + shift
         self._resume: dict[int, tuple[int, int]] = {}  # virtual rank -> (model ns, its recorded ns)
         self._pending: dict[int, list[tuple[int, int]]] = {}  # rank -> async (model done, recorded end)
+        self._boundary: tuple[int, int] | None = None  # the real rank's last step start: (model, recorded ref)
         self.compute_scale = compute_scale
         self.slow_rank = dict(slow_rank or {})
         self.comm_scale = comm_scale
@@ -45,6 +55,12 @@ class PeerClock:
         """Tie the recording's time line to the model clock at the first recorded call."""
         if self._shift is None and own is not None:
             self._shift = model_ns - (own.start_ns - self._offset.get(self.me, 0))
+
+    def step_started(self, model_ns: int, recorded_ns: int | None) -> None:
+        """The real rank started a step at `model_ns`; in the recording it started it at
+        `recorded_ns` (its Step record's end, on its own recorded clock), None if unknown."""
+        if recorded_ns is not None:
+            self._boundary = (model_ns, recorded_ns - self._offset.get(self.me, 0))
 
     def _scale(self, rank: int) -> float:
         return self.compute_scale * self.slow_rank.get(rank, 1.0)
@@ -70,6 +86,13 @@ class PeerClock:
                 else:
                     keep.append((done, end))
             self._pending[rank] = keep
+        if self._boundary is not None:
+            model_b, ref_b = self._boundary
+            off = self._offset.get(rank if src is None else src, 0)
+            since = at[1] - off  # the peer's resume point, on the reference clock
+            if since < ref_b and at[0] <= model_b:  # it resumed before the boundary, in both
+                placed = model_b + (rec.start_ns - off - ref_b) + int(max(0, rec.start_ns - at[1]) * (scale - 1.0))
+                t = max(at[0], min(t, placed))
         return t
 
     def completed(self, rank: int, rec, entry_ns: int | None, done_ns: int) -> None:
