@@ -53,14 +53,16 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
     for step in bundle.steps:
         recorded = step_durations(bundle, step)
         peaks = bundle.summaries["steps"].get(step, {})
-        rec_s, rep_s = [], []
+        rec_s, rep_s, own_s = [], [], []
         step_rec_peak = step_rep_peak = None
         for r in ranks:
             if r not in recorded or step not in replayed.get(r, {}):
                 continue
-            _, start, end, compute, peak = replayed[r][step]
+            row = replayed[r][step]
+            _, start, end, compute, peak = row[:5]
             rec_s.append(recorded[r] / 1e9)
             rep_s.append((end - start) / 1e9)
+            own_s.append(row[5] / 1e9 if len(row) > 5 else 0.0)
             compute_by_step.setdefault(step, [0, 0])
             compute_by_step[step][0] += recorded_compute.get((r, step), 0)
             compute_by_step[step][1] += compute
@@ -76,6 +78,7 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         if rec_s:
             steps.append({"step": step, "recorded_s": sum(rec_s) / len(rec_s), "replayed_s": sum(rep_s) / len(rep_s),
                           "replayed_compute_s": compute_by_step[step][1] / len(rep_s) / 1e9,
+                          "replayer_s": sum(own_s) / len(own_s),
                           "peak_recorded_bytes": step_rec_peak, "peak_replayed_bytes": step_rep_peak})
     # The first step also holds start-up (imports, model build): leave it out when others exist.
     scored = steps[1:] if len(steps) > 1 else steps
@@ -118,6 +121,10 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # replayer's own share of it (reading the bundle, planning the virtual peers)
         "setup_s": _slowest(stats, "setup_ns"),
         "replayer_setup_s": _slowest(stats, "replayer_setup_ns"),
+        # within the scored steps (and in their times), the replayer's own work on the
+        # program's data in calls with virtual peers: payloads read and decompressed,
+        # outputs built; per step, mean over real ranks, and the largest such step
+        "replayer_in_steps_s": max((s["replayer_s"] for s in scored), default=None),
         "compute_ratio_by_rank": {str(r): q for r, q in by_rank.items()} or None,
         "diverged": bool(divs),
         "first_divergence": divs[0] if divs else None,
@@ -270,6 +277,10 @@ def card(report: dict) -> str:
         share = report.get("replayer_setup_s")
         lines.append(f"  set-up {report['setup_s']:.2f} s before the first step"
                      + (f" (the replayer's own {share:.2f} s)" if share is not None else ""))
+    own = report.get("replayer_in_steps_s")
+    if own:
+        lines.append(f"  the replayer's own work on payloads: at most {own * 1e3:.1f} ms in a scored step "
+                     "(included in the step times)")
     lines += [
         f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
         + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "

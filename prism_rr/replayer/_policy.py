@@ -14,6 +14,8 @@ timing model says so:
 
 from __future__ import annotations
 
+from time import monotonic_ns
+
 import torch
 from torch._C._distributed_c10d import AllgatherOptions
 
@@ -220,6 +222,7 @@ class ReplayPolicy(Policy):
                     parts.append(([j], _decode(data, ins), None))
                 if in_splits is not None:
                     in_splits[j] = meta[4 : 4 + meta[3]]
+        work_from = monotonic_ns()  # the replayer's own work on the data, counted per step
         known = True
         for c in self._peers:
             tensors = _recorded_inputs(s.bundle, vrecs[c.key], ins)
@@ -243,6 +246,7 @@ class ReplayPolicy(Policy):
                               in_splits=in_splits, out_splits=out_splits)
             if not known and outs:
                 s.synthetic = True
+        s.own_ns += monotonic_ns() - work_from
         records = {g: sched.collective(g, gid, seq) for g in self._real_members}
         records.update(vrecs)
         arrivals = dict(zip(self._real_members, entries)) if len(entries) > 1 else {s.rank: entry}
@@ -301,6 +305,7 @@ class ReplayPolicy(Policy):
         s = self._session
         gid, seq, peer, tensors = group.gid, call.seq, call.peer, call.ins
         other = s.schedule.p2p(peer, gid, "send" if call.receives else "recv", s.rank, seq)
+        work_from = monotonic_ns()
         if not call.receives:
             self._note_sent(peer, tensors)
         else:
@@ -318,6 +323,7 @@ class ReplayPolicy(Policy):
                         write(t, echo[i])
                     else:
                         plausible(t, hash((gid, peer, seq, i)))
+        s.own_ns += monotonic_ns() - work_from
         start = s.clock.entry(peer, other)
         arrivals = {s.rank: entry} if start is None else {s.rank: entry, peer: start}
         finish = s.clock.completion({s.rank: own, peer: other}, arrivals)

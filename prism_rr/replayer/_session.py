@@ -134,7 +134,10 @@ class ReplaySession:
         self.step_start = t0  # on the model clock
         self.last_return: int | None = t0
         self.compute_ns = 0
-        self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes]
+        # the replayer's own work on the program's data in calls with virtual members
+        # (payloads read and decompressed, outputs built), within the current step
+        self.own_ns = 0
+        self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes, own_ns]
         self._steps = OptimizerSteps(self.mark_step)
         self.policies: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
         self.exiting = False
@@ -283,13 +286,14 @@ class ReplaySession:
         model = self.model_now(t)
         self._mark(t, model)
         peak = self._memory.take_peak() if self._memory is not None else None
-        self.steps.append([self.step, self.step_start, model, self.compute_ns, peak])
+        self.steps.append([self.step, self.step_start, model, self.compute_ns, peak, self.own_ns])
         if self.virtual and self.calibration is None:
             self._calibrate()
         self.step += 1
         self.step_start = model
         self.last_return = t
         self.compute_ns = 0
+        self.own_ns = 0
         # the virtual peers start this step relative to us, as they did in the recording
         self.clock.step_started(model, self.schedule.step_ends.get(self.source(self.rank), {}).get(self.step - 1))
 

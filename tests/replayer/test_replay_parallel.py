@@ -52,6 +52,9 @@ def _replayed_bitwise(recordings, name, ranks):
     rep = result.report
     assert rep["diverged"] is False and rep["synthetic_numerics"] is False
     assert [s["step"] for s in rep["steps"]] == [0, 1, 2]
+    # every step read recorded payloads for its virtual peers, and the report says how long
+    assert all((s["replayer_s"] > 0) == (len(ranks) < world) for s in rep["steps"]), rep["steps"]
+    assert rep["replayer_in_steps_s"] == max(s["replayer_s"] for s in rep["steps"][1:])
     # The program's CPU memory, counted alike while recording and replaying (a backend
     # thread's late frees placed at the program's last use): the same peak, to the byte.
     peaks = [(s["peak_recorded_bytes"], s["peak_replayed_bytes"]) for s in rep["steps"]]
