@@ -108,21 +108,27 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
                 ranks: list[int] | None = None, processes: int | None = None) -> ExecutionGraph:
     """Read the recorded ranks of `bundle` (optionally only `steps` a..b) and match their calls.
 
-    `processes`: 1 reads every rank here; 2 has a second interpreter (a subprocess, so
-    safe from any thread and any main module) read the second half of the ranks
-    meanwhile. None: 2 from PARALLEL_FROM_RANKS recorded ranks on a machine with more
+    `processes`: 1 reads every rank here; 2 has a second interpreter (`_Helper`) read
+    the last part of the ranks meanwhile. None: 2 from PARALLEL_FROM_RANKS recorded ranks on a machine with more
     than one core."""
     recorded = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
-    rset = set(recorded)
-    groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
-    graph = ExecutionGraph(world_size=bundle.world_size, ranks=list(recorded), groups=groups)
-    sums = bundle.summaries["ranks"]
-    offsets = clock_offsets(bundle, recorded)
+    # the second reader starts first: its start-up overlaps the set-up below
+    helper = _Helper.start(bundle, recorded, steps, processes)
+    try:
+        rset = set(recorded)
+        groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
+        graph = ExecutionGraph(world_size=bundle.world_size, ranks=list(recorded), groups=groups)
+        sums = bundle.summaries["ranks"]
+        offsets = clock_offsets(bundle, recorded)
+    except BaseException:  # (once reading starts, _read stops it)
+        if helper is not None:
+            helper.stop()
+        raise
     reader = ColumnReader(bundle)
     figures: list[RankColumns] = []  # per-step figures only; the call columns go to `columns`
     columns: dict[str, list[np.ndarray]] = {k: [] for k in (*_COMM, "rank", "p2p")}
     t0 = None
-    for rank, cols in _read(bundle, reader, recorded, offsets, steps, processes):
+    for rank, cols in _read(bundle, reader, recorded, offsets, steps, helper):
         trace = _trace(bundle, cols, offsets[rank], reader.values, steps)
         rs = sums.get(rank, {})
         trace.dropped = int(rs.get("dropped", 0) or 0)
@@ -157,36 +163,78 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
     return graph
 
 
+class _Helper:
+    """A second interpreter reading the second part of the ranks (a subprocess, so safe
+    from any thread and any main module). It computes the clock offsets itself, from
+    all of `ranks` as this process does, so it starts before this process has them."""
+
+    # This process also matches and diagnoses after reading; the helper also starts an
+    # interpreter and sends its columns: it reads a little less than half.
+    SHARE = 0.47
+
+    def __init__(self, proc, theirs: list[int]):
+        self.proc, self.theirs = proc, theirs
+
+    @classmethod
+    def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None) -> _Helper | None:
+        if processes is None:
+            processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
+        if processes < 2 or len(ranks) < 2:
+            return None
+        theirs = ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
+        job = {"path": str(bundle.path.resolve()), "all": list(ranks), "ranks": theirs,
+               "steps": list(steps) if steps is not None else None}
+        proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except OSError:  # it ended at once: read everything here
+            proc.kill()
+            proc.wait()
+            return None
+        return cls(proc, theirs)
+
+    def result(self) -> tuple[list[RankColumns], list] | None:
+        """What it read, or None if it failed (a malformed chunk, no memory, ...)."""
+        proc = self.proc
+        try:
+            data = proc.stdout.read()
+        finally:
+            proc.stdout.close()
+            if proc.wait() != 0:
+                data = None
+        return load_columns(data) if data is not None else None  # our own child's output, as plain data
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
 def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[int, int], steps,
-          processes: int | None):
-    """(rank, columns) in `ranks` order; the second half read by a second process where asked."""
-    if processes is None:
-        processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
-    if processes < 2 or len(ranks) < 2:
+          helper: _Helper | None):
+    """(rank, columns) in `ranks` order; the last part read by `helper` if there is one."""
+    if helper is None:
         for rank in ranks:
             yield rank, reader.rank(rank, offsets[rank], steps)
         return
-    half = len(ranks) // 2
-    mine, theirs = ranks[:half], ranks[half:]
-    job = {"path": str(bundle.path.resolve()), "ranks": [[r, offsets[r]] for r in theirs],
-           "steps": list(steps) if steps is not None else None}
-    proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    theirs = helper.theirs
+    done = False
     try:
-        proc.stdin.write(json.dumps(job).encode())
-        proc.stdin.close()
-        for rank in mine:
+        for rank in ranks[: len(ranks) - len(theirs)]:
             yield rank, reader.rank(rank, offsets[rank], steps)
-        data = proc.stdout.read()
+        got = helper.result()
+        done = True
     finally:
-        proc.stdout.close()
-        if proc.wait() != 0 and proc.returncode is not None:
-            data = None
-    if data is None:  # it failed (a malformed chunk, no memory, ...): read them here, which says why
+        if not done:
+            helper.stop()
+    if got is None:  # read them here, which says why it failed
         for rank in theirs:
             yield rank, reader.rank(rank, offsets[rank], steps)
         return
-    parts, values = load_columns(data)  # our own child's output, as plain data
+    parts, values = got
     yield from zip(theirs, reader.adopt(parts, values))
 
 

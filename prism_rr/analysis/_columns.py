@@ -479,25 +479,29 @@ def load_columns(data: bytes) -> tuple[list[RankColumns], list]:
                         markers=[(pos, Marker(**dict(zip(_MARKER_FIELDS, m)))) for pos, m in markers])
         for name, a in zip(_ARRAYS, arrays):
             if a is not None:
-                setattr(c, name, np.frombuffer(a[2], dtype=np.dtype(a[0])).reshape(a[1]).copy())
+                # read-only views of the message: the analysis makes new arrays of them
+                setattr(c, name, np.frombuffer(a[2], dtype=np.dtype(a[0])).reshape(a[1]))
         parts.append(c)
     return parts, list(values)
 
 
 def serve() -> None:
-    """A second reading process: reads {"path", "ranks": [[rank, offset], ...], "steps"}
-    as JSON on stdin, writes dump_columns of what it read on stdout, for
-    ColumnReader.adopt in the process that started it."""
+    """A second reading process: reads {"path", "all": the ranks read, "ranks": those to
+    read here, "steps"} as JSON on stdin, writes dump_columns of what it read on stdout,
+    for ColumnReader.adopt in the process that started it. The clock offsets are those
+    of all the ranks read, as the process that started it computes them."""
     import json
     import sys
 
+    from prism_rr.analysis._build import clock_offsets
     from prism_rr.format import open_bundle
 
     job = json.loads(sys.stdin.buffer.read())
     steps = tuple(job["steps"]) if job["steps"] is not None else None
     with open_bundle(job["path"]) as bundle:
+        offsets = clock_offsets(bundle, job["all"])
         reader = ColumnReader(bundle)
-        parts = [reader.rank(r, off, steps) for r, off in job["ranks"]]
+        parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
     sys.stdout.buffer.write(dump_columns(parts, reader.values))
 
 

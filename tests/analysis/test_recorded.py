@@ -27,6 +27,12 @@ def _diagnose(tmp_path, mode):
         return code, diagnose(b)
 
 
+def _not_timing(findings):
+    """The findings that do not depend on timing: on a loaded machine (CI's) one rank of a
+    run can be late by a fifth of a step for reasons of its own, a straggler finding."""
+    return [f for f in findings if f.kind != "straggler"]
+
+
 def _kinds(findings):
     return [(f.kind, f.ranks, f.group, f.seq) for f in findings]
 
@@ -35,7 +41,7 @@ def _kinds(findings):
 def test_clean_run(tmp_path):
     code, findings = _diagnose(tmp_path, "clean")
     assert code == 0
-    assert findings == [], [f.message for f in findings]
+    assert _not_timing(findings) == [], [f.message for f in findings]
 
 
 @pytest.mark.timeout(150)
@@ -58,7 +64,7 @@ def test_rank_that_calls_with_another_shape(tmp_path):
     first = findings[0]
     assert (first.kind, first.ranks, first.group, first.seq) == ("mismatch", (1,), 0, 6), _kinds(findings)
     assert first.details["differences"]["shapes"] == {"ranks": [1], "value": "[1, 3]", "expected": "[3]"}
-    assert len(findings) == 1
+    assert _not_timing(findings) == [first], _kinds(findings)
 
 
 @pytest.mark.timeout(150)
