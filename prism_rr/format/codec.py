@@ -84,8 +84,11 @@ def decompress(data, limit: int, where: str, *, budget: str | None = None) -> by
     stranger's bundle asks for. Writers decompressing their own blobs leave it out.
     """
     size = declared_size(data, limit, where, budget=budget)
+    d = getattr(_local, "decompressor", None)
+    if d is None:  # making one costs more than decompressing a small frame
+        d = _local.decompressor = zstandard.ZstdDecompressor()
     try:
-        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+        out = d.decompress(data, max_output_size=size)
     except zstandard.ZstdError as exc:
         raise FormatError(f"{where}: corrupt zstd data ({exc})") from None
     if len(out) != size:

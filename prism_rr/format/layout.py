@@ -8,10 +8,10 @@ import zlib
 from prism_rr.errors import FormatError
 
 MAJOR = 1
-MINOR = 0
+MINOR = 1  # 1.1: the summaries section as tables of int64 columns (format/summaries.py)
 
 # Features this reader implements. A bundle lists the ones a reader must know.
-FEATURES_KNOWN = frozenset({"columnar-chunks", "blobs", "summaries", "digests", "redacted"})
+FEATURES_KNOWN = frozenset({"columnar-chunks", "columnar-summaries", "blobs", "summaries", "digests", "redacted"})
 
 SPOOL_MAGIC = b"PRSPOOL\x00"
 SPOOL_HEADER = struct.Struct("<8sHHII")  # magic, major, minor, rank, crc32 of the first 16 bytes
@@ -67,7 +67,10 @@ MAX_SUMMARY_LEN = 1 << 20
 MAX_SECTIONS = 64
 MAX_WORLD = 1 << 20
 MAX_MANIFEST_RAW = 256 << 20
-MAX_SUMMARIES_RAW = 512 << 20
+# 40 bytes a rank and step in 1.1's step table: 8192 ranks of 2000 steps take 656 MB. What
+# a frame may declare is bounded by its stored length too (ratio_limit), so a zip bomb
+# gains nothing from this.
+MAX_SUMMARIES_RAW = 2 << 30
 MAX_BLOB_RAW = 1 << 31
 MAX_RANK_INFO_RAW = 1 << 20
 MAX_GROUPS_RAW = 256 << 20

@@ -27,9 +27,9 @@ import msgpack
 
 from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
-from prism_rr.format import codec, layout
+from prism_rr.format import codec, layout, summaries
 from prism_rr.format.blobs import blob_id
-from prism_rr.format.spool import encode_frame, frame_info, parse_frame, read_spool, still_open
+from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, still_open
 
 __all__ = ["PackResult", "pack", "spool_dirs"]
 
@@ -45,11 +45,16 @@ class PackResult:
     torn: dict[int, str] = field(default_factory=dict)  # rank -> why its tail was dropped
 
 
-def _spools(spool_dir: Path) -> list[Path]:
-    return sorted(spool_dir.glob("rank-*.spool"))
+def _is_spool(name: str) -> bool:
+    return name.startswith("rank-") and name.endswith(".spool")
+
+
+def _has_spools(spool_dir: Path) -> bool:
+    return any(map(_is_spool, os.listdir(spool_dir)))
 
 
 _SPOOL_NAME = re.compile(r"rank-(\d+)\.spool")
+_WRITE_BYTES = 8 << 20  # chunks are written in pieces of about this size
 
 
 def spool_dirs(dirs) -> list[Path]:
@@ -65,10 +70,10 @@ def spool_dirs(dirs) -> list[Path]:
     for d in map(Path, dirs):
         if not d.is_dir():
             raise UsageError(f"{d} is not a directory of spools")
-        if _spools(d):  # its own spools, whatever its subdirectories hold
+        if _has_spools(d):  # its own spools, whatever its subdirectories hold
             found.append(d)
             continue
-        inner = [s for s in sorted(d.iterdir(), key=_natural) if s.is_dir() and _spools(s)]
+        inner = [s for s in sorted(d.iterdir(), key=_natural) if s.is_dir() and _has_spools(s)]
         if not inner:
             raise UsageError(f"{d} holds no rank-*.spool files")
         found += inner
@@ -115,25 +120,28 @@ def pack(
     dirs = spool_dirs(spool_dir)
     out = Path(out)
     owner: dict[int, Path] = {}  # rank -> its spool, by file name (the header is checked too)
+    paths: list[tuple[int, str, Path, bool]] = []  # (rank by name, spool, its directory, crash file?)
     for d in dirs:
-        for path in _spools(d):
-            m = _SPOOL_NAME.fullmatch(path.name)
-            if m is None:
-                continue
-            rank = int(m.group(1))
-            if rank in owner:
-                raise UsageError(f"rank {rank} is in two places: {owner[rank]} and {path}")
-            owner[rank] = path
-    paths = [p for d in dirs for p in _spools(d)]
-    paths.sort(key=lambda p: (int(m.group(1)) if (m := _SPOOL_NAME.fullmatch(p.name)) else 1 << 40, str(p)))
+        names = os.listdir(d)  # one listing, not a glob and a probe for each rank's crash file
+        crashes = {n for n in names if n.endswith(".crash")}
+        for name in filter(_is_spool, names):
+            m = _SPOOL_NAME.fullmatch(name)
+            rank = int(m.group(1)) if m else 1 << 40
+            path = os.path.join(d, name)
+            if m is not None:
+                if rank in owner:
+                    raise UsageError(f"rank {rank} is in two places: {owner[rank]} and {path}")
+                owner[rank] = path
+            paths.append((rank, str(path), d, name[: -len(".spool")] + ".crash" in crashes))
+    paths.sort(key=lambda p: p[:2])
     runs = {d: _read_run(d) for d in dirs}
     dir_ranks: dict[Path, list[int]] = {d: [] for d in dirs}
-    where: dict[int, Path] = {}  # rank -> its spool, by header
+    where: dict[int, str] = {}  # rank -> its spool, by header
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     rank_info: dict[int, dict] = {}
     rank_sums: dict[int, dict] = {}
-    steps: dict[int, dict[int, list]] = {}
+    step_rows: list[tuple[int, tuple]] = []  # (rank, a chunk summary's Step rows)
     groups: dict[int, dict] = {}
     chunk_entries: dict[int, list[bytes]] = {}
     torn: dict[int, str] = {}
@@ -141,51 +149,58 @@ def pack(
     chunks_crc = 0
     with open(tmp, "wb") as f:
         f.write(b"\0" * layout.BUNDLE_HEADER.size)  # written last, once sections are known
-        chunks_at = f.tell()
-        for i, path in enumerate(paths):
-            data = path.read_bytes()
-            scan = read_spool(path, data)
-            rank = scan.rank
+        chunks_at = pos = layout.BUNDLE_HEADER.size
+        pending: list = []  # chunks not yet written: a write of a few MiB, not one a chunk
+        pending_bytes = 0
+        for i, (_, path, spool_dir, has_crash) in enumerate(paths):
+            data = _read(path)
+            name = os.path.basename(path)
+            rank, frames, good_bytes, problem = scan_spool(data, f"spool {name}")
             if rank in rank_sums:
                 raise FormatError(f"rank {rank} is in two places: {where[rank]} and {path} (by their headers)")
             where[rank] = path
-            dir_ranks[path.parent].append(rank)
-            if scan.torn:
-                torn[rank] = scan.problem
+            dir_ranks[spool_dir].append(rank)
+            if problem is not None:
+                torn[rank] = problem
             rs = rank_sums[rank] = {
                 "events": 0, "chunks": 0, "kinds": {}, "t_first": None, "t_last": None,
-                "dropped": 0, "open": 0, "mem_peak": 0, "truncated": scan.torn,
-                "lost_bytes": scan.size - scan.good_bytes,
+                "dropped": 0, "open": 0, "mem_peak": 0, "truncated": problem is not None,
+                "lost_bytes": len(data) - good_bytes,
             }
             entries = chunk_entries[rank] = []
 
-            def copy_chunk(piece, frame) -> None:
-                nonlocal chunks_crc
-                offset = f.tell() - chunks_at
-                f.write(piece)
-                chunks_crc = zlib.crc32(piece, chunks_crc)
+            def add_chunk(chunk, frame) -> None:
+                nonlocal chunks_crc, pos, pending_bytes
+                pending.append(chunk)
+                pending_bytes += frame.length
+                chunks_crc = zlib.crc32(chunk, chunks_crc)
                 entries.append(layout.CHUNK_ENTRY.pack(
-                    offset, frame.length, frame.count, frame.t_first, frame.t_last,
+                    pos - chunks_at, frame.length, frame.count, frame.t_first, frame.t_last,
                     frame.step_first, frame.step_last,
                 ))
-                _fold(rs, frame, steps, groups, rank, path.name)
-            for frame in scan.frames:
+                pos += frame.length
+                _fold(rs, frame, step_rows, groups, rank, name)
+            for frame in frames:
                 if frame.kind == layout.FRAME_RANK_INFO:
-                    rank_info.setdefault(rank, {}).update(frame_info(data, frame, path.name))
-                    continue
-                if frame.kind == layout.FRAME_EVENTS:
-                    copy_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
-            hung = still_open(data, scan.frames, path.name)
+                    rank_info.setdefault(rank, {}).update(frame_info(data, frame, name))
+                elif frame.kind == layout.FRAME_EVENTS:
+                    add_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
+            hung = still_open(data, frames, name)
             if hung:
-                piece = encode_frame(layout.FRAME_EVENTS, rank, len(scan.frames), records=hung)
-                copy_chunk(piece, parse_frame(piece, 0, len(piece), path.name))
-            crash = read_crash_file(path.parent, rank)
-            if crash is not None:
-                rank_info.setdefault(rank, {})["crash"] = crash
+                piece = encode_frame(layout.FRAME_EVENTS, rank, len(frames), records=hung)
+                add_chunk(piece, parse_frame(piece, 0, len(piece), name))
+            if pending_bytes >= _WRITE_BYTES:
+                _write_all(f, pending)
+                pending, pending_bytes = [], 0
+            if has_crash:
+                crash = read_crash_file(spool_dir, rank)
+                if crash is not None:
+                    rank_info.setdefault(rank, {})["crash"] = crash
             events += rs["events"]
             if progress:
                 progress(i + 1, len(paths))
-        chunks_len = f.tell() - chunks_at
+        _write_all(f, pending)
+        chunks_len = pos - chunks_at
 
         blobs_at = f.tell()
         blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at)
@@ -201,7 +216,7 @@ def pack(
         run = runs[by_first[0]] if by_first else {}
         manifest = {
             "format": [layout.MAJOR, layout.MINOR],
-            "features_required": ["columnar-chunks"],
+            "features_required": ["columnar-chunks", "columnar-summaries"],
             "features_optional": ["summaries"] + (["blobs"] if blob_rows else []),
             "tool": f"prism-rr {__version__}",
             "created_unix_ns": time.time_ns(),
@@ -222,10 +237,7 @@ def pack(
         # Groups get a section of their own, read on first use: a job of 8192 ranks has
         # thousands, and opening a bundle should not decode them.
         group_list = manifest.pop("groups")
-        summaries = {
-            "ranks": rank_sums,
-            "steps": {s: steps[s] for s in sorted(steps)},
-        }
+        summary_tables = summaries.encode(rank_sums, step_rows)
         rank_index = bytearray(layout.RANK_ENTRY.size * world)
         chunk_index = bytearray()
         n_chunks = 0
@@ -241,7 +253,7 @@ def pack(
         ]
         for sid, payload in (
             (layout.SEC_MANIFEST, codec.compress(msgpack.packb(manifest, use_bin_type=True), 9)),
-            (layout.SEC_SUMMARIES, codec.compress(msgpack.packb(summaries, use_bin_type=True))),
+            (layout.SEC_SUMMARIES, codec.compress(msgpack.packb(summary_tables, use_bin_type=True))),
             (layout.SEC_RANK_INDEX, bytes(rank_index)),
             (layout.SEC_CHUNK_INDEX, bytes(chunk_index)),
             (layout.SEC_BLOB_INDEX, blob_index),
@@ -273,7 +285,38 @@ def pack(
     )
 
 
-def _fold(rs: dict, frame, steps: dict, groups: dict, rank: int, where: str) -> None:
+def _read(path: str) -> bytes:
+    """A file's bytes, with fewer layers than open().read() (pack reads thousands)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+        if len(data) < size:  # a short read: the rest as open().read() would
+            with os.fdopen(os.dup(fd), "rb") as rest:
+                rest.seek(len(data))
+                data += rest.read()
+        return data
+    finally:
+        os.close(fd)
+
+
+def _write_all(f, pieces: list) -> None:
+    """Write `pieces` (bytes, memoryviews) after what `f` holds, with writev: no copy
+    joins them first."""
+    f.flush()
+    fd = f.fileno()
+    for at in range(0, len(pieces), 512):
+        batch = pieces[at : at + 512]
+        while batch:
+            n = os.writev(fd, batch)
+            while batch and n >= len(batch[0]):
+                n -= len(batch[0])
+                batch.pop(0)
+            if batch and n:
+                batch[0] = memoryview(batch[0])[n:]
+
+
+def _fold(rs: dict, frame, step_rows: list, groups: dict, rank: int, where: str) -> None:
     """Add one frame's header and summary to its rank's and the per-step summaries."""
     s = frame.summary
     rs["events"] += frame.count
@@ -286,8 +329,11 @@ def _fold(rs: dict, frame, steps: dict, groups: dict, rank: int, where: str) -> 
         rs["dropped"] += int(s.get(codec.S_DROPPED, 0))
         rs["open"] += int(s.get(codec.S_OPEN, 0))
         rs["mem_peak"] = max(rs["mem_peak"], int(s.get(codec.S_MEM_PEAK, 0)))
-        for step, start, end, peak in s.get(codec.S_STEPS, ()):
-            steps.setdefault(int(step), {})[rank] = [start, end, peak]
+        rows = s.get(codec.S_STEPS)
+        if rows:
+            if type(rows) is not tuple:
+                raise TypeError("its steps are not a list")
+            step_rows.append((rank, rows))
         for gid, ranks, name, desc, backend in s.get(codec.S_GROUPS, ()):
             if gid not in groups:
                 codec.unpack_ranks(ranks, f"{where}, offset {frame.offset}")  # refuse nonsense early

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import zstandard
 
 from prism_rr.errors import FormatError, UnsupportedVersionError, UsageError
-from prism_rr.format import codec, layout
+from prism_rr.format import codec, layout, summaries
 from prism_rr.format.records import Record
 from prism_rr.format.spool import Frame, parse_frame
 
@@ -263,10 +263,20 @@ class Bundle:
         Type-checked where read, so no consumer sees a wrong type: ranks are ints below
         world_size; each rank's summary has exactly the keys of _RANK_SUMMARY (absent
         ones take their defaults; unknown ones are dropped) with those types; counts are
-        never negative.
+        never negative. A 1.1 bundle holds them as tables of columns (format/summaries.py):
+        the same shapes then come as read-only mappings over the columns, steps ascending.
         """
         where = self._where(layout.SEC_SUMMARIES)
-        s = self._plain(layout.SEC_SUMMARIES, layout.MAX_SUMMARIES_RAW)
+        stored = self._checked(layout.SEC_SUMMARIES)
+        raw = codec.decompress(stored, layout.MAX_SUMMARIES_RAW, where, budget="frame")
+        s = codec.unpack(raw, where, budget=layout.objects_limit(len(stored)))
+        if type(s) is dict and summaries.STEP_TABLE in s:
+            tables = {k: s.pop(k, None) for k in (summaries.RANK_TABLE, summaries.STEP_TABLE)}
+            codec.check_plain(s, where)  # what else a later minor version adds
+            world = self.world_size
+            return {**s, "ranks": summaries.read_rank_table(tables[summaries.RANK_TABLE], world, where),
+                    "steps": summaries.read_step_table(tables[summaries.STEP_TABLE], world, where)}
+        codec.check_plain(s, where)
         if type(s) is not dict or type(s.get("ranks")) is not dict or type(s.get("steps")) is not dict:
             raise FormatError(f"{where}: summaries are malformed")
         world = self.world_size
@@ -301,7 +311,10 @@ class Bundle:
 
     @property
     def event_count(self) -> int:
-        return sum(rs["events"] for rs in self.summaries["ranks"].values())
+        ranks = self.summaries["ranks"]
+        if isinstance(ranks, summaries.RankTable):
+            return ranks.total("events")
+        return sum(rs["events"] for rs in ranks.values())
 
     def rank_summary(self, rank: int) -> dict:
         return self.summaries["ranks"].get(rank, {})

@@ -29,7 +29,7 @@ from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
 from prism_rr.format.records import Marker, Record
 
-__all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "spool_header",
+__all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "scan_spool", "spool_header",
            "spool_path", "still_open"]
 
 
@@ -168,7 +168,14 @@ def read_spool(path: str | os.PathLike, data: bytes | None = None) -> SpoolScan:
     path = Path(path)
     if data is None:
         data = path.read_bytes()
-    where = f"spool {path.name}"
+    rank, frames, good, problem = scan_spool(data, f"spool {path.name}")
+    return SpoolScan(path=path, rank=rank, frames=frames, good_bytes=good, size=len(data), problem=problem)
+
+
+def scan_spool(data, where: str) -> tuple[int, list[Frame], int, str | None]:
+    """What read_spool finds in a spool's bytes: (rank, every complete frame before the
+    first bad one, the length of that intact prefix, why reading stopped early or None);
+    FormatError if the header is not a spool's. `where` names the spool in errors."""
     hsize = layout.SPOOL_HEADER.size
     if len(data) < hsize:
         raise FormatError(f"{where}: too short for a spool header ({len(data)} bytes)")
@@ -191,7 +198,7 @@ def read_spool(path: str | os.PathLike, data: bytes | None = None) -> SpoolScan:
             break
         frames.append(frame)
         offset += frame.length
-    return SpoolScan(path=path, rank=rank, frames=frames, good_bytes=offset, size=len(data), problem=problem)
+    return rank, frames, offset, problem
 
 
 def repair_spool(path: str | os.PathLike) -> SpoolScan:

@@ -70,7 +70,7 @@ def _resealed(data: bytes, sid: int, mutate) -> bytes:
     so the checks behind the checksums are reached."""
     buf = bytearray(data)
     t_at = len(buf) - layout.TRAILER.size
-    _, table_at, count, *_ = layout.TRAILER.unpack_from(buf, t_at)
+    _, table_at, count, major, minor, *_ = layout.TRAILER.unpack_from(buf, t_at)
     sections = {}
     for i in range(count):
         entry = layout.SECTION_ENTRY.unpack_from(buf, table_at + i * layout.SECTION_ENTRY.size)
@@ -90,7 +90,7 @@ def _resealed(data: bytes, sid: int, mutate) -> bytes:
         table_at += len(new)
     layout.SECTION_ENTRY.pack_into(buf, table_at + i * layout.SECTION_ENTRY.size, sid_, flags, offset, length, layout.crc32(new), res)
     table = buf[table_at : table_at + count * layout.SECTION_ENTRY.size]
-    trailer = layout.TRAILER.pack(layout.TRAILER_MAGIC, table_at, count, layout.MAJOR, layout.MINOR, layout.crc32(table), 0)
+    trailer = layout.TRAILER.pack(layout.TRAILER_MAGIC, table_at, count, major, minor, layout.crc32(table), 0)
     buf[table_at + len(table):] = trailer[:-4] + layout.crc32(trailer[:-4]).to_bytes(4, "little")
     return bytes(buf)
 
