@@ -32,12 +32,22 @@ __all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chu
 C_ORDER = 0  # kind of each record, in record order
 C_TABLES = 1  # {kind: [columns {key: [values]}, constants {key: value}]}
 
-_GETTERS: dict[type, Callable[[Any], tuple]] = {
-    cls: operator.attrgetter(*(name for name, _ in cls.WIRE)) for cls in RECORD_TYPES.values()
-}
-_KEY_LISTS: dict[type, tuple[int, ...]] = {
-    cls: tuple(key for _, key in cls.WIRE) for cls in RECORD_TYPES.values()
-}
+
+
+def _column_reader(cls) -> Callable[[Sequence], tuple[list, ...]]:
+    """A function giving the columns of a list of `cls` records, one list a field in wire
+    order, each a list comprehension: Python 3.11 specialises `r.field` on a slot, twice
+    as fast as an attrgetter mapped over them. The generated code names only our own
+    field names."""
+    body = "".join(f"[r.{name} for r in rs], " for name, _ in cls.WIRE)
+    env: dict[str, Any] = {}
+    exec(f"def read(rs):\n    return ({body})\n", env)
+    return env["read"]
+
+
+# (name, key) of each field of each record type in wire order, and its column reader
+_FIELDS: dict[type, tuple[tuple[str, int], ...]] = {cls: tuple(cls.WIRE) for cls in RECORD_TYPES.values()}
+_READ_COLUMNS = {cls: _column_reader(cls) for cls in RECORD_TYPES.values()}
 
 _KIND = operator.attrgetter("KIND")
 # zstandard's contexts are not thread-safe: the spool's writer thread, the program's thread
@@ -236,13 +246,13 @@ def _all_same(column: Sequence) -> bool:
 def pack_ranks(ranks: Sequence[int]):
     """A list of ranks as it goes on the wire: an arithmetic run as {0: start, 1: stop, 2: step}."""
     n = len(ranks)
+    ranks = tuple(ranks)
     if n >= 4:
         step = ranks[1] - ranks[0]
-        if step > 0 and ranks[-1] == ranks[0] + step * (n - 1) and all(
-            b - a == step for a, b in zip(ranks, ranks[1:])
-        ):
+        # compared with the run as a whole, in C: a group of 4096 is in every first chunk
+        if step > 0 and ranks[-1] == ranks[0] + step * (n - 1) and ranks == tuple(range(ranks[0], ranks[-1] + 1, step)):
             return {0: ranks[0], 1: ranks[-1] + 1, 2: step}
-    return tuple(ranks)
+    return ranks
 
 
 def ranks_len(value, where: str, world: int = layout.MAX_WORLD) -> int:
@@ -280,7 +290,11 @@ S_OPEN = 5  # calls that never completed
 
 
 def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
-    """A chunk's msgpack payload (before compression) and its summary."""
+    """A chunk's msgpack payload (before compression) and its summary.
+
+    Each column is read by a list comprehension over its kind's records (_column_reader),
+    not by transposing a tuple of every field of every record: what decides the
+    recorder's writer's throughput."""
     order = list(map(_KIND, records))
     counts = Counter(order)
     if len(counts) == 1:
@@ -297,24 +311,31 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     step_lo = step_hi = None
     peak = 0
     open_calls = 0
+    group_ranks = ()
     for cls, bucket in buckets.items():
         columns = {}
         constants = {}
-        named = {}
-        for (name, key), column in zip(cls.WIRE, zip(*map(_GETTERS[cls], bucket))):
-            named[name] = column
-            if key == K_START or key == K_END:
+        peaks = None
+        for (name, key), column in zip(_FIELDS[cls], _READ_COLUMNS[cls](bucket)):
+            if key == K_START:
+                starts = column
                 continue
+            if key == K_END:
+                ends = column
+                continue
+            if name == "step":
+                steps = column
+            elif name == "mem_peak":
+                peaks = column
             to_wire = _TO_WIRE.get(key)
             if to_wire is not None:
-                column = tuple(map(to_wire, column))
+                column = list(map(to_wire, column))
+                if key == K_RANKS:
+                    group_ranks = column  # the summary's groups take them as they are
             if _all_same(column):
                 constants[key] = column[0]
             else:
                 columns[key] = column
-        starts = named["start_ns"]
-        ends = named["end_ns"]
-        steps = named["step"]
         open_here = ends.count(None)
         open_calls += open_here
         lo, hi = min(starts), max(starts)
@@ -325,7 +346,6 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
         s_lo, s_hi = min(steps), max(steps)
         step_lo = s_lo if step_lo is None else min(step_lo, s_lo)
         step_hi = s_hi if step_hi is None else max(step_hi, s_hi)
-        peaks = named.get("mem_peak")
         if peaks is not None:
             if None not in peaks:
                 peak = max(peak, max(peaks))
@@ -342,7 +362,7 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
             columns[K_END] = durations
         tables[cls.KIND] = [columns, constants]
     payload = msgpack.packb({C_ORDER: order, C_TABLES: tables}, use_bin_type=True)
-    summary = _summarise(buckets, order)
+    summary = _summarise(buckets, counts, group_ranks)
     if peak:
         summary[S_MEM_PEAK] = peak
     if open_calls:
@@ -352,8 +372,8 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     )
 
 
-def _summarise(buckets: dict[type, list], order: list[int]) -> dict:
-    summary: dict[int, Any] = {S_KINDS: dict(Counter(order))}
+def _summarise(buckets: dict[type, list], counts: Counter, group_ranks: Sequence) -> dict:
+    summary: dict[int, Any] = {S_KINDS: dict(counts)}
     steps = buckets.get(Step)
     if steps:
         summary[S_STEPS] = [[s.step, s.start_ns, s.end_ns, s.mem_peak] for s in steps]
@@ -364,7 +384,7 @@ def _summarise(buckets: dict[type, list], order: list[int]) -> dict:
             summary[S_DROPPED] = dropped
     groups = buckets.get(GroupInfo)
     if groups:
-        summary[S_GROUPS] = [[g.group, pack_ranks(g.ranks), g.name, g.text, g.backend] for g in groups]
+        summary[S_GROUPS] = [[g.group, ranks, g.name, g.text, g.backend] for g, ranks in zip(groups, group_ranks)]
     return summary
 
 
