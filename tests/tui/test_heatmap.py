@@ -20,10 +20,8 @@ def _colours(hm, y: int) -> list[str]:
 
 @sync
 async def test_every_rank_of_8192_in_view_and_enter_opens_the_timeline(big):
-    app = make_app(big)
+    app = make_app(big, start="heatmap")
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        await pilot.press("m")  # from the overview (5 from anywhere)
         await settle(pilot)
         assert isinstance(app.screen, HeatmapScreen)
         hm = app.screen.heatmap
@@ -49,7 +47,7 @@ async def test_cells_are_coloured_by_step_time_or_late_start(small):
     app = make_app(small)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        await pilot.press("5")
+        await pilot.press("m")  # from the overview (5 from anywhere)
         await settle(pilot)
         hm = app.screen.heatmap
         assert hm.per == 1  # 8 ranks fit: one a row

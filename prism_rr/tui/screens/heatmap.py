@@ -14,6 +14,8 @@ __all__ = ["HeatmapScreen"]
 
 
 class HeatmapScreen(Screen):
+    _described = False  # after the first description the lines keep their height: no re-layout
+
     def compose(self) -> ComposeResult:
         from prism_rr.tui.analysis import step_grid
 
@@ -41,7 +43,7 @@ class HeatmapScreen(Screen):
             legend.append("  ", style=f"on {colour}")
         legend.append(" " + format_ns(hi))
         legend.append("  · no step", style="grey50")
-        self.query_one("#heatmap-legend", Static).update(legend)
+        self.query_one("#heatmap-legend", Static).update(legend, layout=not self._described)
         ranks, step, value, rank = hm.cursor_cell()
         if not len(ranks):
             text = "no recorded ranks"
@@ -52,7 +54,8 @@ class HeatmapScreen(Screen):
                 "no finished step" if value is None else
                 f"{METRICS[hm.metric].split(' (')[0]} {format_ns(value)}" + (f" (rank {rank})" if a != b else ""))
             text += " · enter: timeline · t: time/late · +/-: ranks a row"
-        self.query_one("#heatmap-status", Static).update(text)
+        self.query_one("#heatmap-status", Static).update(text, layout=not self._described)
+        self._described = True
 
     async def on_heat_map_cell_chosen(self, msg: HeatMap.CellChosen) -> None:
         app = self.app

@@ -20,7 +20,7 @@ __all__ = ["METRICS", "RAMP", "HeatMap"]
 RAMP = ("#1d3557", "#27577a", "#2a7f8f", "#4a9d6f", "#a3b43c", "#e0b029", "#f07a1f", "#d62828")
 METRICS = {"time": "step time", "late": "late start (after the step's first rank)"}
 GUTTER = 12  # the rank range of each row
-CELL = 3  # columns per step, fewer when the steps need it
+CELL = 6  # columns per step at most, fewer when the steps need it
 
 
 class HeatMap(Widget, can_focus=True):
