@@ -61,3 +61,26 @@ async def test_overview_of_8192_ranks(big):
         assert app.screen.query_one("#ranks", DataTable).row_count == 200
         assert "8192 ranks, 8192 recorded" in screen_text(app)
         assert app.model.cached_ranks() == [] or len(app.model.cached_ranks()) <= 2  # no events read
+
+
+@sync
+async def test_collectives_of_a_4096_member_group(big):
+    from prism_rr.tui.screens.collectives import CollectivesScreen
+
+    app = make_app(big, start="timeline")
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        shown = set(app.model.cached_ranks())
+        dp = next(g for g, info in app.model.groups.items() if len(info["ranks"]) == 4096)
+        await app.show_group(dp)
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, CollectivesScreen) and len(screen.members) == 4096
+        table = screen.query_one(DataTable)
+        assert table.row_count == len(screen.rows) > 0
+        assert all(len(row.arrivals) == 4096 for row in screen.rows)
+        assert "4096/4096" in screen_text(app)
+        # the members are read as columns, not through the timeline's span cache: the rows
+        # it had are still there, and no member was added to it
+        assert set(app.model.cached_ranks()) == shown
