@@ -84,3 +84,23 @@ async def test_collectives_of_a_4096_member_group(big):
         # the members are read as columns, not through the timeline's span cache: the rows
         # it had are still there, and no member was added to it
         assert set(app.model.cached_ranks()) == shown
+
+
+def test_one_call_of_a_big_group_read_as_columns(big):
+    """call_row: one call's members as the details pane needs them, without the span cache."""
+    from prism_rr.format import open_bundle
+    from prism_rr.tui.analysis import call_row
+    from prism_rr.tui.model import FAR, TimelineModel
+
+    with open_bundle(big) as b:
+        tm = TimelineModel(b)
+        dp = next(g for g, info in tm.groups.items() if len(info["ranks"]) == 4096)
+        members = tm.group_members(dp)[:64]
+        row = call_row(tm, dp, 3, members)
+        assert tm.cached_ranks() == []
+        assert sorted(row.arrivals) == sorted(members) and row.step is not None
+        for r in members:
+            spans = tm.load(r)
+            i = spans.find_call(dp, 3)
+            assert (row.arrivals[r], row.ends[r]) == (spans.starts[i], spans.ends[i]) and row.ends[r] != FAR
+            assert row.op == spans.records[i].op
