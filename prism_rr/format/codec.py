@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import threading
 from dataclasses import MISSING, fields
-from collections import Counter
+from collections import Counter, defaultdict
 from functools import lru_cache
 from itertools import accumulate, repeat
 from typing import Any, Callable, Iterable, Sequence
@@ -49,7 +49,6 @@ def _column_reader(cls) -> Callable[[Sequence], tuple[list, ...]]:
 _FIELDS: dict[type, tuple[tuple[str, int], ...]] = {cls: tuple(cls.WIRE) for cls in RECORD_TYPES.values()}
 _READ_COLUMNS = {cls: _column_reader(cls) for cls in RECORD_TYPES.values()}
 
-_KIND = operator.attrgetter("KIND")
 # zstandard's contexts are not thread-safe: the spool's writer thread, the program's thread
 # (payload blobs) and a reader's worker each need their own.
 _local = threading.local()
@@ -295,17 +294,12 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     Each column is read by a list comprehension over its kind's records (_column_reader),
     not by transposing a tuple of every field of every record: what decides the
     recorder's writer's throughput."""
-    order = list(map(_KIND, records))
-    counts = Counter(order)
-    if len(counts) == 1:
-        buckets = {records[0].__class__: records}
-    else:  # a stable sort by kind keeps each kind's records in order
-        by_kind = list(map(records.__getitem__, sorted(range(len(order)), key=order.__getitem__)))
-        buckets = {}
-        at = 0
-        for kind in sorted(counts):
-            buckets[RECORD_TYPES[kind]] = by_kind[at : at + counts[kind]]
-            at += counts[kind]
+    order = [r.KIND for r in records]
+    by_kind = defaultdict(list)  # each kind's records in order, kinds as they first come
+    for r in records:
+        by_kind[r.KIND].append(r)
+    counts = {kind: len(recs) for kind, recs in by_kind.items()}
+    buckets = {RECORD_TYPES[kind]: by_kind[kind] for kind in sorted(by_kind)}
     tables = {}
     t_first = t_last = None
     step_lo = step_hi = None
@@ -372,7 +366,7 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     )
 
 
-def _summarise(buckets: dict[type, list], counts: Counter, group_ranks: Sequence) -> dict:
+def _summarise(buckets: dict[type, list], counts: dict[int, int], group_ranks: Sequence) -> dict:
     summary: dict[int, Any] = {S_KINDS: dict(counts)}
     steps = buckets.get(Step)
     if steps:

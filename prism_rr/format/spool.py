@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,26 +104,30 @@ def parse_frame(buf, offset: int, end: int, where: str) -> Frame:
      t0, t1, s0, s1, crc_body, crc_head) = fields
     if magic != layout.FRAME_MAGIC:
         raise FormatError(f"{where}, offset {offset}: bad frame magic {magic!r}")
-    if layout.crc32(memoryview(buf)[offset : offset + size - 4]) != crc_head:
+    view = memoryview(buf)
+    if zlib.crc32(view[offset : offset + size - 4]) != crc_head:
         raise FormatError(f"{where}, offset {offset}: frame header checksum mismatch")
     if flags != 0:
         raise FormatError(f"{where}, offset {offset}: reserved frame flags are set ({flags})")
-    at = f"{where}, offset {offset}"
-    layout.bounded(raw_len, layout.MAX_CHUNK_RAW, "payload size", at)
-    layout.bounded(comp_len, layout.MAX_CHUNK_COMPRESSED, "compressed size", at)
-    layout.bounded(summ_len, layout.MAX_SUMMARY_LEN, "summary size", at)
-    layout.bounded(count, layout.MAX_CHUNK_EVENTS, "record count", at)
+    if not (raw_len <= layout.MAX_CHUNK_RAW and comp_len <= layout.MAX_CHUNK_COMPRESSED
+            and summ_len <= layout.MAX_SUMMARY_LEN and count <= layout.MAX_CHUNK_EVENTS):
+        at = f"{where}, offset {offset}"  # (all are unsigned) which one, said by bounded
+        layout.bounded(raw_len, layout.MAX_CHUNK_RAW, "payload size", at)
+        layout.bounded(comp_len, layout.MAX_CHUNK_COMPRESSED, "compressed size", at)
+        layout.bounded(summ_len, layout.MAX_SUMMARY_LEN, "summary size", at)
+        layout.bounded(count, layout.MAX_CHUNK_EVENTS, "record count", at)
     length = size + summ_len + comp_len
     if end - offset < length:
-        raise FormatError(f"{at}: frame body is truncated ({end - offset - size} of {length - size} bytes)")
-    body = memoryview(buf)[offset + size : offset + length]
-    if layout.crc32(body) != crc_body:
-        raise FormatError(f"{at}: frame body checksum mismatch")
+        raise FormatError(f"{where}, offset {offset}: frame body is truncated "
+                          f"({end - offset - size} of {length - size} bytes)")
+    body = view[offset + size : offset + length]
+    if zlib.crc32(body) != crc_body:
+        raise FormatError(f"{where}, offset {offset}: frame body checksum mismatch")
     summary = {}
     if summ_len:
-        summary = codec.unpack(body[:summ_len], f"{at}, summary")
+        summary = codec.unpack(body[:summ_len], f"{where}, offset {offset}, summary")
         if type(summary) is not dict:
-            raise FormatError(f"{at}: frame summary is not a map")
+            raise FormatError(f"{where}, offset {offset}: frame summary is not a map")
     return Frame(
         offset=offset, length=length, kind=kind, rank=rank, index=index, count=count,
         raw_len=raw_len, t_first=t0, t_last=t1, step_first=s0, step_last=s1, summary=summary,
