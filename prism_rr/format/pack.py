@@ -141,7 +141,7 @@ def pack(
     out.parent.mkdir(parents=True, exist_ok=True)
     rank_info: dict[int, dict] = {}
     rank_sums: dict[int, dict] = {}
-    step_rows: list[tuple[int, tuple]] = []  # (rank, a chunk summary's Step rows)
+    step_rows = summaries.StepRows()
     groups: dict[int, dict] = {}
     chunk_entries: dict[int, list[bytes]] = {}
     torn: dict[int, str] = {}
@@ -316,7 +316,7 @@ def _write_all(f, pieces: list) -> None:
                 batch[0] = memoryview(batch[0])[n:]
 
 
-def _fold(rs: dict, frame, step_rows: list, groups: dict, rank: int, where: str) -> None:
+def _fold(rs: dict, frame, step_rows: summaries.StepRows, groups: dict, rank: int, where: str) -> None:
     """Add one frame's header and summary to its rank's and the per-step summaries."""
     s = frame.summary
     rs["events"] += frame.count
@@ -333,7 +333,7 @@ def _fold(rs: dict, frame, step_rows: list, groups: dict, rank: int, where: str)
         if rows:
             if type(rows) is not tuple:
                 raise TypeError("its steps are not a list")
-            step_rows.append((rank, rows))
+            step_rows.add(rank, rows)
         for gid, ranks, name, desc, backend in s.get(codec.S_GROUPS, ()):
             if gid not in groups:
                 codec.unpack_ranks(ranks, f"{where}, offset {frame.offset}")  # refuse nonsense early

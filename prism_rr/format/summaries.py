@@ -24,7 +24,7 @@ import numpy as np
 
 from prism_rr.errors import FormatError
 
-__all__ = ["NIL", "RankTable", "StepTable", "encode", "read_rank_table", "read_step_table"]
+__all__ = ["NIL", "RankTable", "StepRows", "StepTable", "encode", "read_rank_table", "read_step_table"]
 
 NIL = -(1 << 63)  # a nil value in an int64 column
 MAX_TIME = 1 << 62  # as codec.MAX_TIME: times of records lie within +-2^62 ns
@@ -48,12 +48,57 @@ def _column(values) -> bytes:
     return np.asarray(values, dtype=_LE).tobytes()
 
 
-def encode(rank_sums: dict[int, dict], step_rows: list[tuple[int, tuple]]) -> dict:
+class StepRows:
+    """The chunks' Step rows as pack meets them, `(rank, ((step, start_ns, end_ns,
+    mem_peak), ...))` as a chunk summary holds them, made int64 arrays every BLOCK rows:
+    8192 ranks of 2000 steps are 16M rows, gigabytes as Python tuples."""
+
+    BLOCK = 1 << 18
+
+    def __init__(self):
+        self._pending: list[tuple[int, tuple]] = []
+        self._rows = 0
+        self._blocks: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, rank: int, rows: tuple) -> None:
+        self._pending.append((rank, rows))
+        self._rows += len(rows)
+        if self._rows >= self.BLOCK:
+            self._compact()
+
+    def _compact(self) -> None:
+        pending, self._pending, self._rows = self._pending, [], 0
+        rows = list(chain.from_iterable(r for _, r in pending))
+        if not set(map(type, rows)) <= {tuple} or not set(map(len, rows)) <= {4}:
+            raise FormatError("pack: a chunk summary's step rows are not [step, start, end, peak]")
+        flat = list(chain.from_iterable(rows))
+        try:
+            rank = np.repeat(np.array([r for r, _ in pending], dtype=np.int64), [len(r) for _, r in pending])
+            if set(map(type, flat)) <= {int}:  # no nil: one conversion of every value
+                step, start, end, peak = np.array(flat, dtype=np.int64).reshape(-1, 4).T
+            else:
+                step, start, end, peak = zip(*rows)
+                if not (set(map(type, step)) | set(map(type, start)) <= {int}
+                        and set(map(type, end)) | set(map(type, peak)) <= {int, type(None)}):
+                    raise FormatError("pack: a chunk summary's step rows hold something other than integers")
+                step, start, end, peak = (np.array([NIL if v is None else v for v in c], dtype=np.int64)
+                                          for c in (step, start, end, peak))
+        except OverflowError:
+            raise FormatError("pack: a chunk summary's step rows hold an integer beyond int64") from None
+        _check_steps(step, rank, start, end, peak, None, "pack", ordered=False)
+        self._blocks.append((step, rank, start, end, peak))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """step, rank, start_ns, end_ns, mem_peak: every row, in the order met."""
+        self._compact()
+        return tuple(np.concatenate(c) for c in zip(*self._blocks))
+
+
+def encode(rank_sums: dict[int, dict], step_rows: StepRows) -> dict:
     """The summaries map of format 1.1: the ranks' summaries (pack's {rank: {events,
-    chunks, kinds, ...}}) and each chunk's Step rows as its summary holds them, `(rank,
-    ((step, start_ns, end_ns, mem_peak), ...))`, in the order pack met them; where a rank
-    has a step twice the later row counts, as it did when a map held them. FormatError
-    on a value a reader would refuse (pack reads a stranger's spools too)."""
+    chunks, kinds, ...}}) and the chunks' Step rows; where a rank has a step twice the
+    later row counts, as it did when a map held them. FormatError on a value a reader
+    would refuse (pack reads a stranger's spools too)."""
     ranks = sorted(rank_sums)
     sums = list(map(rank_sums.__getitem__, ranks))
     rank_table: dict[str, Any] = {"rank": _column(ranks)}
@@ -65,24 +110,7 @@ def encode(rank_sums: dict[int, dict], step_rows: list[tuple[int, tuple]]) -> di
     kinds = list(map(itemgetter("kinds"), sums))
     rank_table["kinds"] = {k: _column(list(map(methodcaller("get", k, 0), kinds)))
                            for k in sorted(set(chain.from_iterable(kinds)))}
-    rows = list(chain.from_iterable(r for _, r in step_rows))
-    if not set(map(type, rows)) <= {tuple} or not set(map(len, rows)) <= {4}:
-        raise FormatError("pack: a chunk summary's step rows are not [step, start, end, peak]")
-    flat = list(chain.from_iterable(rows))
-    try:
-        rank = np.repeat(np.array([r for r, _ in step_rows], dtype=np.int64), [len(r) for _, r in step_rows])
-        if set(map(type, flat)) <= {int}:  # no nil: one conversion of every value
-            step, start, end, peak = np.array(flat, dtype=np.int64).reshape(-1, 4).T
-        else:
-            step, start, end, peak = zip(*rows)
-            if not (set(map(type, step)) | set(map(type, start)) <= {int}
-                    and set(map(type, end)) | set(map(type, peak)) <= {int, type(None)}):
-                raise FormatError("pack: a chunk summary's step rows hold something other than integers")
-            step, start, end, peak = (np.array([NIL if v is None else v for v in c], dtype=np.int64)
-                                      for c in (step, start, end, peak))
-    except OverflowError:
-        raise FormatError("pack: a chunk summary's step rows hold an integer beyond int64") from None
-    _check_steps(step, rank, start, end, peak, None, "pack", ordered=False)
+    step, rank, start, end, peak = step_rows.arrays()
     # rows by (step, rank), the last of each pair (a stable sort keeps the order met)
     order = np.lexsort((rank, step))
     step, rank = step[order], rank[order]

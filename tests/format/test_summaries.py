@@ -235,3 +235,24 @@ def test_a_table_of_zeros_is_a_zip_bomb_the_budget_refuses(small, tmp_path):
     assert path.stat().st_size < 1 << 20
     with open_bundle(path) as b, pytest.raises(FormatError, match="more than its size can justify"):
         b.summaries
+
+
+@pytest.mark.parametrize("rows", [[[0, "5", 1, 2]], [[0, 1.5, 2, 3]], [[0, 1, 2]], [[0, 2**64 - 1, 2, 3]],
+                                  [[0, None, 1, 2]], [[0, 1, 2, -3]], [[2**40, 1, 2, 3]]])
+def test_pack_refuses_step_rows_a_reader_would(tmp_path, rows):
+    """A spool's chunk summary is a stranger's too: pack refuses what it cannot write as
+    a 1.1 step table (it wrote 1.0's map whatever it held, for the reader to refuse)."""
+    import zlib
+
+    frame = encode_frame(layout.FRAME_EVENTS, 0, 1, records=[Step(start_ns=1, end_ns=2, step=0, mem_peak=3)])
+    h = list(layout.FRAME_HEADER.unpack_from(frame, 0))
+    payload = frame[layout.FRAME_HEADER.size + h[8]:]
+    summary = msgpack.packb({0: {Step.KIND: 1}, 1: rows})
+    h[8], h[13], h[14] = len(summary), zlib.crc32(summary + payload), 0
+    head = layout.FRAME_HEADER.pack(*h)
+    d = tmp_path / "x.prism.d"
+    d.mkdir()
+    spool_path(d, 0).write_bytes(spool_header(0) + head[:-4] + zlib.crc32(head[:-4]).to_bytes(4, "little")
+                                 + summary + payload)
+    with pytest.raises(FormatError, match="step"):
+        pack(d, tmp_path / "x.prism")
