@@ -33,6 +33,8 @@ __all__ = [
     "diagnose",
     "diagnose_apart",
     "group_calls",
+    "lateness",
+    "run_apart",
     "step_grid",
 ]
 
@@ -186,45 +188,72 @@ def step_grid(tm: TimelineModel) -> StepGrid:
     return StepGrid(ranks=list(ranks), steps=list(steps), time=time_, late=start - first)
 
 
-# --- diagnosis, in a child process ----------------------------------------------------------
+# --- analyses in a child process -----------------------------------------------------------
 
 
-def _diagnose_child(path, conn) -> None:
-    """The child's side of diagnose_apart: the findings, and where a straggler was found,
-    each straggler's cost (re-timing every step costs as much as `prism-rr analyze`:
-    only then, as `prism-rr diagnose` does). It leads a process group of its own, so
-    a cancel ends the reader it starts for big bundles with it."""
+def _diagnosis(b: Bundle):
+    """The findings, and where a straggler was found, each straggler's cost (re-timing
+    every step costs as much as `prism-rr analyze`: only then, as `prism-rr diagnose` does)."""
+    found = diagnose(b)
+    costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in found) else []
+    return found, costs
+
+
+def lateness(b: Bundle, ranks: list[int], steps: list[int]) -> np.ndarray:
+    """[rank row, step column]: how long the rank kept the others waiting in the step's
+    collectives: over each call, its entry minus the first member's, summed (ns; NaN
+    where it made none). A rank that computes slowly in a synchronous run shows here,
+    where its step time and start look like everyone's."""
+    t = build_graph(b, ranks=ranks).table
+    out = np.full((len(ranks), len(steps)), np.nan)
+    if not len(t.start) or not steps:
+        return out
+    first = np.minimum.reduceat(t.start, t.starts)[t.call_of]
+    late = np.where(t.count[t.call_of] > 1, t.start - first, 0)
+    row_of = {r: i for i, r in enumerate(ranks)}
+    rows = np.array([row_of.get(r, -1) for r in t.rank.tolist()], np.int64)
+    cols = np.searchsorted(steps, t.step)
+    ok = (rows >= 0) & (cols < len(steps))
+    ok[ok] &= np.asarray(steps)[cols[ok]] == t.step[ok]
+    cells = rows[ok] * len(steps) + cols[ok]
+    total = np.bincount(cells, weights=late[ok], minlength=out.size)
+    seen = np.bincount(cells, minlength=out.size) > 0
+    out.ravel()[seen] = total[seen]
+    return out
+
+
+def _child(fn, path, args, conn) -> None:
+    """The child's side of run_apart. It leads a process group of its own, so a cancel
+    ends the reader it starts for big bundles with it; it never prints."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()
     try:
         with open_bundle(path) as b:
-            found = diagnose(b)
-            costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in found) else []
-        conn.send(("ok", found, costs))
+            conn.send(("ok", fn(b, *args)))
     except PrismError as exc:
-        conn.send(("bundle", exc, None))
-    except Exception as exc:  # noqa: BLE001 - the parent says so; the child must not print
-        conn.send(("failed", f"{type(exc).__name__}: {exc}", None))
+        conn.send(("bundle", exc))
+    except Exception as exc:  # noqa: BLE001 - the parent says so
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
 
 
-def diagnose_apart(bundle: Bundle, *, tick: Callable[[float], None] | None = None,
-                   stop: Callable[[], bool] | None = None, every: float = 0.25):
-    """`diagnose(bundle)` and the stragglers' costs ({rank, cost_ns, steps, late_calls},
-    costliest first), computed in a child process that reads the bundle afresh.
+def run_apart(fn, bundle: Bundle, *args, tick: Callable[[float], None] | None = None,
+              stop: Callable[[], bool] | None = None, every: float = 0.25):
+    """`fn(bundle, *args)` in a child process that reads the bundle afresh: seconds of CPU
+    that would stall the screen, and that a user can stop.
 
     `tick(seconds so far)` is called every `every` seconds while it runs; when `stop()`
     turns true the child is ended and None is returned. A malformed bundle raises its
-    PrismError here; any other failure of the analysis raises RuntimeError with its text.
-    Where the platform can fork, the child inherits this module as it is (a test's
-    stand-in for `diagnose` included).
+    PrismError here; any other failure raises RuntimeError with its text. Where the
+    platform can fork, the child inherits this module as it is (a test's stand-in for
+    `diagnose` included).
     """
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     ours, theirs = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_diagnose_child, args=(str(bundle.path), theirs), daemon=True,
-                        name="prism-rr diagnose")
+    child = ctx.Process(target=_child, args=(fn, str(bundle.path), args, theirs), daemon=True,
+                        name=f"prism-rr {fn.__name__.strip('_')}")
     t0 = time.monotonic()
     child.start()
     theirs.close()
@@ -233,14 +262,14 @@ def diagnose_apart(bundle: Bundle, *, tick: Callable[[float], None] | None = Non
             if stop is not None and stop():
                 return None
             if not child.is_alive() and not ours.poll(0):
-                raise RuntimeError(f"the diagnosis process ended with exit code {child.exitcode}")
+                raise RuntimeError(f"the analysis process ended with exit code {child.exitcode}")
             if tick is not None:
                 tick(time.monotonic() - t0)
         try:
-            status, value, costs = ours.recv()
+            status, value = ours.recv()
         except EOFError:
             child.join(1)
-            raise RuntimeError(f"the diagnosis process ended with exit code {child.exitcode}") from None
+            raise RuntimeError(f"the analysis process ended with exit code {child.exitcode}") from None
     finally:
         ours.close()
         if child.is_alive():
@@ -253,7 +282,13 @@ def diagnose_apart(bundle: Bundle, *, tick: Callable[[float], None] | None = Non
         raise value
     if status == "failed":
         raise RuntimeError(value)
-    return value, costs
+    return value
+
+
+def diagnose_apart(bundle: Bundle, **kw):
+    """`diagnose(bundle)` and the stragglers' costs ({rank, cost_ns, steps, late_calls},
+    costliest first), by run_apart (same keywords; None if stopped)."""
+    return run_apart(_diagnosis, bundle, **kw)
 
 
 # --- compare ---------------------------------------------------------------------------

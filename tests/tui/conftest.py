@@ -93,6 +93,20 @@ def replay(tui_dir) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def straggler(tui_dir) -> Path:
+    """8 ranks in step (tests/analysis/graph_sim.py: a collective ends at its last arrival);
+    rank 5 computes 4 ms longer every step and the others wait for it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
+    from graph_sim import SimRun
+
+    run = SimRun(8)
+    run.train(6, slow={5: 4_000_000})
+    return run.bundle(tui_dir, name="straggler")
+
+
 def _format_digest() -> str:
     src = Path(layout.__file__).parent
     h = hashlib.sha256()

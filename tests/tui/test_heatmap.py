@@ -3,6 +3,9 @@ opens the timeline at that rank and step."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from prism_rr.tui.screens.heatmap import HeatmapScreen
 from prism_rr.tui.screens.timeline import TimelineScreen
 from prism_rr.tui.widgets.heatmap import RAMP
@@ -43,7 +46,7 @@ async def test_every_rank_of_8192_in_view_and_enter_opens_the_timeline(big):
 
 
 @sync
-async def test_cells_are_coloured_by_step_time_or_late_start(small):
+async def test_cells_are_coloured_by_step_time(small):
     app = make_app(small)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
@@ -52,18 +55,35 @@ async def test_cells_are_coloured_by_step_time_or_late_start(small):
         hm = app.screen.heatmap
         assert hm.per == 1  # 8 ranks fit: one a row
         stats = {s["step"]: s for s in app.model.step_stats()}
-        for j, step in enumerate(hm.grid.steps):
-            column = [_colours(hm, 1 + i)[j] for i in range(hm.rows)]
-            hot = [hm.grid.ranks[i] for i, c in enumerate(column) if c == RAMP[-1]]
-            if stats[step]["max"] == max(s["max"] for s in stats.values() if s["max"] is not None):
-                assert hot == [stats[step]["slowest"]]
+        slowest = max(stats.values(), key=lambda s: s["max"] or 0)
+        j = hm.grid.steps.index(slowest["step"])
+        hot = [hm.grid.ranks[i] for i in range(hm.rows) if _colours(hm, 1 + i)[j] == RAMP[-1]]
+        assert hot == [slowest["slowest"]]
         assert "step time" in screen_text(app)
-        await pilot.press("t")
-        assert "late start" in screen_text(app)
-        lo, hi = hm.scale()
-        assert lo == 0 and hi == max(v for v in hm.grid.late.ravel().tolist() if v == v)
         await pilot.press("right", "right", "down", "enter")
         await settle(pilot, getattr(app.screen, "timeline", None))
         tl = app.screen.timeline
         assert tl.cursor_rank == hm.grid.ranks[1]
         assert tl.model.step_at(tl.cursor_rank, tl.cursor_time - tl.shift(tl.cursor_rank)) == hm.grid.steps[2]
+
+
+@sync
+async def test_lateness_shows_the_rank_the_others_wait_for(straggler):
+    app = make_app(straggler, start="heatmap")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        hm = app.screen.heatmap
+        # a synchronous run: every rank's steps take as long, the straggler's too
+        assert len({round(v, -5) for v in hm.grid.time.ravel().tolist()}) == 1
+        await pilot.press("t")
+        end = time.monotonic() + 30
+        while hm.lateness is None:
+            assert time.monotonic() < end, "lateness was never read"
+            await asyncio.sleep(0.02)
+            await pilot.pause()
+        await pilot.pause()
+        assert "lateness" in screen_text(app)
+        for j in range(len(hm.grid.steps)):
+            hot = [hm.grid.ranks[i] for i in range(hm.rows) if _colours(hm, 1 + i)[j] == RAMP[-1]]
+            assert hot == [5], (j, hot)
+        assert hm.lateness[hm.grid.ranks.index(5)].min() > 3_000_000  # 4 ms a step, less the others' jitter

@@ -6,28 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import sys
 import time
-from pathlib import Path
 
-import pytest
 from textual.widgets import DataTable
 
 from prism_rr.tui.screens.overview import FilterScreen, RankChart
 from tui_helpers import make_app, screen_text, settle, sync
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
-from graph_sim import SimRun  # noqa: E402  (a synchronised run: stragglers as real runs show them)
-
 SIZE = (120, 40)
-
-
-@pytest.fixture(scope="module")
-def straggler(tmp_path_factory) -> Path:
-    """8 ranks; rank 5 computes 4 ms longer every step and the others wait for it."""
-    run = SimRun(8)
-    run.train(6, slow={5: 4_000_000})
-    return run.bundle(tmp_path_factory.mktemp("straggler"))
 
 
 def _column(table: DataTable, col: int = 0) -> list[str]:

@@ -1,4 +1,4 @@
-"""Every rank at a glance: one cell per (rank bucket, step), coloured by step time or late start."""
+"""Every rank at a glance: one cell per (rank bucket, step), coloured by step time or lateness."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ __all__ = ["METRICS", "RAMP", "HeatMap"]
 
 # cold to hot; a cell's colour is its value's place between the grid's smallest and largest
 RAMP = ("#1d3557", "#27577a", "#2a7f8f", "#4a9d6f", "#a3b43c", "#e0b029", "#f07a1f", "#d62828")
-METRICS = {"time": "step time", "late": "late start (after the step's first rank)"}
+# lateness: the others' wait for the rank in the step's collectives (analysis.lateness)
+METRICS = {"time": "step time", "late": "lateness (the others' wait for it)"}
 GUTTER = 12  # the rank range of each row
 CELL = 6  # columns per step at most, fewer when the steps need it
 
@@ -54,6 +55,7 @@ class HeatMap(Widget, can_focus=True):
         super().__init__(**kw)
         self.grid = grid
         self.metric = "time"
+        self.lateness: np.ndarray | None = None  # [rank row, step]: read from the calls when first asked for
         self.per = 0  # ranks a row; 0: fit every rank in the height once it is known
         self.row = self.col = 0  # the cursor, in bucket rows and step columns
         self.top = 0  # the first bucket row shown
@@ -84,7 +86,9 @@ class HeatMap(Widget, can_focus=True):
         return range(row * self.per, min(len(self.grid.ranks), (row + 1) * self.per))
 
     def values(self) -> np.ndarray:
-        return self.grid.time if self.metric == "time" else self.grid.late
+        if self.metric == "time":
+            return self.grid.time
+        return self.lateness if self.lateness is not None else np.full_like(self.grid.time, np.nan)
 
     def scale(self) -> tuple[float, float]:
         """The values the coldest and the hottest colour stand for."""
@@ -203,6 +207,10 @@ class HeatMap(Widget, can_focus=True):
 
     def action_metric(self) -> None:
         self.metric = "late" if self.metric == "time" else "time"
+        self._invalidate()
+
+    def set_lateness(self, lateness: np.ndarray | None) -> None:
+        self.lateness = lateness
         self._invalidate()
 
     def action_open(self) -> None:
