@@ -43,9 +43,9 @@ def binding_ids() -> set[str]:
     what a string says), so its bindings count."""
     from textual.dom import DOMNode
 
-    from prism_rr.tui.screens import goto  # noqa: F401  (the timeline opens it on demand)
+    from prism_rr.tui.screens.goto import GotoScreen  # the timeline opens it on demand
 
-    ids, todo = set(), [DOMNode]
+    ids, todo = set(), [DOMNode, GotoScreen]  # (a subclass of DOMNode too, once imported)
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()
