@@ -5,8 +5,8 @@
 Prints: time to the first full paint of the timeline (app start until every visible
 rank's row is drawn from its loaded spans), and the median redraw time for scroll keys
 (down, pagedown) and zoom keys (+, -): from the key press until the screen has been
-repainted. Then the heat map (every rank by step): from its key until it is painted, and
-its redraw for cursor, zoom and metric keys; and a finding jump: from Enter on a finding
+repainted. Then the heat map (every rank by step): from its key until it is painted, its
+redraw for cursor and zoom keys, and `t` until it is coloured by lateness; and a finding jump: from Enter on a finding
 in the overview until the timeline shows its call with every visible row drawn (the
 synthetic bundle has no findings: each is placed on a real call of a rank far from the
 last). Targets: first paint <= 1 s, redraw <= 50 ms median. With --repeat N, first paint,
@@ -95,10 +95,18 @@ async def measure_heatmap(path: Path, presses: int, size: tuple[int, int]) -> di
         out["heatmap_per_row"] = app.screen.heatmap.per
         times: dict[str, list[float]] = {}
         for i in range(presses):
-            for key, char in (("down", None), ("pagedown", None), ("plus", "+"), ("minus", "-"), ("t", "t")):
+            for key, char in (("down", None), ("pagedown", None), ("plus", "+"), ("minus", "-")):
                 times.setdefault(key, []).append(await _key_to_frame(app, pilot, key, char, pilot._wait_for_screen))
         out["heatmap_keys_ms"] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         out["heatmap_redraw_median_ms"] = statistics.median(x for v in times.values() for x in v) * 1e3
+        hm = app.screen.heatmap
+
+        async def lateness_shown() -> None:
+            while hm.lateness is None:  # read from the calls by a child process
+                await asyncio.sleep(0.01)
+            await pilot._wait_for_screen()
+
+        out["lateness_s"] = await _key_to_frame(app, pilot, "t", "t", lateness_shown)
     return out
 
 
@@ -226,7 +234,9 @@ def main() -> None:
     h = [asyncio.run(measure_heatmap(path, max(1, args.presses // 5), (cols, lines))) for _ in range(args.repeat)]
     print(f"heat map ({h[0]['heatmap_per_row']} ranks a row): open median {med(x['heatmap_open_ms'] for x in h):.0f} ms, "
           f"redraw median {med(x['heatmap_redraw_median_ms'] for x in h):.1f} ms (per key: "
-          + ", ".join(f"{k} {v:.1f}" for k, v in h[0]["heatmap_keys_ms"].items()) + ")", flush=True)
+          + ", ".join(f"{k} {v:.1f}" for k, v in h[0]["heatmap_keys_ms"].items()) + "); "
+          f"coloured by lateness (t, read from every rank's calls apart): median {med(x['lateness_s'] for x in h):.1f} s",
+          flush=True)
     try:
         j = [asyncio.run(measure_jumps(path, (cols, lines))) for _ in range(args.repeat)]
     except Exception as exc:  # a figure, not a crash: say what stopped it

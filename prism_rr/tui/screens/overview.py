@@ -83,8 +83,9 @@ class RankChart(Sparkline):
 
 
 class FilterScreen(ModalScreen):
-    """The `f` prompt: which ranks the rank table lists."""
+    """The `f` prompt: which ranks the rank table lists (in the `g` prompt's box)."""
 
+    DEFAULT_CSS = "FilterScreen { align: center middle; }"
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel", id="filter.cancel")]
 
     def compose(self) -> ComposeResult:
