@@ -64,6 +64,7 @@ class RankChart(Sparkline):
         bars = np.maximum.reduceat(data, edges[:-1]) if len(data) else data
         top = float(data.max()) or 1.0
         levels = np.minimum(np.round(bars / top * rows * 8), rows * 8).astype(int)
+        levels = np.repeat(levels, max(1, min(4, width // len(bars))))  # few ranks: wider bars
         for line in range(rows):
             label = format_ns(top) if line == 0 else ("0" if line == rows - 1 else "")
             out.append(f"{label:>{self.GUTTER - 1}}┤", style="grey50")
@@ -77,7 +78,7 @@ class RankChart(Sparkline):
         out.append(" " * self.GUTTER)
         out.append(f"min {format_ns(data[lo])} (rank {self.ranks[lo]}) · median {format_ns(float(np.median(data)))}"
                    f" · max {format_ns(data[hi])} (rank {self.ranks[hi]})", style="bold")
-        out.append(" · bars from 0" + (f", each the slowest of {per:.3g} ranks" if per > 1 else ", one a rank"),
+        out.append(" · bars from 0" + (f", each the slowest of {per:.3g} ranks" if per > 1 else ", a bar per rank") + ", in rank order",
                    style="grey50")
         return out
 
