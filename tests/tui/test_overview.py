@@ -76,7 +76,7 @@ async def test_rank_rows_sort_and_filter(small):
         assert "by late start" in screen_text(app)
         got = [int(r) for r in _column(table)]
         assert [late[r] for r in got] == sorted(late.values(), reverse=True)
-        await pilot.press("s", "s")  # -> straggler cost -> rank
+        await pilot.press("s", "s", "s")  # -> lateness -> straggler cost -> rank
         assert [int(r) for r in _column(table)] == sorted(grid.ranks)
         await pilot.press("f")
         await pilot.pause()
@@ -110,10 +110,10 @@ async def test_straggler_cost_in_the_findings_and_ranks(straggler):
         findings = screen.query_one("#findings", DataTable)
         row = [str(c) for c in findings.get_row_at(next(i for i, f in enumerate(app.findings) if f.kind == "straggler"))]
         assert row[4].endswith("ms")  # the cost column
-        await pilot.press("s", "s", "s")  # mean -> max -> late start -> straggler cost
+        await pilot.press("s", "s", "s", "s")  # mean -> max -> late start -> lateness -> straggler cost
         ranks = screen.query_one("#ranks", DataTable)
-        assert _column(ranks)[0] == "5" and str(ranks.get_row_at(0)[4]).endswith("ms")
-        assert _column(ranks, 4)[1:] == ["-"] * 7
+        assert _column(ranks)[0] == "5" and str(ranks.get_row_at(0)[5]).endswith("ms")
+        assert _column(ranks, 5)[1:] == ["-"] * 7
         findings.focus()
         findings.move_cursor(row=0)
         await pilot.pause()
@@ -158,3 +158,19 @@ async def test_unknown_keymap_ids_are_named(small):
         (warning,) = [n for n in app._notifications if n.severity == "warning"]
         assert "nothing.here" in warning.message and "timeline.zoom_inn" in warning.message
         assert "timeline.zoom_in," not in warning.message
+
+
+@sync
+async def test_ranks_by_lateness(straggler):
+    """A synchronous run: every rank's steps take as long; lateness (read from the calls
+    when first sorted by) puts the rank the others wait for first."""
+    app = make_app(straggler)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        await pilot.press("s", "s", "s")  # mean -> max -> late start -> lateness
+        assert "by lateness" in screen_text(app)
+        await _until(pilot, lambda: screen.lateness is not None, "lateness was never read")
+        table = screen.query_one("#ranks", DataTable)
+        assert _column(table)[0] == "5" and str(table.get_row_at(0)[4]).endswith("ms")
+        assert screen.lateness[screen.grid.ranks.index(5)] > 3_000_000

@@ -25,6 +25,7 @@ SHOWN_RANKS = 200  # rows of the per-rank table: the first in the chosen order
 AUTO_DIAGNOSE_EVENTS = 2_000_000  # above this, diagnosis waits for `d`
 # The rank table's orders, `s` cycles through them: (name, key over the table's columns, descending)
 SORTS = (("mean step time", "mean", True), ("max step time", "max", True), ("late start", "late", True),
+         ("lateness", "lateness", True),
          ("straggler cost", "cost", True), ("rank", "rank", False))
 
 
@@ -119,7 +120,7 @@ class OverviewScreen(Screen):
     BINDINGS = [
         Binding("j", "jump", "Jump to finding", id="overview.jump"),
         Binding("d", "diagnose", "Diagnose", id="overview.diagnose"),
-        Binding("escape", "cancel", "Cancel diagnosis", id="overview.cancel"),
+        Binding("escape", "cancel", "Stop", id="overview.cancel"),
         # the ranks' title names s and f; 5 (everywhere) is the heat map's key in the footer
         Binding("s", "sort", "Sort ranks", show=False, id="overview.sort"),
         Binding("f", "filter", "Filter ranks", show=False, id="overview.filter"),
@@ -132,6 +133,10 @@ class OverviewScreen(Screen):
         self.shown: tuple[str, set[int] | None] = ("all ranks", None)
         self.costs: dict[int, int] | None = None  # rank -> straggler cost (ns), once diagnosed
         self._diagnosing_since: float | None = None
+        # per rank, the mean over steps of how long the others waited for it in the step's
+        # collectives (analysis.lateness): read from the calls, apart, when first sorted by
+        self.lateness: np.ndarray | None = None
+        self.reading: str | None = None  # the lateness read's progress while it runs
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="overview"):
@@ -206,7 +211,7 @@ class OverviewScreen(Screen):
                                             self.mean[known].tolist())
         # one scale for every row's step times, from zero
         self.top = float(np.nanmax(grid.time)) if known.any() else 0.0
-        self.query_one("#ranks", DataTable).add_columns("rank", "mean", "max", "late start", "cost",
+        self.query_one("#ranks", DataTable).add_columns("rank", "mean", "max", "late start", "lateness", "cost",
                                                         f"step times (0-{format_ns(self.top)})")
         self._fill_ranks()
         findings = self.query_one("#findings", DataTable)
@@ -226,7 +231,8 @@ class OverviewScreen(Screen):
         if only is not None:
             rows = rows[np.isin(np.asarray(grid.ranks)[rows], np.fromiter(only, np.int64, len(only)))]
         cost = np.array([(self.costs or {}).get(r, 0) for r in grid.ranks], dtype=float)
-        column = {"mean": self.mean, "max": self.max, "late": self.late, "cost": cost,
+        late = self.lateness if self.lateness is not None else np.zeros(len(grid.ranks))
+        column = {"mean": self.mean, "max": self.max, "late": self.late, "lateness": late, "cost": cost,
                   "rank": np.asarray(grid.ranks, dtype=float)}[key][rows]
         n = len(rows)
         rows = rows[np.argsort(-column if desc else column, kind="stable")][:SHOWN_RANKS]
@@ -236,17 +242,59 @@ class OverviewScreen(Screen):
             r = grid.ranks[i]
             times = [None if math.isnan(v) else v for v in grid.time[i].tolist()]
             c = "" if self.costs is None else (format_ns(self.costs[r]) if self.costs.get(r) else "-")
-            table.add_row(str(r), format_ns(self.mean[i]), format_ns(self.max[i]), format_ns(self.late[i]),
+            waited = "" if self.lateness is None or math.isnan(self.lateness[i]) else format_ns(self.lateness[i])
+            table.add_row(str(r), format_ns(self.mean[i]), format_ns(self.max[i]), format_ns(self.late[i]), waited,
                           Text(c, style="bold red" if self.costs and self.costs.get(r) else ""),
                           spark(times, self.top), key=str(r))
         self.query_one("#ranks-title", Label).update(
             f"Ranks: {label} ({n}), by {name}" + (f", the first {SHOWN_RANKS}" if n > SHOWN_RANKS else "")
-            + "  ·  s sort  ·  f filter")
+            + (f"  ·  {self.reading}" if self.reading else "  ·  s sort  ·  f filter"))
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(SORTS)
+        if SORTS[self.sort][1] == "lateness" and self.lateness is None and self.reading is None:
+            self._reading("reading every rank's calls for its lateness… (Esc stops)")
+            self._read_lateness()
         self._fill_ranks()
         self.notify(f"ranks by {SORTS[self.sort][0]}", timeout=2)
+
+    def _reading(self, text: str | None) -> None:
+        self.reading = text
+        self.refresh_bindings()
+        self._fill_ranks()
+
+    @work(thread=True, exclusive=True, group="lateness")
+    def _read_lateness(self) -> None:
+        from textual.worker import get_current_worker
+
+        from prism_rr.tui.analysis import lateness, run_apart
+
+        worker = get_current_worker()
+        grid = self.grid
+
+        def tick(seconds: float) -> None:
+            self.app.call_from_thread(self._reading, f"reading every rank's calls for its lateness… "
+                                                     f"{seconds:.0f} s (Esc stops)")
+
+        try:
+            got = run_apart(lateness, self.app.bundle, grid.ranks, grid.steps, tick=tick,
+                            stop=lambda: worker.is_cancelled)
+        except PrismError:
+            raise  # a malformed bundle ends the app with exit 4 (PrismApp._handle_exception)
+        except Exception as exc:  # the analysis failing must not take the browser down
+            self.app.call_from_thread(self._lateness_read, None, str(exc))
+            return
+        if got is not None and not worker.is_cancelled:
+            self.app.call_from_thread(self._lateness_read, got)
+
+    def _lateness_read(self, got, failure: str = "") -> None:
+        if got is None:
+            self.notify(f"lateness could not be read: {failure}", severity="error")
+        else:
+            have = ~np.isnan(got)
+            n = have.sum(axis=1)
+            self.lateness = np.where(n > 0, np.where(have, got, 0).sum(axis=1) / np.maximum(n, 1), np.nan)
+        self._reading(None)
 
     def action_filter(self) -> None:
         def done(text: str | None) -> None:
@@ -273,14 +321,19 @@ class OverviewScreen(Screen):
         self.refresh_bindings()
 
     def action_cancel(self) -> None:
-        self.workers.cancel_group(self, "diagnose")
-        self._diagnosing_since = None
-        self._note("diagnosis cancelled: press d to run it again")
+        """Stop what runs apart: the diagnosis, the lateness read."""
+        if self._diagnosing_since is not None:
+            self.workers.cancel_group(self, "diagnose")
+            self._diagnosing_since = None
+            self._note("diagnosis cancelled: press d to run it again")
+        if self.reading is not None:
+            self.workers.cancel_group(self, "lateness")
+            self._reading(None)
         self.refresh_bindings()
 
     def check_action(self, action: str, parameters) -> bool | None:
         if action == "cancel":
-            return self._diagnosing_since is not None
+            return self._diagnosing_since is not None or self.reading is not None
         return True
 
     @work(thread=True, exclusive=True, group="diagnose")
