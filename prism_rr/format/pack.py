@@ -14,11 +14,13 @@ calls that no later record completed (what a killed rank was in when it died).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -147,7 +149,7 @@ def pack(
     torn: dict[int, str] = {}
     events = 0
     chunks_crc = 0
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb") as f, _no_gc():
         f.write(b"\0" * layout.BUNDLE_HEADER.size)  # written last, once sections are known
         chunks_at = pos = layout.BUNDLE_HEADER.size
         pending: list = []  # chunks not yet written: a write of a few MiB, not one a chunk
@@ -283,6 +285,21 @@ def pack(
         path=out, ranks=len(ranks), chunks=n_chunks, events=events, blobs=len(blob_rows),
         bytes=size, torn=torn,
     )
+
+
+@contextmanager
+def _no_gc():
+    """The cyclic garbage collector off meanwhile: pack makes a few containers a frame
+    (summaries, rank infos, index entries) and keeps most of them to the end, so the
+    collector walks ever more of them for nothing (no cycle is made): a tenth of the time
+    of packing 8192 spools."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _read(path: str) -> bytes:
