@@ -62,7 +62,7 @@ class RankChart(Sparkline):
         rows = max(1, self.size.height - 1)
         width = max(1, self.size.width - self.GUTTER)
         edges = np.linspace(0, len(data), min(width, len(data)) + 1).astype(int)
-        bars = np.maximum.reduceat(data, edges[:-1]) if len(data) else data
+        bars = np.maximum.reduceat(data, edges[:-1])
         top = float(data.max()) or 1.0
         levels = np.minimum(np.round(bars / top * rows * 8), rows * 8).astype(int)
         levels = np.repeat(levels, max(1, min(4, width // len(bars))))  # few ranks: wider bars
@@ -79,8 +79,8 @@ class RankChart(Sparkline):
         out.append(" " * self.GUTTER)
         out.append(f"min {format_ns(data[lo])} (rank {self.ranks[lo]}) · median {format_ns(float(np.median(data)))}"
                    f" · max {format_ns(data[hi])} (rank {self.ranks[hi]})", style="bold")
-        out.append(" · bars from 0" + (f", each the slowest of {per:.3g} ranks" if per > 1 else ", a bar per rank") + ", in rank order",
-                   style="grey50")
+        each = f"each the slowest of {per:.3g} ranks" if per > 1 else "a bar per rank"
+        out.append(f" · bars from 0, {each}, in rank order", style="grey50")
         return out
 
 
