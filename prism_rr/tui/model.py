@@ -35,7 +35,7 @@ _FAMILY_CODE = dict(zip(ops.FAMILIES, (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, A
 
 
 def _kind_names() -> dict[int, str]:
-    names = {IDLE: "idle", COMPUTE: "compute", MARK: "marker", HANG: "never completed"}
+    names = {IDLE: "idle", COMPUTE: "compute", MARK: "marker", HANG: "failed or never completed"}
     for fam, code in _FAMILY_CODE.items():
         label = ops.FAMILY_NAMES[fam]
         names[code] = f"{names[code]}/{label}" if code in names else label
@@ -85,10 +85,17 @@ class RankSpans:
     @classmethod
     def build(cls, rank: int, records, offset: int) -> "RankSpans":
         rows = []
+        call = None  # the last call's row: a `call_failed` marker right after it names its seq
         for rec in records:
             if isinstance(rec, (Collective, PointToPoint, Compute, Marker)):
                 end = FAR if rec.end_ns is None else rec.end_ns - offset
-                rows.append((rec.start_ns - offset, end, span_code(rec), rec))
+                row = [rec.start_ns - offset, end, span_code(rec), rec]
+                rows.append(row)
+                if isinstance(rec, (Collective, PointToPoint)):
+                    call = row
+                elif isinstance(rec, Marker) and rec.name == "call_failed" and call is not None \
+                        and call[3].seq == rec.value:
+                    call[2] = HANG  # a call that failed is drawn as one that never completed
         rows.sort(key=lambda r: r[0])
         reach, m = [], -FAR
         for r in rows:

@@ -73,6 +73,28 @@ def hung(tui_dir) -> Path:
     return out
 
 
+FAILED_GROUP, FAILED_SEQ = 2, 7  # in the `failed` bundle: rank 3's tp call (ranks 2, 3) that failed
+
+
+@pytest.fixture(scope="session")
+def failed(tui_dir) -> Path:
+    """Rank 3's tp call 7 failed (a gloo time-out: the recorder's `call_failed` marker)."""
+    from prism_rr.format import Marker
+
+    def edit(rank, recs):
+        out = []
+        for r in recs:
+            out.append(r)
+            if rank == 3 and isinstance(r, Collective) and r.group == FAILED_GROUP and r.seq == FAILED_SEQ:
+                out.append(Marker(start_ns=r.end_ns, end_ns=r.end_ns, step=r.step, name="call_failed",
+                                  value=r.seq, text=f"{r.op}: RuntimeError: Timed out waiting 5000ms for recv"))
+        return out
+
+    out = tui_dir / "failed.prism"
+    pack(_write_spools(tui_dir / "failed.d", 8, 150, edit), out, manifest_extra=FIXED)
+    return out
+
+
 @pytest.fixture(scope="session")
 def replay(tui_dir) -> Path:
     """A replay of ranks 0 and 1 of `small`, slower, whose rank 1 differs at tp call 5."""

@@ -10,16 +10,64 @@ from textual import work
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from prism_rr.format import Collective, PointToPoint
+from prism_rr.format import Collective, Compute, Marker, PointToPoint
 from prism_rr.tui.model import FAR, TimelineModel, format_ns
 
-__all__ = ["MAX_MEMBERS", "SpanDetail", "call_arrivals"]
+__all__ = ["MAX_MEMBERS", "SpanDetail", "call_arrivals", "call_failure", "human_bytes", "tensors_text"]
 
 MAX_MEMBERS = 256  # members read for one call; a larger group is sampled, and says so
 
 
 def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def human_bytes(n) -> str:
+    """8388608 -> 8.0 MiB; small sizes in bytes."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def tensors_text(shapes, dtypes) -> str:
+    """((4, 1024),), ('float32',) -> 4x1024 float32; several tensors comma-separated."""
+    shapes, dtypes = tuple(shapes or ()), tuple(dtypes or ())
+    n = max(len(shapes), len(dtypes))
+    out = []
+    for i in range(n):
+        shape = shapes[i] if i < len(shapes) else None
+        dims = "scalar" if shape == () else ("?" if shape is None else "x".join(map(str, shape)))
+        out.append(f"{dims} {dtypes[i]}" if i < len(dtypes) else dims)
+    return ", ".join(out) if out else "-"
+
+
+def _hexes(values) -> str:
+    return ", ".join(f"{v:016x}" if isinstance(v, int) else bytes(v).hex()[:16] for v in values)
+
+
+def call_failure(spans, index: int) -> str | None:
+    """The error of a call that failed (the `call_failed` marker the recorder writes right
+    after it, naming its seq), or None."""
+    rec = spans.records[index]
+    seq = getattr(rec, "seq", None)
+    if seq is None or not isinstance(rec, (Collective, PointToPoint)):
+        return None
+    for j in range(index + 1, min(index + 64, len(spans.records))):
+        other = spans.records[j]
+        if isinstance(other, Marker) and other.name == "call_failed" and other.value == seq:
+            return other.text or "failed"
+    return None
+
+
+_KIND = {"Collective": "collective", "PointToPoint": "point-to-point", "Compute": "compute",
+         "Marker": "marker", "Step": "step", "Memory": "memory sample", "GroupInfo": "group created"}
+_SHOWN_ELSEWHERE = {"start_ns", "end_ns", "issued_ns", "op", "name", "in_shapes", "in_dtypes", "out_shapes",
+                    "out_dtypes", "shapes", "dtypes", "in_bytes", "out_bytes", "nbytes", "mem_alloc", "mem_peak",
+                    "digest_in", "digest_out", "digest", "blob_in", "blob_out", "blob", "stack", "group", "peer",
+                    "step"}
 
 
 def call_arrivals(tm: TimelineModel, rank: int, index: int, limit: int = MAX_MEMBERS) -> dict:
@@ -65,6 +113,7 @@ class SpanDetail(VerticalScroll, can_focus=True):
         self.rank: int | None = None
         self.index: int | None = None
         self.arrivals: dict | None = None
+        self.failure: str | None = None  # the selected call's error, if it failed
 
     def compose(self):
         yield Static(id="detail-fields")
@@ -72,31 +121,68 @@ class SpanDetail(VerticalScroll, can_focus=True):
 
     def show(self, rank: int, index: int) -> None:
         self.rank, self.index, self.arrivals = rank, index, None
-        spans = self.model.load(rank)
+        tm = self.model
+        spans = tm.load(rank)
         rec = spans.records[index]
+        self.failure = failure = call_failure(spans, index)
         table = Table.grid(padding=(0, 1))
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
+        kind = _KIND.get(type(rec).__name__, type(rec).__name__)
+        what = getattr(rec, "op", None) or getattr(rec, "name", None)
+        table.add_row("call", f"{what} ({kind})" if what else kind)
         table.add_row("rank", str(rank))
-        table.add_row("call", type(rec).__name__)
-        dur = None if rec.end_ns is None else rec.end_ns - rec.start_ns
-        table.add_row("duration", "never completed" if dur is None else format_ns(dur))
+        if isinstance(rec, PointToPoint):
+            toward = "from" if rec.op in ("recv", "irecv") else "to"
+            table.add_row("peer", f"{toward} rank {rec.peer}" + (f", tag {rec.tag}" if rec.tag else ""))
+        group = getattr(rec, "group", None)
+        if group is not None:
+            g = tm.groups.get(group)
+            table.add_row("group", f"{group} ({g.get('desc') or g.get('name') or 'group'}, {len(g['ranks'])} ranks)"
+                          if g else str(group))
+        step_start = tm.step_span(rec.step, rank)
+        start = spans.starts[index]
+        if step_start is not None:
+            table.add_row("step", f"{rec.step}, entered {format_ns(start - step_start[0])} after its start")
+        else:
+            table.add_row("step", str(rec.step))
+        if failure is not None:
+            table.add_row(Text("failed", style="bold red"), Text(failure, style="bold red"))
+        if rec.end_ns is None and not isinstance(rec, Marker):
+            table.add_row("duration", Text("never completed", style="bold red"))
+        elif not isinstance(rec, Marker):
+            table.add_row("duration", format_ns(rec.end_ns - rec.start_ns) + (" (until it failed)" if failure else ""))
+        issued = getattr(rec, "issued_ns", None)
+        if issued is not None:
+            table.add_row("returned", f"{format_ns(issued - rec.start_ns)} after entry (asynchronous)")
+        if isinstance(rec, Collective):
+            table.add_row("in", f"{tensors_text(rec.in_shapes, rec.in_dtypes)} ({human_bytes(rec.in_bytes)})")
+            table.add_row("out", f"{tensors_text(rec.out_shapes, rec.out_dtypes)} ({human_bytes(rec.out_bytes)})")
+        elif isinstance(rec, PointToPoint):
+            table.add_row("data", f"{tensors_text(rec.shapes, rec.dtypes)} ({human_bytes(rec.nbytes)})")
+        elif getattr(rec, "shapes", None):
+            table.add_row("shapes", tensors_text(rec.shapes, ()))
         for f in fields(rec):
             v = getattr(rec, f.name)
-            if f.name in ("start_ns", "end_ns") or v in (None, (), ""):
+            if f.name in _SHOWN_ELSEWHERE or v in (None, (), "", False) or (f.name == "tag"):
                 continue
-            if f.name.startswith("mem_"):
-                v = _mib(v)
-            elif f.name.startswith("blob"):
-                v = ", ".join(b.hex()[:12] for b in v)
-            elif f.name == "stack":
-                v = "\n".join(v)
-            elif f.name == "group":
-                g = self.model.groups.get(v)
-                v = f"{v} ({g.get('desc') or g.get('name')}, {len(g['ranks'])} ranks)" if g else str(v)
-            table.add_row(f.name, str(v))
+            table.add_row(f.name.replace("_", " "), str(v))
+        for name, label in (("digest_in", "digest in"), ("digest_out", "digest out"), ("digest", "digest")):
+            v = getattr(rec, name, None)
+            if v:
+                table.add_row(label, _hexes(v))
+        for name, label in (("blob_in", "payload in"), ("blob_out", "payload out"), ("blob", "payload")):
+            v = getattr(rec, name, None)
+            if v:
+                table.add_row(label, _hexes(v))
         if isinstance(rec, (Collective, PointToPoint)):
             table.add_row("memory", f"{_mib(rec.mem_alloc)} allocated, {_mib(rec.mem_peak)} peak")
+        stack = getattr(rec, "stack", None)
+        if stack:
+            table.add_row("stack", "\n".join(stack))
+        elif isinstance(rec, Compute):
+            table.add_row("", Text("the program's own work between two calls (no stack is recorded for it)",
+                                   style="italic grey50"))
         self.query_one("#detail-fields", Static).update(table)
         members = self.query_one("#detail-members", Static)
         if isinstance(rec, (Collective, PointToPoint)):
@@ -121,9 +207,16 @@ class SpanDetail(VerticalScroll, can_focus=True):
             head.append("last to arrive: ", style="bold")
             head.append(f"rank {last[0]}", style="bold red")
             head.append(f" (+{format_ns(last[1] - first)} after the first)\n")
-        head.append("transfer: ", style="bold")
-        head.append("-" if info["transfer"] is None else format_ns(info["transfer"]))
-        head.append(" (last arrival to completion)\n")
+        if self.failure is not None:
+            head.append("failed: ", style="bold red")
+            head.append(self.failure + "\n", style="red")
+        elif info["transfer"] is None:
+            head.append("transfer: ", style="bold")
+            head.append("none: the call never completed on this rank\n", style="red")
+        else:
+            head.append("transfer: ", style="bold")
+            head.append(format_ns(info["transfer"]))
+            head.append(" (last arrival to completion)\n")
         if len(info["rows"]) < info["members"]:
             head.append(f"{len(info['rows'])} of {info['members']} members read\n", style="italic grey50")
         out.add_column("rank", justify="right")
