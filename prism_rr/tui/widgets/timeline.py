@@ -203,8 +203,8 @@ class Timeline(ScrollView, can_focus=True):
     @work(thread=True, group="spans")
     def _load_pending(self) -> None:
         while True:
+            rows = self.app.call_from_thread(self.visible_rows)  # layout is the loop's, never a thread's
             with self._pending_lock:
-                rows = self.visible_rows()
                 lo, hi = rows.start - len(rows), rows.stop + len(rows)
                 todo = sorted(self._pending, key=lambda r: self.model.row_of[r])
                 # a rank scrolled far away is dropped; it is asked for again if shown
@@ -222,7 +222,7 @@ class Timeline(ScrollView, can_focus=True):
     def _prefetch_neighbours(self) -> None:
         """Load the pages above and below the view, so paging finds them ready."""
         while True:
-            rows = self.visible_rows()
+            rows = self.app.call_from_thread(self.visible_rows)
             ranks = self.model.ranks
             near = [*range(rows.stop, min(len(ranks), rows.stop + len(rows))),
                     *range(max(0, rows.start - len(rows)), rows.start)]
