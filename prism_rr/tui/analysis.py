@@ -160,6 +160,8 @@ class StepGrid:
         mean = np.full(len(self.ranks), np.nan)
         mx = np.full(len(self.ranks), np.nan)
         late = np.full(len(self.ranks), np.nan)
+        if not self.time.shape[1]:  # no steps (an imported Flight Recorder dump has none)
+            return mean, mx, late
         mean[some] = np.where(have, self.time, 0).sum(axis=1)[some] / n[some]
         mx[some] = np.where(have, self.time, -np.inf).max(axis=1)[some]
         late[some] = np.where(have, self.late, 0).sum(axis=1)[some] / n[some]
