@@ -124,3 +124,7 @@ def bounded(value: int, limit: int, what: str, where: str) -> int:
     if not 0 <= value <= limit:
         raise FormatError(f"{where}: {what} {value} is out of bounds (limit {limit})")
     return value
+
+# The summaries section's tables (format 1.1, format/summaries.py), by key.
+RANK_TABLE = "rank_table"
+STEP_TABLE = "step_table"

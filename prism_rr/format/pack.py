@@ -23,15 +23,18 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
 
 from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
-from prism_rr.format import codec, layout, summaries
+from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, still_open
+
+if TYPE_CHECKING:
+    from prism_rr.format.summaries import StepRows
 
 __all__ = ["PackResult", "pack", "spool_dirs"]
 
@@ -143,6 +146,8 @@ def pack(
     out.parent.mkdir(parents=True, exist_ok=True)
     rank_info: dict[int, dict] = {}
     rank_sums: dict[int, dict] = {}
+    from prism_rr.format import summaries  # (numpy: packing only, not reading a 1.0 bundle)
+
     step_rows = summaries.StepRows()
     groups: dict[int, dict] = {}
     chunk_entries: dict[int, list[bytes]] = {}
@@ -333,7 +338,7 @@ def _write_all(f, pieces: list) -> None:
                 batch[0] = memoryview(batch[0])[n:]
 
 
-def _fold(rs: dict, frame, step_rows: summaries.StepRows, groups: dict, rank: int, where: str) -> None:
+def _fold(rs: dict, frame, step_rows: StepRows, groups: dict, rank: int, where: str) -> None:
     """Add one frame's header and summary to its rank's and the per-step summaries."""
     s = frame.summary
     rs["events"] += frame.count

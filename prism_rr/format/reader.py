@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import zstandard
 
 from prism_rr.errors import FormatError, UnsupportedVersionError, UsageError
-from prism_rr.format import codec, layout, summaries
+from prism_rr.format import codec, layout
 from prism_rr.format.records import Record
 from prism_rr.format.spool import Frame, parse_frame
 
@@ -270,8 +270,10 @@ class Bundle:
         stored = self._checked(layout.SEC_SUMMARIES)
         raw = codec.decompress(stored, layout.MAX_SUMMARIES_RAW, where, budget="frame")
         s = codec.unpack(raw, where, budget=layout.objects_limit(len(stored)))
-        if type(s) is dict and summaries.STEP_TABLE in s:
-            tables = {k: s.pop(k, None) for k in (summaries.RANK_TABLE, summaries.STEP_TABLE)}
+        if type(s) is dict and layout.STEP_TABLE in s:
+            from prism_rr.format import summaries  # (numpy: imported for 1.1's tables only)
+
+            tables = {k: s.pop(k, None) for k in (layout.RANK_TABLE, layout.STEP_TABLE)}
             codec.check_plain(s, where)  # what else a later minor version adds
             world = self.world_size
             return {**s, "ranks": summaries.read_rank_table(tables[summaries.RANK_TABLE], world, where),
@@ -312,7 +314,7 @@ class Bundle:
     @property
     def event_count(self) -> int:
         ranks = self.summaries["ranks"]
-        if isinstance(ranks, summaries.RankTable):
+        if type(ranks) is not dict:  # 1.1: a summaries.RankTable
             return ranks.total("events")
         return sum(rs["events"] for rs in ranks.values())
 

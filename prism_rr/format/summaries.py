@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from prism_rr.errors import FormatError
+from prism_rr.format import layout
 
 __all__ = ["NIL", "RankTable", "StepRows", "StepTable", "encode", "read_rank_table", "read_step_table"]
 
@@ -31,8 +32,7 @@ MAX_TIME = 1 << 62  # as codec.MAX_TIME: times of records lie within +-2^62 ns
 MIN_STEP, MAX_STEP = -(1 << 31), (1 << 31) - 1
 
 # Keys of the summaries map in format 1.1 (1.0 has "ranks" and "steps" maps instead).
-RANK_TABLE = "rank_table"
-STEP_TABLE = "step_table"
+RANK_TABLE, STEP_TABLE = layout.RANK_TABLE, layout.STEP_TABLE
 STEP_COLUMNS = ("step", "rank", "start_ns", "end_ns", "mem_peak")
 # A rank table's columns beside "rank" and its map "kinds" {kind: column}: the keys of a
 # rank's summary, with what a value may be (counts are never negative; "opt": nil too).

@@ -10,7 +10,7 @@ from textual import work
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from prism_rr.format import Collective, Compute, Marker, PointToPoint
+from prism_rr.format import Collective, Compute, Marker, PointToPoint, ops
 from prism_rr.tui.model import FAR, TimelineModel, format_ns
 
 __all__ = ["MAX_MEMBERS", "SpanDetail", "call_arrivals", "call_failure", "human_bytes", "tensors_text"]
@@ -133,7 +133,7 @@ class SpanDetail(VerticalScroll, can_focus=True):
         table.add_row("call", f"{what} ({kind})" if what else kind)
         table.add_row("rank", str(rank))
         if isinstance(rec, PointToPoint):
-            toward = "from" if rec.op in ("recv", "irecv") else "to"
+            toward = "from" if ops.receives(rec.op) else "to"
             table.add_row("peer", f"{toward} rank {rec.peer}" + (f", tag {rec.tag}" if rec.tag else ""))
         group = getattr(rec, "group", None)
         if group is not None:
