@@ -29,6 +29,7 @@ __all__ = [
     "Finding",
     "StepGrid",
     "call_row",
+    "compact_ranks",
     "compare_bundles",
     "diagnose",
     "diagnose_apart",
@@ -51,7 +52,16 @@ class CallRow:
     arrivals: dict[int, int] = field(default_factory=dict)  # rank -> enter time
     ends: dict[int, int] = field(default_factory=dict)  # rank -> end (FAR: never completed)
     sigs: dict[int, int] = field(default_factory=dict)  # rank -> its signature (op, shapes, dtypes, ...), interned
-    step: int | None = None
+    step: int | None = None  # the lowest step a member recorded it in
+    steps: dict[int, int] = field(default_factory=dict)  # rank -> the step it recorded the call in
+
+    @property
+    def step_text(self) -> str:
+        """The step, or the range of steps when members disagree (a rank a step ahead)."""
+        if not self.steps:
+            return "" if self.step is None else str(self.step)
+        lo, hi = min(self.steps.values()), max(self.steps.values())
+        return str(lo) if lo == hi else f"{lo}-{hi}"
 
     @property
     def op(self) -> str:
@@ -75,13 +85,16 @@ class CallRow:
     def problems(self, expected) -> list[str]:
         out = []
         if len(self.ops) > 1:
-            out.append("op mismatch: " + ", ".join(f"{o}x{n}" for o, n in sorted(self.ops.items())))
+            out.append("op mismatch: " + ", ".join(f"{o} on {n} rank{'s' if n > 1 else ''}"
+                                                   for o, n in sorted(self.ops.items(), key=lambda on: -on[1])))
         elif len(set(self.sigs.values())) > 1:
             out.append("shape/dtype mismatch")
         if self.hung:
             out.append(f"never completed on {len(self.hung)}")
         if self.missing(expected):
             out.append(f"{len(self.missing(expected))} did not enter")
+        if "-" in self.step_text:
+            out.append(f"members in steps {self.step_text}")
         return out
 
 
@@ -129,11 +142,34 @@ def _read_calls(tm: TimelineModel, ranks, group: int, seq: int | None, rows: dic
         row = rows.get(s)
         if row is None:
             row = rows[s] = CallRow(group=group, seq=s, step=step)
+        elif row.step is None or step < row.step:
+            row.step = step
+        row.steps[rank] = step
         name = values[op]
         row.ops[name] = row.ops.get(name, 0) + 1
         row.arrivals[rank] = start
         row.ends[rank] = FAR if open_ else end
         row.sigs[rank] = sig
+
+
+def compact_ranks(ranks, limit: int = 8) -> str:
+    """Ranks as a person reads them: 0-7, 0-14/2 (every second), or 3, 5, 9, ... (+N)."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return "none"
+    if len(rs) == 1:
+        return str(rs[0])
+    step = rs[1] - rs[0]
+    if len(rs) > 2 and all(b - a == step for a, b in zip(rs, rs[1:])):
+        return f"{rs[0]}-{rs[-1]}" + (f"/{step}" if step > 1 else "")
+    runs, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        runs.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(runs[:limit]) + (f", ... (+{len(runs) - limit} more runs)" if len(runs) > limit else "")
 
 
 # --- every rank's steps --------------------------------------------------------------------

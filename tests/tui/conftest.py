@@ -48,7 +48,7 @@ def small(tui_dir) -> Path:
     return out
 
 
-from tui_helpers import HANG_GROUP, HANG_SEQ
+from tui_helpers import FAILED_GROUP, FAILED_SEQ, HANG_GROUP, HANG_SEQ
 
 
 @pytest.fixture(scope="session")
@@ -73,9 +73,6 @@ def hung(tui_dir) -> Path:
     return out
 
 
-FAILED_GROUP, FAILED_SEQ = 2, 7  # in the `failed` bundle: rank 3's tp call (ranks 2, 3) that failed
-
-
 @pytest.fixture(scope="session")
 def failed(tui_dir) -> Path:
     """Rank 3's tp call 7 failed (a gloo time-out: the recorder's `call_failed` marker)."""
@@ -92,6 +89,18 @@ def failed(tui_dir) -> Path:
 
     out = tui_dir / "failed.prism"
     pack(_write_spools(tui_dir / "failed.d", 8, 150, edit), out, manifest_extra=FIXED)
+    return out
+
+
+@pytest.fixture(scope="session")
+def ahead(tui_dir) -> Path:
+    """Rank 1 recorded tp call 10 (group 1, ranks 0 and 1) a step later than rank 0 did."""
+    def edit(rank, recs):
+        return [dataclasses.replace(r, step=r.step + 1)
+                if rank == 1 and isinstance(r, Collective) and r.group == 1 and r.seq == 10 else r for r in recs]
+
+    out = tui_dir / "ahead.prism"
+    pack(_write_spools(tui_dir / "ahead.d", 8, 150, edit), out, manifest_extra=FIXED)
     return out
 
 

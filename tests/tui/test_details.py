@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import FAILED_GROUP, FAILED_SEQ
-from tui_helpers import HANG_GROUP, HANG_SEQ, make_app, settle, sync
+from tui_helpers import FAILED_GROUP, FAILED_SEQ, HANG_GROUP, HANG_SEQ, make_app, settle, sync
 
 from prism_rr.tui.model import HANG
 from prism_rr.tui.widgets.detail import SpanDetail, human_bytes, tensors_text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 HANG_GROUP, HANG_SEQ = 5, 3  # in the `hung` bundle: the dp group of even ranks, its 4th call
+FAILED_GROUP, FAILED_SEQ = 2, 7  # in the `failed` bundle: rank 3's tp call (ranks 2, 3) that failed
 
 
 def screen_text(app) -> str:

@@ -24,6 +24,7 @@ class CollectivesScreen(Screen):
         Binding("left_square_bracket", "group(-1)", "Prev group", id="collectives.prev_group"),
         Binding("x", "problems", "Problems only", id="collectives.problems"),
         Binding("j", "jump", "Show in timeline", id="collectives.jump"),
+        Binding("escape", "stop", "Stop reading", show=False, id="collectives.stop"),
     ]
 
     def __init__(self, **kw) -> None:
@@ -57,8 +58,12 @@ class CollectivesScreen(Screen):
         g = self.app.model.groups.get(self.group, {})
         text = Text()
         text.append(f"group {self.group}", style="bold")
-        text.append(f"  {g.get('desc') or g.get('name') or ''}  {len(g.get('ranks', ()))} ranks"
-                    f"  {g.get('backend', '')}  ·  [ ] change group  ·  x problems only  ·  j/enter timeline")
+        from prism_rr.tui.analysis import compact_ranks
+
+        ranks = g.get("ranks", ())
+        text.append(f"  {g.get('desc') or g.get('name') or ''}  {len(ranks)} ranks: {compact_ranks(ranks)}"
+                    f"  {g.get('backend', '')}\n[ ] change group  ·  x problems only  ·  j/enter timeline"
+                    "  ·  esc stop reading")
         if extra:
             text.append(f"\n{extra}", style="italic grey50")
         self.query_one("#collectives-head", Static).update(text)
@@ -79,6 +84,12 @@ class CollectivesScreen(Screen):
         if not worker.is_cancelled:
             self.app.call_from_thread(self._fill, group, rows, members)
 
+    def action_stop(self) -> None:
+        """Esc: stop reading a big group's members (between batches)."""
+        if any(w.group == "collectives" and not w.is_finished for w in self.workers):
+            self.workers.cancel_group(self, "collectives")
+            self._head("stopped: press [ then ] to read this group again")
+
     def _fill(self, group: int, rows, members) -> None:
         if group != self.group:
             return
@@ -94,12 +105,17 @@ class CollectivesScreen(Screen):
             style = "bold red" if problems else ""
             missing = row.missing(members)
             table.add_row(
-                str(row.seq), "" if row.step is None else str(row.step), row.op,
+                str(row.seq), Text(row.step_text, style="bold red" if "-" in row.step_text else ""), row.op,
                 f"{len(row.arrivals)}/{len(members)}", Text(_ranks(missing), style="red"),
                 "" if row.last is None else str(row.last), format_ns(row.skew),
                 Text("; ".join(problems) or "ok", style=style or "green"), key=str(row.seq),
             )
-        self._head(f"{len(rows)} calls, {bad} with problems")
+        if self.problems_only and not bad:
+            self._head(f"x: problems only, and none of the {len(rows)} calls of this group has one "
+                       "(x shows them all)")
+        else:
+            self._head(f"{len(rows)} calls, {bad} with problems" + ("  (problems only: x shows all)"
+                                                                    if self.problems_only else ""))
 
     def action_group(self, direction: int) -> None:
         ids = sorted(self.app.model.groups)
