@@ -40,6 +40,7 @@ CHARS = {m.HANG: "!", -2: "!"}  # -1, -2: the selected call (-2: one that never 
 
 ZOOM = 2.0
 MIN_NS_PER_CELL = 10.0
+SPAN_CELLS = 8  # a call jumped to is zoomed to at least this many cells
 
 
 class Timeline(ScrollView, can_focus=True):
@@ -129,6 +130,10 @@ class Timeline(ScrollView, can_focus=True):
             self._fit_pending = False
             self.ns_per_cell = max(MIN_NS_PER_CELL, self._want_span / self.cells)
             self.cursor_col = self.cells // 2
+        elif self.selected is not None:
+            # the details pane opened (or the terminal changed): the selected call stays in view
+            self._centre_selected()
+            return
         self._view_changed()
 
     # --- rendering -------------------------------------------------------------------
@@ -283,10 +288,24 @@ class Timeline(ScrollView, can_focus=True):
         start, end = spans.starts[index], spans.ends[index]
         if end != m.FAR and (end - start) / self.ns_per_cell > self.cells / 2:
             self.ns_per_cell = max(MIN_NS_PER_CELL, (end - start) * 2 / self.cells)
-        start += self.shift(rank)
-        self.center_on(start)
-        self.cursor_col = int((start - self.t0) / self.ns_per_cell)
+        elif end != m.FAR and (end - start) / self.ns_per_cell < SPAN_CELLS:
+            # a call of 62 us at fit zoom is one cell: zoom in until it spans several
+            self.ns_per_cell = max(MIN_NS_PER_CELL, (end - start) / SPAN_CELLS)
+        self.selected = (rank, index)
+        self._centre_selected()
         self.select(rank, index)
+
+    def _centre_selected(self) -> None:
+        """Centre the view on the selected call (its start, if it never ended), cursor on it."""
+        rank, index = self.selected
+        spans = self.model.get(rank)
+        if spans is None or index >= len(spans.starts):
+            return
+        start, end = spans.starts[index] + self.shift(rank), spans.ends[index]
+        mid = start if end == m.FAR else start + (end - spans.starts[index]) // 2
+        self.t0 = int(mid - self.ns_per_cell * self.cells / 2)
+        self.cursor_col = max(0, min(self.cells - 1, int((start - self.t0) / self.ns_per_cell)))
+        self._view_changed()
 
     def select(self, rank: int, index: int | None) -> None:
         self.selected = None if index is None else (rank, index)

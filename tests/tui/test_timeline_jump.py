@@ -1,0 +1,52 @@
+"""A jump shows what it jumps to: the call stays in view once the details pane opens, wide
+enough to see (issue #15 item 1)."""
+
+from __future__ import annotations
+
+from tui_helpers import HANG_GROUP, HANG_SEQ, make_app, settle, sync
+
+from prism_rr.tui.model import FAR
+from prism_rr.tui.widgets.detail import SpanDetail
+from prism_rr.tui.widgets.timeline import SPAN_CELLS
+
+SIZE = (120, 36)
+
+
+def _cells_of(tl) -> tuple[float, float | None]:
+    rank, i = tl.selected
+    spans = tl.model.load(rank)
+    start = spans.starts[i] + tl.shift(rank)
+    end = None if spans.ends[i] == FAR else spans.ends[i] + tl.shift(rank)
+    first = (start - tl.t0) / tl.ns_per_cell
+    return first, None if end is None else (end - tl.t0) / tl.ns_per_cell
+
+
+async def _goto(pilot, app, rank, group, seq):
+    await pilot.press("2")
+    await settle(pilot, app.screen.timeline)
+    app.screen.goto(rank, group, seq)
+    await settle(pilot, app.screen.timeline)
+    await pilot.pause()
+    tl = app.screen.timeline
+    assert app.screen.query_one(SpanDetail).display and tl.selected is not None
+    return tl
+
+
+@sync
+async def test_a_short_call_is_zoomed_to_and_stays_in_view_beside_the_details(small):
+    app = make_app(small)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = await _goto(pilot, app, 0, 1, 3)
+        first, last = _cells_of(tl)
+        assert 0 <= first and last <= tl.cells, (first, last, tl.cells)
+        assert last - first >= SPAN_CELLS - 1
+        assert tl.cursor_col == int(first)
+
+
+@sync
+async def test_the_hung_call_is_in_view_beside_the_details(hung):
+    app = make_app(hung)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = await _goto(pilot, app, 2, HANG_GROUP, HANG_SEQ)
+        first, last = _cells_of(tl)
+        assert last is None and 0 <= first < tl.cells, (first, tl.cells)
