@@ -41,11 +41,22 @@ class TimelineScreen(Screen):
         self.query_one(Ruler).refresh()
         tl = self.timeline
         rank = tl.cursor_rank
-        step = tl.model.step_at(rank, tl.cursor_time - tl.shift(rank))
-        bits = [f"rank {rank}", f"step {step}" if step is not None else "before step 0",
-                f"{format_ns(tl.ns_per_cell)}/cell", f"window {format_ns(tl.t1 - tl.t0)}"]
+        tm = tl.model
+        if tl.selected is not None and tl.selected[0] == rank:
+            # the selected call's own step, as its details say
+            step = tm.load(rank).records[tl.selected[1]].step
+            where = f"step {step}"
+        else:
+            t = tl.cursor_time - tl.shift(rank)
+            step = tm.step_at(rank, t)
+            where = f"step {step}" if step is not None else (
+                f"before step {tm.steps[0]}" if tm.steps else "no steps recorded")
+        at = format_ns(tl.cursor_time - tm.t_min)
+        bits = [f"rank {rank}", where]
         if tl.align_step is not None:
             bits.append(f"aligned on step {tl.align_step}")
+        bits += [f"t {at} (time from the recording's start)", f"{format_ns(tl.ns_per_cell)}/cell",
+                 f"window {format_ns(tl.t1 - tl.t0)}"]
         self.query_one("#timeline-status", Static).update("  ·  ".join(bits), layout=False)
 
     def on_timeline_span_selected(self, msg: Timeline.SpanSelected) -> None:

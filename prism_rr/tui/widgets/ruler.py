@@ -22,7 +22,9 @@ def tick_interval(ns_per_cell: float, min_cells: int = 12) -> int:
 
 
 class Ruler(Widget):
-    """Two lines: tick labels (relative to the cursor rank's step or the view start) and ticks."""
+    """Two lines: tick labels and ticks. One fixed axis: time since the recording's first
+    event (on rank 0's clock), whatever the cursor's rank; ▼ marks the cursor rank's step
+    starts. (Labels relative to the cursor rank's step moved as the cursor moved.)"""
 
     DEFAULT_CSS = "Ruler { height: 2; }"
 
@@ -36,9 +38,7 @@ class Ruler(Widget):
         g = tl.label_width
         tm = tl.model
         rank = tl.cursor_rank
-        step = tm.step_at(rank, tl.cursor_time - tl.shift(rank))
-        origin_span = tm.step_span(step, rank) if step is not None else None
-        origin = origin_span[0] + tl.shift(rank) if origin_span else tl.t0
+        origin = tm.t_min
         every = tick_interval(tl.ns_per_cell)
         labels = [" "] * width
         marks = ["─"] * width
@@ -61,8 +61,7 @@ class Ruler(Widget):
                 marks[c] = "▼"
         if 0 <= tl.cursor_col < width:
             marks[tl.cursor_col] = "┃"
-        head = f"s{step}" if step is not None else "t0"
-        text = Text(f"{head[: g - 1]:<{g}}", style="bold")
+        text = Text(f"{'time'[: g - 1]:<{g}}", style="bold")
         text.append("".join(labels), style="grey70")
         text.append("\n")
         text.append(" " * g)
