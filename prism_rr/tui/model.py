@@ -271,6 +271,20 @@ class TimelineModel:
                 return first[0] - pad, last[1] + pad
         return self.t_min, self.t_max
 
+    def steps_window(self) -> tuple[int, int]:
+        """From the first step's earliest start to the last step's latest end, across the
+        ranks the summaries have (a small margin each side), else the whole bundle."""
+        table = self.summaries["steps"]
+        if self.steps:
+            first, last = table.get(self.steps[0], {}), table.get(self.steps[-1], {})
+            starts = [v[0] - self.offsets.get(r, 0) for r, v in first.items()]
+            ends = [v[1] - self.offsets.get(r, 0) for r, v in last.items() if v[1] is not None]
+            if starts and ends and max(ends) > min(starts):
+                lo, hi = min(starts), max(ends)
+                pad = (hi - lo) // 50
+                return lo - pad, hi + pad
+        return self.t_min, self.t_max
+
     def group_members(self, group: int) -> tuple[int, ...]:
         g = self.groups.get(group)
         return tuple(g["ranks"]) if g else ()

@@ -343,13 +343,18 @@ class Timeline(ScrollView, can_focus=True):
 
     def action_zoom(self, factor: float) -> None:
         t = self.cursor_time
-        self.ns_per_cell = max(MIN_NS_PER_CELL, self.ns_per_cell * factor)
+        # out no further than the whole bundle across the view
+        widest = max(MIN_NS_PER_CELL, (self.model.t_max - self.model.t_min) / self.cells)
+        self.ns_per_cell = max(MIN_NS_PER_CELL, min(widest, self.ns_per_cell * factor))
         self.t0 = int(t - (self.cursor_col + 0.5) * self.ns_per_cell)
         self._view_changed()
 
     def action_fit(self) -> None:
-        self.ns_per_cell = max(MIN_NS_PER_CELL, (self.model.t_max - self.model.t_min) / self.cells)
-        self.t0 = self.model.t_min
+        """The recorded steps across the view (the time before the first step, imports and
+        set-up, took most of the width), else the whole bundle."""
+        lo, hi = self.model.steps_window()
+        self.ns_per_cell = max(MIN_NS_PER_CELL, (hi - lo) / self.cells)
+        self.t0 = lo
         self.cursor_col = min(self.cursor_col, self.cells - 1)
         self._view_changed()
 
