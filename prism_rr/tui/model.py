@@ -109,25 +109,28 @@ class RankSpans:
         return range(bisect.bisect_left(self.reach, t0), bisect.bisect_right(self.starts, t1))
 
     def cells(self, t0: int, ns_per_cell: float, width: int) -> list[int]:
-        """The span code shown in each of `width` cells starting at time t0."""
+        """The span code shown in each of `width` cells starting at time t0: the code that
+        takes most of the cell's time (at coarse zoom a cell holds many calls and compute
+        between them: painting the last one made every rank look communication-bound); a
+        call that failed or never completed always shows."""
         out = [IDLE] * width
+        busy = [0.0] * width  # the time of the code shown in each cell
         t1 = t0 + ns_per_cell * width
-        late = []
         starts, ends, codes = self.starts, self.ends, self.codes
         for i in self.visible(t0, int(t1)):
             code = codes[i]
-            if code == COMPUTE:
-                c0 = max(0, int((starts[i] - t0) / ns_per_cell))
-                c1 = min(width, int((ends[i] - t0) / ns_per_cell) + 1)
-                if c1 > c0:
-                    out[c0:c1] = [code] * (c1 - c0)
-            else:
-                late.append(i)
-        for i in late:  # communication is drawn over compute so short calls stay visible
-            c0 = max(0, int((starts[i] - t0) / ns_per_cell))
-            c1 = min(width, int((min(ends[i], int(t1) + 1) - t0) / ns_per_cell) + 1)
-            if c1 > c0:
-                out[c0:c1] = [codes[i]] * (c1 - c0)
+            s, e = starts[i], min(ends[i], int(t1) + 1)
+            c0 = max(0, int((s - t0) / ns_per_cell))
+            c1 = min(width, int((e - t0) / ns_per_cell) + 1)
+            if code == HANG:
+                out[c0:c1] = [HANG] * (c1 - c0)
+                busy[c0:c1] = [float("inf")] * (c1 - c0)
+                continue
+            for c in range(c0, c1):
+                lo = t0 + c * ns_per_cell
+                part = min(e, lo + ns_per_cell) - max(s, lo)
+                if part > busy[c] or (part == busy[c] and code != COMPUTE):
+                    busy[c], out[c] = part, code
         return out
 
     def at(self, t: int) -> int | None:

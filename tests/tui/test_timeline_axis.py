@@ -49,3 +49,36 @@ async def test_the_status_step_is_the_selected_calls(small):
             status = str(app.screen.query_one("#timeline-status", Static).content)
             assert f"step {step}" in status, (status, step)
             assert "before step 0" not in status or step is None
+
+
+def test_a_coarse_cell_shows_what_takes_most_of_its_time():
+    """At coarse zoom a cell holds compute and calls: it shows the one that takes most of
+    its time (painting the last call made every rank of an 8192 fit view look comm-bound);
+    a call that never completed always shows (issue #15 item 6)."""
+    from prism_rr.format import Collective, Compute
+    from prism_rr.tui import model as m
+
+    recs = []
+    for k in range(50):  # 900 ns of compute, then a 100 ns all_reduce, 50 times
+        t = k * 1000
+        recs.append(Compute(start_ns=t, end_ns=t + 900, step=0))
+        recs.append(Collective(start_ns=t + 900, end_ns=t + 1000, step=0, op="all_reduce", group=0, seq=k))
+    recs.append(Collective(start_ns=60_000, end_ns=None, step=0, op="all_reduce", group=0, seq=50))
+    spans = m.RankSpans.build(0, recs, 0)
+    coarse = spans.cells(0, 10_000.0, 7)
+    assert coarse[:5] == [m.COMPUTE] * 5 and coarse[6] == m.HANG
+    fine = spans.cells(0, 50.0, 40)  # 50 ns a cell: the calls are two cells each
+    assert fine[18:20] == [m.ALL_REDUCE] * 2 and fine[0] == m.COMPUTE
+
+
+@sync
+async def test_a_legend_is_on_screen(small):
+    from tui_helpers import screen_text
+
+    app = make_app(small)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await settle(pilot, app.screen.timeline)
+        text = screen_text(app)
+        for name in ("compute", "all_reduce", "send/recv", "failed or never completed"):
+            assert name in text, name

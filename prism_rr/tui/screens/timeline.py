@@ -13,7 +13,25 @@ from prism_rr.tui.widgets.detail import SpanDetail
 from prism_rr.tui.widgets.ruler import Ruler
 from prism_rr.tui.widgets.timeline import Timeline
 
-__all__ = ["TimelineScreen"]
+__all__ = ["TimelineScreen", "legend"]
+
+
+def legend():
+    """One line: each colour of the timeline and what it stands for."""
+    from rich.text import Text
+
+    from prism_rr.tui import model as m
+    from prism_rr.tui.widgets.timeline import CHARS, COLOURS
+
+    text = Text()
+    for code, name in m.KIND_NAMES.items():
+        colour = COLOURS.get(code)
+        if colour is None or code == m.MARK:
+            continue
+        text.append(f" {CHARS.get(code, ' ')} ", style=f"on {colour} #ffffff")
+        text.append(f" {name}  ")
+    text.append("(a cell shows what takes most of its time)", style="italic")
+    return text
 
 
 class TimelineScreen(Screen):
@@ -31,6 +49,7 @@ class TimelineScreen(Screen):
                 yield Ruler(self.timeline, id="ruler")
                 yield self.timeline
                 yield Static(id="timeline-status")
+                yield Static(legend(), id="timeline-legend")
             yield SpanDetail(tm, id="detail", classes="hidden")
         yield Footer()
 
