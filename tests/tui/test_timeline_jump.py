@@ -50,3 +50,22 @@ async def test_the_hung_call_is_in_view_beside_the_details(hung):
         tl = await _goto(pilot, app, 2, HANG_GROUP, HANG_SEQ)
         first, last = _cells_of(tl)
         assert last is None and 0 <= first < tl.cells, (first, tl.cells)
+
+
+@sync
+async def test_every_member_of_the_selected_collective_is_highlighted(hung):
+    """Issue #15 item 4: the other members' spans of the selected call are marked too."""
+    from prism_rr.tui.widgets.timeline import MEMBER, SELECTED
+
+    app = make_app(hung)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = await _goto(pilot, app, 0, HANG_GROUP, HANG_SEQ)
+        styles = {}
+        for y in range(len(tl.visible_rows())):
+            rank = tl.model.ranks[int(tl.scroll_offset.y) + y]
+            styles[rank] = {seg.style for seg in tl.render_line(y)}
+        assert any(SELECTED == st or (st and st.bgcolor == SELECTED.bgcolor) for st in styles[0])
+        for member in (2, 6):  # rank 4 never entered the call: nothing to mark on its row
+            assert any(st and st.bgcolor == MEMBER.bgcolor for st in styles[member]), member
+        for other in (1, 3, 4, 5, 7):
+            assert not any(st and st.bgcolor == MEMBER.bgcolor for st in styles[other]), other

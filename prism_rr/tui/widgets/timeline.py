@@ -19,6 +19,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from prism_rr.format import Collective
 from prism_rr.tui import model as m
 
 __all__ = ["Timeline"]
@@ -31,7 +32,8 @@ COLOURS = {
     m.OTHER_COLL: "#119c9c", m.P2P: "#e0791b", m.HANG: "#ff2020",
 }
 STYLES = {code: Style(bgcolor=c, color="#ffffff") if c else Style() for code, c in COLOURS.items()}
-SELECTED = Style(bgcolor="#f0f0f0", color="#000000")
+SELECTED = Style(bgcolor="#ffdd00", color="#000000", bold=True)  # the selected call
+MEMBER = Style(bgcolor="#8a7600", color="#ffffff")  # the same call on the group's other members
 CURSOR = Style(color="#ffff00", bold=True)
 LABEL = Style(color="#a0a0a0")
 LABEL_CURSOR = Style(color="#000000", bgcolor="#ffff00", bold=True)
@@ -88,6 +90,7 @@ class Timeline(ScrollView, can_focus=True):
         self.cursor_col = 0
         self.align_step: int | None = None
         self.selected: tuple[int, int] | None = None  # (rank, span index)
+        self._selected_call: tuple | None = None  # the selected call's (group, seq, kind)
         self.label_width = max(len(str(max(tm.ranks, default=0))) + 2, 5)
         self._lines: LRUCache[tuple, Strip] = LRUCache(2048)
         self._pending: set[int] = set()
@@ -146,8 +149,14 @@ class Timeline(ScrollView, can_focus=True):
         width = self.cells
         is_cursor = row == self.cursor_row
         sel = self.selected[1] if self.selected and self.selected[0] == rank else None
+        member = False
+        if sel is None and self._selected_call is not None:
+            loaded = self.model.get(rank)
+            if loaded is not None:
+                sel = loaded.find_call(*self._selected_call)
+                member = sel is not None
         t0 = self.t0 + self.shift(rank)
-        key = (rank, t0, self.ns_per_cell, width, sel, self.cursor_col if is_cursor else None)
+        key = (rank, t0, self.ns_per_cell, width, sel, member, self.cursor_col if is_cursor else None)
         strip = self._lines.get(key)
         if strip is not None:
             return strip
@@ -162,8 +171,8 @@ class Timeline(ScrollView, can_focus=True):
             s0 = max(0, int((spans.starts[sel] - t0) / self.ns_per_cell))
             s1 = min(width, int((min(spans.ends[sel], t0 + self.ns_per_cell * width) - t0) / self.ns_per_cell) + 1)
             codes = list(cells)
-            mark = -2 if spans.codes[sel] == m.HANG else -1
-            for c in range(s0, s1):
+            mark = -3 if member else (-2 if spans.codes[sel] == m.HANG else -1)
+            for c in range(s0, max(s1, s0 + 1) if s0 < width else s1):  # at least a cell
                 codes[c] = mark
         segments = [label]
         run_code, run_start = codes[0] if codes else m.IDLE, 0
@@ -171,7 +180,7 @@ class Timeline(ScrollView, can_focus=True):
             code = codes[c] if c < width else None
             if code != run_code:
                 n = c - run_start
-                style = SELECTED if run_code < 0 else STYLES[run_code]
+                style = (MEMBER if run_code == -3 else SELECTED) if run_code < 0 else STYLES[run_code]
                 segments.append(Segment(CHARS.get(run_code, " ") * n, style))
                 run_code, run_start = code, c
         if is_cursor and 0 <= self.cursor_col < width:
@@ -309,6 +318,12 @@ class Timeline(ScrollView, can_focus=True):
 
     def select(self, rank: int, index: int | None) -> None:
         self.selected = None if index is None else (rank, index)
+        self._selected_call = None  # (group, seq, kind): drawn on every member's row
+        if index is not None:
+            spans = self.model.get(rank)
+            rec = spans.records[index] if spans is not None else None
+            if isinstance(rec, Collective):  # (a p2p's seq is per direction and peer)
+                self._selected_call = (rec.group, rec.seq, Collective)
         self.refresh()
         if index is not None:
             self.post_message(self.SpanSelected(rank, index))
