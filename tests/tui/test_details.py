@@ -70,3 +70,27 @@ async def test_a_failed_call_is_red_with_its_error(failed):
         assert other.codes[j] != HANG  # its partner completed
     assert "failed" in text and "Timed out waiting 5000ms for recv" in text
     assert "(until it failed)" in text and "last arrival to completion" not in text
+
+
+@sync
+async def test_enter_on_a_member_shows_its_call_and_c_copies(hung):
+    """Issue #15 item 4: the member table takes the arrows and Enter; c copies the details."""
+    app = make_app(hung)
+    async with app.run_test(size=SIZE) as pilot:
+        await _details_of(pilot, app, 0, HANG_GROUP, HANG_SEQ)
+        detail = app.screen.query_one(SpanDetail)
+        await pilot.press("tab")
+        assert detail.has_focus
+        ranks = [row[0] for row in detail.member_rows]
+        target = next(k for k, row in enumerate(detail.member_rows) if row[0] == 6)  # entered, another op
+        for _ in range(target):
+            await pilot.press("down")
+        assert detail.member_cursor == target and "▶ 6" in _text(app)
+        await pilot.press("c")
+        assert "all_reduce" in app.clipboard or "all_gather" in app.clipboard
+        assert "rank" in app.clipboard and "transfer" in app.clipboard
+        await pilot.press("enter")
+        await settle(pilot, app.screen.timeline)
+        tl = app.screen.timeline
+        rec = tl.model.load(tl.cursor_rank).records[tl.selected[1]]
+        assert (tl.cursor_rank, rec.group, rec.seq) == (6, HANG_GROUP, HANG_SEQ), ranks

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import fields
 
 from rich.table import Table
 from rich.text import Text
 from textual import work
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
@@ -103,9 +105,16 @@ def call_arrivals(tm: TimelineModel, rank: int, index: int, limit: int = MAX_MEM
 
 
 class SpanDetail(VerticalScroll, can_focus=True):
-    """Fields of the selected call, then its group's arrivals (read in a worker)."""
+    """Fields of the selected call, then its group's arrivals (read in a worker). Focused
+    (tab), up and down move among the members and Enter shows that member's call; c copies
+    the pane's text."""
 
-    BINDINGS = []
+    BINDINGS = [
+        Binding("up", "member(-1)", "Prev member", show=False, id="detail.member_up"),
+        Binding("down", "member(1)", "Next member", show=False, id="detail.member_down"),
+        Binding("enter", "open_member", "Show member", id="detail.open_member"),
+        Binding("c", "copy", "Copy details", id="detail.copy"),
+    ]
 
     def __init__(self, tm: TimelineModel, **kw) -> None:
         super().__init__(**kw)
@@ -114,6 +123,8 @@ class SpanDetail(VerticalScroll, can_focus=True):
         self.index: int | None = None
         self.arrivals: dict | None = None
         self.failure: str | None = None  # the selected call's error, if it failed
+        self.member_rows: list = []  # the member table's rows, in the order shown
+        self.member_cursor = 0
 
     def compose(self):
         yield Static(id="detail-fields")
@@ -121,6 +132,7 @@ class SpanDetail(VerticalScroll, can_focus=True):
 
     def show(self, rank: int, index: int) -> None:
         self.rank, self.index, self.arrivals = rank, index, None
+        self.member_rows, self.member_cursor = [], 0
         tm = self.model
         spans = tm.load(rank)
         rec = spans.records[index]
@@ -200,6 +212,10 @@ class SpanDetail(VerticalScroll, can_focus=True):
         if (rank, index) != (self.rank, self.index):
             return
         self.arrivals = info
+        self._draw_members()
+
+    def _draw_members(self) -> None:
+        info = self.arrivals
         out = Table(title=None, box=None, padding=(0, 1), show_edge=False)
         head = Text()
         last, first = info["last"], info["first"]
@@ -223,11 +239,56 @@ class SpanDetail(VerticalScroll, can_focus=True):
         out.add_column("arrival", justify="right")
         out.add_column("duration", justify="right")
         out.add_column("")
-        for r, start, end, note in sorted(info["rows"], key=lambda row: (row[1] is None, row[1] or 0)):
+        self.member_rows = sorted(info["rows"], key=lambda row: (row[1] is None, row[1] or 0))
+        focused = self.has_focus
+        for k, (r, start, end, note) in enumerate(self.member_rows):
             arr = "-" if start is None else "+" + format_ns(start - first)
             dur = "-" if start is None else ("never ended" if end == FAR else format_ns(end - start))
             style = "bold red" if note or end == FAR else ("yellow" if last and r == last[0] else "")
-            out.add_row(str(r), arr, dur, note, style=style)
+            if focused and k == self.member_cursor:
+                style = (style + " reverse").strip()
+            out.add_row(("▶ " if focused and k == self.member_cursor else "") + str(r), arr, dur, note, style=style)
+        if focused:
+            head.append("↑↓ member · enter show it · c copy\n", style="italic grey50")
         from rich.console import Group
 
         self.query_one("#detail-members", Static).update(Group(head, out))
+
+    def on_focus(self) -> None:
+        if self.arrivals:
+            self._draw_members()
+
+    def on_blur(self) -> None:
+        if self.arrivals:
+            self._draw_members()
+
+    def action_member(self, delta: int) -> None:
+        if not self.member_rows:
+            self.scroll_relative(y=delta, animate=False)
+            return
+        self.member_cursor = max(0, min(len(self.member_rows) - 1, self.member_cursor + delta))
+        self._draw_members()
+
+    def action_open_member(self) -> None:
+        """Show the member under the cursor: its own span of this call (or its row, if it
+        never entered it)."""
+        if not self.member_rows or self.rank is None:
+            self.app.bell()
+            return
+        member = self.member_rows[self.member_cursor][0]
+        rec = self.model.load(self.rank).records[self.index]
+        if isinstance(rec, Collective) and self.member_rows[self.member_cursor][1] is not None:
+            self.app.call_later(self.app.show_call, member, rec.group, rec.seq)
+        else:
+            self.app.call_later(self.app.show_call, member)
+
+    def action_copy(self) -> None:
+        """The pane's text to the clipboard (the terminal's, through textual)."""
+        from rich.console import Console
+
+        console = Console(width=120, record=True, file=io.StringIO())
+        for part in ("#detail-fields", "#detail-members"):
+            console.print(self.query_one(part, Static).content)
+        text = console.export_text()
+        self.app.copy_to_clipboard(text)
+        self.notify(f"details copied ({len(text.splitlines())} lines)")
