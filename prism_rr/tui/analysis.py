@@ -21,7 +21,7 @@ import numpy as np
 
 from prism_rr.analysis import Finding, attribute, build_graph, diagnose, step_durations, straggler_totals
 from prism_rr.errors import PrismError
-from prism_rr.format import Bundle, Collective, PointToPoint, open_bundle
+from prism_rr.format import Bundle, Collective, PointToPoint, open_bundle, ops
 from prism_rr.tui.model import FAR, TimelineModel
 
 __all__ = [
@@ -341,9 +341,9 @@ def _step_medians(bundle: Bundle) -> dict[int, float]:
     return out
 
 
-def _rank_means(bundle: Bundle, ranks) -> dict[int, float]:
+def _rank_means(bundle: Bundle, ranks, steps=None) -> dict[int, float]:
     out = {}
-    per_step = [step_durations(bundle, s) for s in bundle.steps]
+    per_step = [step_durations(bundle, s) for s in (bundle.steps if steps is None else steps)]
     for r in ranks:
         d = [durations[r] for durations in per_step if r in durations]
         if d:
@@ -351,49 +351,95 @@ def _rank_means(bundle: Bundle, ranks) -> dict[int, float]:
     return out
 
 
-def _call_key(rec) -> tuple:
+def _identity(rec) -> tuple:
+    """Which call a record is, by the numbers that name it in any recording of the program:
+    a collective by (group, seq), a point-to-point call by direction, peer and seq."""
     if isinstance(rec, Collective):
-        return ("collective", rec.op, rec.group, rec.seq, rec.in_shapes, rec.in_dtypes, rec.digest_in)
-    return ("p2p", rec.op, rec.group, rec.seq, rec.peer, rec.shapes, rec.dtypes, rec.digest)
+        return ("collective", rec.group, rec.seq)
+    return ("p2p", rec.group, ops.receives(rec.op), rec.peer, rec.seq)
+
+
+def _differs(a, b) -> str | None:
+    """What differs between a recorded call and its replay (digests and shapes only where
+    both recorded them: a replay may be recorded with another payload option)."""
+    if a.op != b.op:
+        return "op differs"
+    if isinstance(a, Collective):
+        pairs = (("shapes", a.in_shapes, b.in_shapes), ("dtypes", a.in_dtypes, b.in_dtypes),
+                 ("data (digest)", a.digest_in, b.digest_in))
+    else:
+        pairs = (("shapes", a.shapes, b.shapes), ("dtypes", a.dtypes, b.dtypes), ("data (digest)", a.digest, b.digest))
+    for name, x, y in pairs:
+        if x and y and x != y:
+            return f"{name} differ"
+    return None
 
 
 def first_divergence(recorded: Bundle, replayed: Bundle, rank: int) -> dict | None:
-    """The first call where the replay of `rank` differs from its recording, if any."""
+    """The first recorded call of `rank` that its replay made otherwise, or not at all.
+
+    Calls are matched by what names them (group and sequence number), not by position:
+    a replay's own recording holds the whole program (set-up, step 0) while the bundle
+    it replays may hold a window of steps, and positions would pair unrelated calls. Calls
+    the replay made beyond the recording's are not divergences (replay scores the same)."""
     def calls(b):
         return (rec for rec in b.events(rank) if isinstance(rec, (Collective, PointToPoint)))
 
-    rec_it, rep_it = calls(recorded), calls(replayed)
-    n = 0
-    while True:
-        a, b = next(rec_it, None), next(rep_it, None)
-        if a is None and b is None:
-            return None
-        if a is None or b is None or _call_key(a) != _call_key(b):
-            what = "replay made more calls" if a is None else ("replay stopped early" if b is None else "")
-            if not what:
-                ka, kb = _call_key(a), _call_key(b)
-                names = ("kind", "op", "group", "seq", "shapes/peer", "dtypes/shapes", "digest/dtypes", "digest")
-                what = next(f"{names[i]} differs" for i in range(len(ka)) if ka[i] != kb[i])
-            ref = a or b
-            return {"rank": rank, "index": n, "step": ref.step, "op": ref.op, "group": ref.group,
-                    "seq": ref.seq, "what": what, "recorded": a, "replayed": b}
-        n += 1
+    made, last_step = {}, None
+    for rec in calls(replayed):
+        made[_identity(rec)] = rec
+        last_step = rec.step if last_step is None else max(last_step, rec.step)
+    for n, a in enumerate(calls(recorded)):
+        b = made.get(_identity(a))
+        what = None
+        if b is None:
+            what = "replay stopped early" if last_step is None or a.step > last_step else "replay never made it"
+        else:
+            what = _differs(a, b)
+        if what:
+            return {"rank": rank, "index": n, "step": a.step, "op": a.op, "group": a.group,
+                    "seq": a.seq, "what": what, "recorded": a, "replayed": b}
+    return None
+
+
+def replay_warning(recorded: Bundle, replayed: Bundle) -> str | None:
+    """Why `replayed` may not be a replay of `recorded`, or None: its ranks' `replay_of`
+    names the bundle each replayed."""
+    names = set()
+    for r in replayed.recorded_ranks[:64]:
+        of = replayed.rank_info(r).get("replay_of")
+        if isinstance(of, dict) and isinstance(of.get("bundle"), str):
+            names.add(of["bundle"].replace("\\", "/").rsplit("/", 1)[-1])
+    if not names:
+        return (f"{replayed.path.name} does not say it is a replay (no replay_of): "
+                "it is compared as another recording of the same program")
+    if recorded.path.name not in names:
+        return f"{replayed.path.name} is a replay of {', '.join(sorted(names))}, not of {recorded.path.name}"
+    return None
 
 
 def compare_bundles(recorded: Bundle, replayed: Bundle) -> dict:
-    """Iteration times per step and per rank, recorded vs replayed, and the first divergence.
+    """Iteration times per step and per rank, recorded vs replayed, and the first divergence,
+    over what `prism-rr replay` scores: the steps both hold, less the first (it also holds
+    start-up), and the calls of the recording.
 
     Only the replay's ranks are compared call by call (a replay runs a few ranks).
     """
     rec_steps, rep_steps = _step_medians(recorded), _step_medians(replayed)
+    common = sorted(set(rec_steps) & set(rep_steps))
+    scored = common[1:] if len(common) > 1 else common
     ranks = [r for r in replayed.recorded_ranks if r in set(recorded.recorded_ranks)]
-    rec_ranks, rep_ranks = _rank_means(recorded, ranks), _rank_means(replayed, ranks)
+    rec_ranks, rep_ranks = _rank_means(recorded, ranks, scored), _rank_means(replayed, ranks, scored)
     divergences = [d for r in ranks if (d := first_divergence(recorded, replayed, r)) is not None]
     first = min(divergences, key=lambda d: (d["step"], d["index"]), default=None)
     note = replayed.manifest.get("divergence") or replayed.manifest.get("run", {}).get("divergence")
     return {
-        "steps": [(s, rec_steps.get(s), rep_steps.get(s)) for s in sorted(set(rec_steps) | set(rep_steps))],
+        "steps": [(s, rec_steps.get(s), rep_steps.get(s)) for s in scored],
         "ranks": [(r, rec_ranks.get(r), rep_ranks.get(r)) for r in ranks],
+        "scored_steps": scored,
         "first_divergence": first,
         "replay_note": note,
+        "warning": replay_warning(recorded, replayed),
     }
+
+

@@ -18,14 +18,14 @@ from prism_rr.format.synthetic import synthetic_records, write_synthetic
 FIXED = {"created_unix_ns": 0}  # snapshots must not show the time of the test run
 
 
-def _write_spools(spool_dir: Path, world: int, events: int, edit=None, seed: int = 0) -> Path:
+def _write_spools(spool_dir: Path, world: int, events: int, edit=None, seed: int = 0, info_extra=None) -> Path:
     """Spools of a synthetic run, each rank's records passed through `edit(rank, records)`."""
     spool_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(world):
         recs = list(synthetic_records(rank, world, events, seed=seed))
         if edit is not None:
             recs = edit(rank, recs)
-        info = {"world_size": world, "rank": rank, "backend": "gloo", "argv": ["train.py"]}
+        info = {"world_size": world, "rank": rank, "backend": "gloo", "argv": ["train.py"], **(info_extra or {})}
         head = layout.SPOOL_HEADER.pack(layout.SPOOL_MAGIC, layout.MAJOR, layout.MINOR, rank, 0)
         parts = [head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"),
                  encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info)]
@@ -102,6 +102,22 @@ def ahead(tui_dir) -> Path:
     out = tui_dir / "ahead.prism"
     pack(_write_spools(tui_dir / "ahead.d", 8, 150, edit), out, manifest_extra=FIXED)
     return out
+
+
+@pytest.fixture(scope="session")
+def window_and_replay(tui_dir) -> tuple[Path, Path]:
+    """A recording of steps 1 and 2 only (`--steps 1:2`), and a faithful replay of its ranks
+    0 and 1, whose own recording holds the whole program: step 0 and its calls too."""
+    window = tui_dir / "window.prism"
+    pack(_write_spools(tui_dir / "window.d", 8, 150, lambda rank, recs: [r for r in recs if r.step >= 1]),
+         window, manifest_extra=FIXED)
+    d = tui_dir / "window-replay.d"
+    _write_spools(d, 8, 150, info_extra={"replay_of": {"bundle": str(window), "ranks": [0, 1], "timing": "live"}})
+    for rank in range(2, 8):
+        spool_path(d, rank).unlink()
+    out = tui_dir / "window-replay.prism"
+    pack(d, out, manifest_extra=FIXED)
+    return window, out
 
 
 @pytest.fixture(scope="session")

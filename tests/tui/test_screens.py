@@ -137,7 +137,7 @@ async def test_compare_shows_times_and_first_divergence(small, replay):
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, CompareScreen)
-        assert screen.query_one("#compare-steps", DataTable).row_count == 3
+        assert screen.query_one("#compare-steps", DataTable).row_count == 2  # steps 1, 2: replay's scored ones
         assert screen.query_one("#compare-ranks", DataTable).row_count == 2
         d = screen.result["first_divergence"]
         assert (d["rank"], d["group"], d["seq"]) == (1, 1, 5)

@@ -32,9 +32,10 @@ class CompareScreen(Screen):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="compare"):
             yield Static(id="divergence")
-            yield Label("Iteration time per step (median over ranks)", classes="section")
+            yield Label("Iteration time per step (median over ranks), the steps replay scores",
+                        classes="section")
             yield DataTable(id="compare-steps", cursor_type="row", zebra_stripes=True)
-            yield Label("Iteration time per rank (mean over steps)", classes="section")
+            yield Label("Iteration time per rank (mean over those steps)", classes="section")
             yield DataTable(id="compare-ranks", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
@@ -76,8 +77,14 @@ class CompareScreen(Screen):
             text.append("First divergence: ", style="bold red")
             text.append(f"rank {d['rank']}, step {d['step']}, group {d['group']} seq {d['seq']} ({d['op']}): "
                         f"{d['what']}.  j shows it in the timeline.")
+        scored = result.get("scored_steps") or []
+        if scored:
+            text.append(f"\ncompared: steps {scored[0]}-{scored[-1]}, the recording's calls (the first step, "
+                        "which also holds start-up, is left out, as replay scores)", style="grey50")
         if result.get("replay_note"):
             text.append(f"\nreplay says: {result['replay_note']}")
+        if result.get("warning"):
+            text.append(f"\nwarning: {result['warning']}", style="bold yellow")
         self.query_one("#divergence", Static).update(text)
 
     def action_jump(self) -> None:
