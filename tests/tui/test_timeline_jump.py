@@ -69,3 +69,30 @@ async def test_every_member_of_the_selected_collective_is_highlighted(hung):
             assert any(st and st.bgcolor == MEMBER.bgcolor for st in styles[member]), member
         for other in (1, 3, 4, 5, 7):
             assert not any(st and st.bgcolor == MEMBER.bgcolor for st in styles[other]), other
+
+
+@sync
+async def test_next_problem_goes_to_a_failed_call_then_through_the_findings(failed):
+    from tui_helpers import FAILED_GROUP, FAILED_SEQ
+
+    from prism_rr.tui.analysis import Finding
+
+    app = make_app(failed)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        app.screen.goto(3)
+        await pilot.press("home", *["down"] * 3)  # rank 3, cursor at the view's start
+        await settle(pilot, tl)
+        await pilot.press("exclamation_mark")
+        await settle(pilot, tl)
+        rec = tl.model.load(tl.cursor_rank).records[tl.selected[1]]
+        assert (tl.cursor_rank, rec.group, rec.seq) == (3, FAILED_GROUP, FAILED_SEQ)
+        app.findings = [Finding(kind="hang", message="m", ranks=(5,), group=1 + 5 // 2, seq=2),
+                        Finding(kind="straggler", message="m", ranks=(1,), group=1, seq=4)]
+        for want in ((5, 1 + 5 // 2, 2), (1, 1, 4), (5, 1 + 5 // 2, 2)):
+            await pilot.press("exclamation_mark")
+            await settle(pilot, tl)
+            rec = tl.model.load(tl.cursor_rank).records[tl.selected[1]]
+            assert (tl.cursor_rank, rec.group, rec.seq) == want

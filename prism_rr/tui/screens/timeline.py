@@ -37,6 +37,7 @@ def legend():
 class TimelineScreen(Screen):
     BINDINGS = [
         Binding("g", "goto", "Go to", id="timeline.goto"),
+        Binding("exclamation_mark", "next_problem", "Next problem", id="timeline.next_problem"),
         Binding("escape", "close_detail", "Close details", show=False, id="timeline.close_detail"),
         Binding("tab", "toggle_focus", "Details/timeline", show=False, id="timeline.focus_detail"),
     ]
@@ -94,6 +95,35 @@ class TimelineScreen(Screen):
             detail.focus()
         else:
             self.timeline.focus()
+
+    def action_next_problem(self) -> None:
+        """`!`: the next finding of the overview's diagnosis (d), in turn; without one, the
+        cursor rank's next call that failed or never completed after the cursor."""
+        import bisect
+
+        from prism_rr.tui import model as m
+
+        if getattr(self, "_problems_of", None) is not self.app.findings:  # a new diagnosis: from its first
+            self._problems_of, self._problem = self.app.findings, -1
+        findings = [f for f in self.app.findings if f.ranks and f.group is not None and f.seq is not None]
+        if findings:
+            self._problem = (self._problem + 1) % len(findings)
+            f = findings[self._problem]
+            self.goto(f.ranks[0], f.group, f.seq)
+            self.notify(f"finding {self._problem + 1} of {len(findings)}: {f.kind}", timeout=3)
+            return
+        tl = self.timeline
+        rank = tl.cursor_rank
+        spans = tl.model.load(rank)
+        t = tl.cursor_time - tl.shift(rank)
+        start = bisect.bisect_right(spans.starts, t)
+        for i in range(start, len(spans.starts)):
+            if spans.codes[i] == m.HANG:
+                tl.show_span(rank, i)
+                return
+        self.notify(f"no call failed or never completed on rank {rank} after the cursor; "
+                    "d on the overview (1) diagnoses the whole bundle, then ! goes from finding to finding",
+                    severity="warning")
 
     def action_goto(self) -> None:
         from prism_rr.tui.screens.goto import GotoScreen
