@@ -43,9 +43,10 @@ def binding_ids() -> set[str]:
     what a string says), so its bindings count."""
     from textual.dom import DOMNode
 
-    from prism_rr.tui.screens.goto import GotoScreen  # the timeline opens it on demand
+    from prism_rr.tui.screens.goto import GotoScreen  # the timeline opens these on demand
+    from prism_rr.tui.screens.search import SearchScreen
 
-    ids, todo = set(), [DOMNode, GotoScreen]  # (a subclass of DOMNode too, once imported)
+    ids, todo = set(), [DOMNode, GotoScreen, SearchScreen]  # (subclasses of DOMNode too, once imported)
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()

@@ -96,3 +96,27 @@ async def test_next_problem_goes_to_a_failed_call_then_through_the_findings(fail
             await settle(pilot, tl)
             rec = tl.model.load(tl.cursor_rank).records[tl.selected[1]]
             assert (tl.cursor_rank, rec.group, rec.seq) == want
+
+
+@sync
+async def test_slash_finds_the_next_call_by_op_or_stack(small):
+    app = make_app(small)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        await pilot.press("slash", *"reduce_scatter", "enter")
+        await settle(pilot, tl)
+        rec = tl.model.load(tl.cursor_rank).records[tl.selected[1]]
+        assert "reduce_scatter" in rec.op
+        first = tl.selected
+        await pilot.press("slash", "enter")  # the last text again: the next one
+        await settle(pilot, tl)
+        assert tl.selected != first and "reduce_scatter" in tl.model.load(tl.cursor_rank).records[tl.selected[1]].op
+        await pilot.press("slash", *"ctrl+a", *"train.py:88", "enter")
+        await settle(pilot, tl)
+        rec = tl.model.load(tl.cursor_rank).records[tl.selected[1]]
+        assert any("train.py:88" in f for f in rec.stack)
+        await pilot.press("slash", *"no such op anywhere", "enter")
+        await settle(pilot, tl)
+        assert tl.model.load(tl.cursor_rank).records[tl.selected[1]] is rec  # unchanged, with a warning

@@ -38,6 +38,7 @@ class TimelineScreen(Screen):
     BINDINGS = [
         Binding("g", "goto", "Go to", id="timeline.goto"),
         Binding("exclamation_mark", "next_problem", "Next problem", id="timeline.next_problem"),
+        Binding("slash", "search", "Find", id="timeline.search"),
         Binding("escape", "close_detail", "Close details", show=False, id="timeline.close_detail"),
         Binding("tab", "toggle_focus", "Details/timeline", show=False, id="timeline.focus_detail"),
     ]
@@ -124,6 +125,44 @@ class TimelineScreen(Screen):
         self.notify(f"no call failed or never completed on rank {rank} after the cursor; "
                     "d on the overview (1) diagnoses the whole bundle, then ! goes from finding to finding",
                     severity="warning")
+
+    def action_search(self) -> None:
+        from prism_rr.tui.screens.search import SearchScreen
+
+        def done(text):
+            if text:
+                self.last_search = text
+                self.find_next(text)
+
+        self.app.push_screen(SearchScreen(getattr(self, "last_search", "")), done)
+
+    def find_next(self, text: str) -> bool:
+        """The next call after the cursor whose op or stack contains `text`: on the cursor
+        rank, else on the next ranks whose calls are loaded (those shown or near them)."""
+        import bisect
+
+        from prism_rr.tui.screens.search import matches
+
+        tl = self.timeline
+        tm = tl.model
+        row = tl.cursor_row
+        for k, rank in enumerate(tm.ranks[row:] + tm.ranks[:row]):
+            spans = tm.load(rank) if k == 0 else tm.get(rank)
+            if spans is None:
+                continue
+            first = 0
+            if k == 0:  # after the selected call, else after the cursor
+                first = bisect.bisect_right(spans.starts, tl.cursor_time - tl.shift(rank))
+                if tl.selected is not None and tl.selected[0] == rank:
+                    first = tl.selected[1] + 1
+            for i in range(first, len(spans.starts)):
+                rec = spans.records[i]
+                if hasattr(rec, "group") and matches(rec, text):
+                    tl.show_span(rank, i)
+                    return True
+        self.notify(f"no call after the cursor has {text!r} in its op or stack (loaded ranks searched)",
+                    severity="warning")
+        return False
 
     def action_goto(self) -> None:
         from prism_rr.tui.screens.goto import GotoScreen
