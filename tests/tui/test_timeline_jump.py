@@ -120,3 +120,28 @@ async def test_slash_finds_the_next_call_by_op_or_stack(small):
         await pilot.press("slash", *"no such op anywhere", "enter")
         await settle(pilot, tl)
         assert tl.model.load(tl.cursor_rank).records[tl.selected[1]] is rec  # unchanged, with a warning
+
+
+@sync
+async def test_a_click_selects_the_call_under_it_and_ctrl_wheel_zooms(small):
+    """Issue #15 item 13: the mouse."""
+    app = make_app(small)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        rank = tl.model.ranks[3]
+        spans = tl.model.load(rank)
+        i = next(k for k, rec in enumerate(spans.records) if hasattr(rec, "group")
+                 and tl.t0 < spans.starts[k] < tl.t1 - 5 * tl.ns_per_cell)
+        x = tl.label_width + int((spans.starts[i] - tl.t0) / tl.ns_per_cell)
+        await pilot.click(tl, offset=(x, 3))
+        await settle(pilot, tl)
+        assert tl.cursor_rank == rank and tl.selected is not None and tl.selected[0] == rank
+        assert app.screen.query_one(SpanDetail).display
+        npc = tl.ns_per_cell
+        from textual.events import MouseScrollUp
+        tl.post_message(MouseScrollUp(tl, x=x, y=3, delta_x=0, delta_y=-1, button=0, shift=False, meta=False,
+                                      ctrl=True))
+        await settle(pilot, tl)
+        assert tl.ns_per_cell < npc

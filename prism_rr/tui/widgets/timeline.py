@@ -429,6 +429,42 @@ class Timeline(ScrollView, can_focus=True):
         self._lines.clear()
         self._view_changed()
 
+    # --- mouse ------------------------------------------------------------------------
+
+    def on_click(self, event) -> None:
+        """A click puts the cursor there and selects the call under it (details open)."""
+        row = int(self.scroll_offset.y) + event.y
+        col = event.x - self.label_width
+        if not 0 <= row < len(self.model.ranks) or not 0 <= col < self.cells:
+            return
+        self.focus()
+        self.set_cursor_row(row)
+        self.cursor_col = col
+        self._view_changed()
+        rank = self.cursor_rank
+        spans = self.model.get(rank) or self.model.load(rank)
+        i = spans.nearest(self.cursor_time - self.shift(rank), self.ns_per_cell)
+        if i is not None:
+            self.select(rank, i)
+
+    def _wheel_zoom(self, event, factor: float) -> bool:
+        """Ctrl+wheel zooms about the pointer (as in Perfetto); the plain wheel scrolls ranks."""
+        if not event.ctrl:
+            return False
+        col = event.x - self.label_width
+        if 0 <= col < self.cells:
+            self.cursor_col = col
+        self.action_zoom(factor)
+        event.stop()
+        event.prevent_default()
+        return True
+
+    def on_mouse_scroll_up(self, event) -> None:
+        self._wheel_zoom(event, 1 / ZOOM)
+
+    def on_mouse_scroll_down(self, event) -> None:
+        self._wheel_zoom(event, ZOOM)
+
     def action_select(self) -> None:
         rank = self.cursor_rank
         spans = self.model.get(rank) or self.model.load(rank)
