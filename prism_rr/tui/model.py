@@ -109,11 +109,15 @@ class RankSpans:
         return range(bisect.bisect_left(self.reach, t0), bisect.bisect_right(self.starts, t1))
 
     def cells(self, t0: int, ns_per_cell: float, width: int) -> list[int]:
+        return self.cells_owned(t0, ns_per_cell, width)[0]
+
+    def cells_owned(self, t0: int, ns_per_cell: float, width: int) -> tuple[list[int], list[int]]:
         """The span code shown in each of `width` cells starting at time t0: the code that
         takes most of the cell's time (at coarse zoom a cell holds many calls and compute
         between them: painting the last one made every rank look communication-bound); a
         call that failed or never completed always shows."""
         out = [IDLE] * width
+        owner = [-1] * width  # the span each cell shows (the timeline separates neighbours)
         busy = [0.0] * width  # the time of the code shown in each cell
         t1 = t0 + ns_per_cell * width
         starts, ends, codes = self.starts, self.ends, self.codes
@@ -124,14 +128,15 @@ class RankSpans:
             c1 = min(width, int((e - t0) / ns_per_cell) + 1)
             if code == HANG:
                 out[c0:c1] = [HANG] * (c1 - c0)
+                owner[c0:c1] = [i] * (c1 - c0)
                 busy[c0:c1] = [float("inf")] * (c1 - c0)
                 continue
             for c in range(c0, c1):
                 lo = t0 + c * ns_per_cell
                 part = min(e, lo + ns_per_cell) - max(s, lo)
                 if part > busy[c] or (part == busy[c] and code != COMPUTE):
-                    busy[c], out[c] = part, code
-        return out
+                    busy[c], out[c], owner[c] = part, code, i
+        return out, owner
 
     def at(self, t: int) -> int | None:
         """Index of the call covering time t (communication first), or None."""

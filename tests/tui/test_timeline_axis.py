@@ -82,3 +82,26 @@ async def test_a_legend_is_on_screen(small):
         text = screen_text(app)
         for name in ("compute", "all_reduce", "send/recv", "failed or never completed"):
             assert name in text, name
+
+
+@sync
+async def test_wide_calls_are_labelled_and_neighbours_separated(small):
+    """Issue #15 item 6: a call wide enough shows its op; back-to-back calls are separated."""
+    app = make_app(small)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        app.screen.goto(0, 1, 3)
+        await settle(pilot, tl)
+        rank, i = tl.selected
+        spans = tl.model.load(rank)
+        op = spans.records[i].op
+        tl.select(rank, None)  # unselected: drawn in its own colours, with its label
+        tl.ns_per_cell = max(10.0, (spans.ends[i] - spans.starts[i]) / (len(op) + 6))
+        tl.t0 = int(spans.starts[i] - 4 * tl.ns_per_cell)  # the whole call in view
+        tl.refresh()
+        await settle(pilot, tl)
+        row = tl.model.row_of[rank] - int(tl.scroll_offset.y)
+        text = "".join(seg.text for seg in tl.render_line(row))
+        assert "▏" + op in text, text

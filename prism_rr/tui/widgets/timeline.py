@@ -165,7 +165,7 @@ class Timeline(ScrollView, can_focus=True):
         if spans is None:
             self._request(rank)
             return Strip([label, Segment("·" * width, LOADING)], width + self.label_width)
-        cells = spans.cells(t0, self.ns_per_cell, width)
+        cells, owner = spans.cells_owned(t0, self.ns_per_cell, width)
         codes: list = cells
         if sel is not None:
             s0 = max(0, int((spans.starts[sel] - t0) / self.ns_per_cell))
@@ -178,10 +178,12 @@ class Timeline(ScrollView, can_focus=True):
         run_code, run_start = codes[0] if codes else m.IDLE, 0
         for c in range(1, width + 1):
             code = codes[c] if c < width else None
-            if code != run_code:
+            # a new span of the same code (back-to-back calls of one op) starts a new run
+            if code != run_code or (code not in (m.IDLE, m.COMPUTE) and code is not None and code >= 0
+                                    and owner[c] != owner[c - 1]):
                 n = c - run_start
                 style = (MEMBER if run_code == -3 else SELECTED) if run_code < 0 else STYLES[run_code]
-                segments.append(Segment(CHARS.get(run_code, " ") * n, style))
+                segments.append(Segment(self._run_text(spans, owner[run_start], run_code, n), style))
                 run_code, run_start = code, c
         if is_cursor and 0 <= self.cursor_col < width:
             strip = Strip(segments, width + self.label_width)
@@ -195,6 +197,18 @@ class Timeline(ScrollView, can_focus=True):
             strip = Strip(segments, width + self.label_width)
         self._lines[key] = strip
         return strip
+
+    @staticmethod
+    def _run_text(spans, index: int, code: int, n: int) -> str:
+        """A run of cells: a call's op name where it fits (after a separator), else its
+        fill character."""
+        fill = CHARS.get(code, " ")
+        if code in (m.IDLE, m.COMPUTE, m.MARK) or code < 0 or index < 0:
+            return fill * n
+        op = getattr(spans.records[index], "op", "") or ""
+        if n >= len(op) + 2:
+            return "▏" + op + fill * (n - len(op) - 1)
+        return ("▏" + fill * (n - 1)) if n > 1 else fill
 
     def visible_rows(self) -> range:
         top = int(self.scroll_offset.y)
