@@ -18,11 +18,17 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-gpu-check: $(STAMP)
-	$(BIN)/python -m pytest -q -s -m gpu tests/gpu
+# gpu-check runs the machine's own CUDA build of torch, with the interpreter that has it
+# (PYTHON; tests/gpu/gpu_setup.py says more). PIP_ARGS reaches pip where a dependency is
+# missing (offline: PIP_ARGS="--no-index --find-links DIR").
+GPU_SITE := .gpu-site
+
+gpu-check:
+	$(PYTHON) tests/gpu/gpu_setup.py $(GPU_SITE) $(PIP_ARGS)
+	PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu tests/gpu
 
 demo: $(STAMP)
 	$(BIN)/prism-rr demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo.prism demo.prism.d
+	rm -rf $(VENV) $(GPU_SITE) build *.egg-info demo.prism demo.prism.d

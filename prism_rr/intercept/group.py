@@ -39,7 +39,7 @@ from torch._C._distributed_c10d import (
 
 from prism_rr.intercept.stack import blocking_p2p
 
-__all__ = ["Call", "ForwardingWork", "FromPeer", "InterceptGroup", "Policy", "completed_work"]
+__all__ = ["Call", "ForwardingWork", "FromPeer", "InterceptGroup", "NoBackend", "Policy", "completed_work"]
 
 _BACKEND_TYPES = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
@@ -245,6 +245,32 @@ class Policy:
                 b.abort()
 
 
+class NoBackend:
+    """What `InterceptGroup._get_backend` answers for a device type with no real backend:
+    it supports nothing optional (splitting, coalescing, time estimates, tensor
+    allocation), and every other use says why it fails."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def __init__(self, name: str, device):
+        self._name = name
+        self._device = device
+
+    def name(self) -> str:
+        return self._name
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
+    def __getattr__(self, attr):
+        raise AttributeError(f"prism-rr: the group has no real backend for {self._device} ({attr})")
+
+
 class InterceptGroup(ProcessGroup):
     """A process group of `size` (this rank `rank`) that hands every call to `policy`.
 
@@ -269,6 +295,7 @@ class InterceptGroup(ProcessGroup):
         self._coalesced: list | None = None
         self._name = ""
         self._desc = ""
+        self.bound_device = None  # init_process_group's device_id (bound_device_id says None)
         self._backend_name = backend_name or self._real.name()
         # C++ code that asks for the backend by type (DDP's logger, ...) finds the real
         # one. Calls it makes there bypass us; the tests check no collective does.
@@ -323,6 +350,37 @@ class InterceptGroup(ProcessGroup):
 
     def shutdown(self) -> None:
         self.policy.shutdown(self)
+
+    # --- what torch's Python side asks of a group -------------------------------------
+
+    def _get_backend(self, device):
+        """The backend registered for `device`'s type, or a stand-in where there is none.
+
+        torch asks from Python: `init_process_group(device_id=...)` reads
+        `_get_backend(device_id).supports_splitting` of the group it made (ours), and a
+        replayed group with virtual members has no real backend to register."""
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            return NoBackend(self._backend_name, device)
+
+    @property
+    def bound_device_id(self):
+        """None, whatever `init_process_group(device_id=...)` bound: torch then makes
+        DeviceMesh's sub-groups with `new_group`, which we take, instead of
+        `split_group`, which the C++ side would run past us (and which numbers groups
+        differently from a CPU run of the same program). The device is kept in
+        `bound_device`."""
+        return None
+
+    @bound_device_id.setter
+    def bound_device_id(self, device) -> None:
+        self.bound_device = device
+
+    def split_group(self, *args, **kwargs):
+        raise RuntimeError(
+            "prism-rr: split_group() of a recorded or replayed group is not supported: its sub-groups "
+            "would bypass the recorder; make them with new_group() or a DeviceMesh")
 
     def backend_for_device(self, device):
         return self.backends.get(torch.device(device).type, self._real)

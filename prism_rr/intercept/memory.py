@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-__all__ = ["CpuMemoryTracker"]
+__all__ = ["CpuMemoryTracker", "CudaPeaks"]
 
 
 class CpuMemoryTracker:
@@ -153,3 +153,23 @@ def _storages(obj, out: list | None = None) -> list:
         except (RuntimeError, NotImplementedError):
             pass
     return out
+
+
+class CudaPeaks:
+    """CUDA memory: the caching allocator's peak per step, read as the recorder reads it
+    (max_memory_allocated, then a reset), so a replay on a GPU compares like with like.
+
+    The first period starts here if CUDA is already in use, else at the process's first
+    allocation: nothing here makes a CUDA context on a device the program did not choose."""
+
+    def __init__(self):
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+
+    def take_peak(self) -> int:
+        peak = int(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        return peak
+
+    def touch(self, *objs) -> None:
+        pass  # the allocator knows when memory is freed

@@ -56,6 +56,14 @@ class RecordingObserver:
     def track(self, token, work, group):
         rec = self.rec
         rec.issued(token)
+        if work is None:
+            # No Work: NCCL returns none for a blocking call (asyncOp false: it runs in
+            # order on the program's stream, seen on torch 2.11 with an H200), nor inside a
+            # coalescing block; torch's all_reduce and the others accept that. The call is
+            # done as far as the program's CPU thread can tell: its time is the launch's.
+            rec.complete(token, None)
+            rec.settle(token)
+            return None
         if token.p2p and token.peer is None:  # a receive from any source: its sender comes at wait()
             return TimedWork(work, rec, token, sourced=group.sourced)
         if not token.async_op and not token.p2p:

@@ -24,6 +24,7 @@ from prism_rr.format import open_bundle
 from prism_rr.intercept import dispatch
 from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.replayer._divergence import Divergence, user_stack
+from prism_rr.replayer._environment import _cuda_here
 from prism_rr.replayer._options import ReplayOptions
 from prism_rr.replayer._schedule import Schedule
 from prism_rr.replayer._timing import PeerClock
@@ -151,6 +152,10 @@ class ReplaySession:
 
             self._memory = CpuMemoryTracker()
             self._memory_mode = dispatch.start(self._memory, on_error=self._memory_failed)
+        elif str(info.get("device", "")).startswith("cuda") and _cuda_here():
+            from prism_rr.intercept.memory import CudaPeaks
+
+            self._memory = CudaPeaks()  # the recorder always reads CUDA's statistics
         else:
             self._memory = None
         self._steps.start()

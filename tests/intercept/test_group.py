@@ -163,3 +163,28 @@ def test_a_receive_from_any_source_no_one_records_still_counts_its_sender():
     work.wait()
     work.wait()  # counted once
     assert work._source_rank() == 1 and group.next_p2p_seq(True, 1) == 1
+
+
+def test_torch_finds_a_stand_in_where_a_group_has_no_real_backend_for_a_device():
+    """init_process_group(device_id=cuda) reads `_get_backend(device).supports_splitting` of
+    the group it made: a replayed group with virtual members has no real backend there (the
+    CUDA path failed on this before it ever ran on a GPU)."""
+    group, _ = _group()
+    stand_in = group._get_backend(torch.device("cuda", 0))
+    assert stand_in.supports_splitting is False and stand_in.supports_coalescing is False
+    assert stand_in.name() == "none" and not stand_in.supports_tensor_alloc(torch.device("cuda", 0))
+    assert not hasattr(stand_in, "comm_split_count")  # torch probes with hasattr: an AttributeError
+
+
+def test_a_bound_device_is_kept_but_not_shown_so_device_mesh_makes_groups_we_take():
+    """With bound_device_id set, DeviceMesh makes its sub-groups with split_group, in C++,
+    past the recorder; None sends it to new_group, which we take, numbered as on CPU."""
+    group, _ = _group()
+    group.bound_device_id = torch.device("cuda", 0)
+    assert group.bound_device_id is None and group.bound_device == torch.device("cuda", 0)
+    try:
+        group.split_group([0, 1])
+    except RuntimeError as exc:
+        assert "split_group" in str(exc) and "new_group" in str(exc)
+    else:
+        raise AssertionError("split_group went past the recorder")
