@@ -438,8 +438,12 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
             written.append(target)
     rings = sorted(spool_dir.glob("rank-*.ring"))
     if rings and _a_rank_died(rings, dumps[-1][1] if dumps else None):
-        n = (dumps[-1][0] + 1) if dumps else 1
+        # The number after the last dump that became a bundle: a dump that never did (its
+        # rank was killed while writing it) leaves its number, so run.prism is the rings'.
+        n = max((m for m, _ in dumps if dump_bundle_path(output, m).exists()), default=0) + 1
         d = spool_dir / f"flight-{n}"
+        if any(d.glob("rank-*.spool")):  # a dump's spools that did not pack: keep them apart
+            d = spool_dir / f"flight-{n}-rings"
         ranks = [int(p.name[5:10]) for p in rings]
         newest = []
         for p in rings:

@@ -159,6 +159,17 @@ def test_a_killed_rank_is_read_from_its_ring(tmp_path):
         _stop(proc)
     spool_dir = tmp_path / "run.prism.d"
     assert len(list(spool_dir.glob("*.ring"))) >= 1  # rank 1's, at least
+    # The same rings after a dump that rank 0 began and never wrote (killed while writing
+    # it): its number is free, and the rings' dump takes it (it once went to run.2.prism).
+    import shutil
+
+    begun = tmp_path / "begun" / "run.prism.d"
+    shutil.copytree(spool_dir, begun, ignore=shutil.ignore_patterns("flight-*"))
+    (begun / "flight-1").mkdir()
+    begun_out = begun.parent / "run.prism"
+    assert finish_rings(begun, begun_out, 3, world_size=2) == [begun_out]
+    with open_bundle(begun_out) as b:
+        assert b.manifest["flight"]["trigger"] == "crash" and 1 in b.manifest["flight"]["ranks_from_ring"]
     # Rank 0 may also be killed (the launcher's SIGKILL after its SIGTERM) with records
     # after its own dump: those rings are then a second moment (run.2.prism).
     assert set(finish_rings(spool_dir, out, 3, world_size=2)) <= {out, tmp_path / "run.2.prism"}
