@@ -37,3 +37,37 @@ async def test_the_compare_screen_says_what_it_compared(window_and_replay):
         await settle(pilot)
         text = screen_text(app)
         assert "No divergence" in text and "compared: steps 2-2" in text
+
+
+@sync
+async def test_replayed_lines_are_drawn_under_the_recorded_ones(small, replay):
+    """Issue #15 item 2: each rank the replay ran has a `↻` line under its own, aligned on
+    the recording's step start; the selected call is marked on it as replayed; Enter there
+    explains instead of opening details the recording does not have."""
+    from prism_rr.tui.widgets.detail import SpanDetail
+    from prism_rr.tui.widgets.timeline import MEMBER
+
+    app = make_app(small, replay)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("2")
+        tl = app.screen.timeline
+        await settle(pilot, tl)
+        assert tl.rows[:5] == [(0, False), (0, True), (1, False), (1, True), (2, False)]
+        assert (2, True) not in tl.row_index  # the replay ran ranks 0 and 1 only
+        text = screen_text(app)
+        assert " 0↻ " in text and " 1↻ " in text
+        # the replayed line starts the step at the cursor where the recorded line does
+        step = tl.model.step_at(0, tl.cursor_time)
+        rec, rep = tl.model.step_span(step, 0), tl.replay.step_span(step, 0)
+        assert rep[0] != rec[0] and rep[0] - tl.replay_shift(0) == rec[0]
+        app.screen.goto(0, 1, 5)  # a tp call (group 1) that ranks 0 and 1 both replayed
+        await settle(pilot, tl)
+        line = tl.row_index[(0, True)] - int(tl.scroll_offset.y)
+        assert any(seg.style and seg.style.bgcolor == MEMBER.bgcolor for seg in tl.render_line(line))
+        await pilot.press("escape")
+        tl.set_cursor_row(tl.row_index[(1, True)])
+        await pilot.pause()
+        assert "rank 1 replayed" in screen_text(app)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not app.screen.query_one(SpanDetail).display

@@ -45,7 +45,12 @@ class TimelineScreen(Screen):
 
     def compose(self) -> ComposeResult:
         tm = self.app.model
-        self.timeline = Timeline(tm, id="timeline")
+        replay = None
+        if self.app.replay is not None:
+            from prism_rr.tui.model import TimelineModel
+
+            replay = TimelineModel(self.app.replay)
+        self.timeline = Timeline(tm, replay, id="timeline")
         with Horizontal(id="timeline-body"):
             with Vertical(id="timeline-main"):
                 yield Ruler(self.timeline, id="ruler")
@@ -73,7 +78,8 @@ class TimelineScreen(Screen):
             where = f"step {step}" if step is not None else (
                 f"before step {tm.steps[0]}" if tm.steps else "no steps recorded")
         at = format_ns(tl.cursor_time - tm.t_min)
-        bits = [f"rank {rank}", where]
+        bits = [f"rank {rank}" + (" replayed (↻, aligned on the recording's step start)" if tl.on_replay else ""),
+                where]
         if tl.align_step is not None:
             bits.append(f"aligned on step {tl.align_step}")
         bits += [f"t {at} (time from the recording's start)", f"{format_ns(tl.ns_per_cell)}/cell",
@@ -145,7 +151,7 @@ class TimelineScreen(Screen):
 
         tl = self.timeline
         tm = tl.model
-        row = tl.cursor_row
+        row = tm.row_of[tl.cursor_rank]
         for k, rank in enumerate(tm.ranks[row:] + tm.ranks[:row]):
             spans = tm.load(rank) if k == 0 else tm.get(rank)
             if spans is None:
@@ -181,7 +187,7 @@ class TimelineScreen(Screen):
             self.notify(f"rank {rank} is not in this bundle", severity="error")
             return False
         if group is None:
-            self.timeline.set_cursor_row(tm.row_of[rank])
+            self.timeline.set_cursor_row(self.timeline.row_of(rank))
             return True
         spans = tm.load(rank)
         i = spans.find_call(group, seq if seq is not None else 0)
@@ -205,7 +211,7 @@ class TimelineScreen(Screen):
                         return False
             self.notify(f"rank {rank} has no call {seq} in group {group}", severity="warning")
             self.timeline.select(rank, None)
-            self.timeline.set_cursor_row(tm.row_of[rank])
+            self.timeline.set_cursor_row(self.timeline.row_of(rank))
             return False
         self.timeline.show_span(rank, i)
         return True

@@ -1,5 +1,9 @@
 """The timeline: one line per rank, time across, drawn with the Line API.
 
+With a replay of the bundle (`tui B --compare R`), each rank the replay ran gets a second
+line under its own, `↻`: the replayed calls, aligned on the recording's start of the step
+at the cursor, so the two runs of one step line up call by call.
+
 Only visible lines are rendered (`render_line`); each is a few run-length-encoded
 segments. A rank's spans are loaded in a thread worker the first time its line is
 shown, and rendered lines are kept in an LRU until the view changes.
@@ -79,9 +83,15 @@ class Timeline(ScrollView, can_focus=True):
             self.rank = rank
             self.index = index
 
-    def __init__(self, tm: m.TimelineModel, **kw) -> None:
+    def __init__(self, tm: m.TimelineModel, replay: m.TimelineModel | None = None, **kw) -> None:
         super().__init__(**kw)
         self.model = tm
+        self.replay = replay
+        # a line is (rank, replayed?): a replayed rank's line comes under its recorded one
+        replayed = set(replay.ranks) if replay is not None else set()
+        self.rows: list[tuple[int, bool]] = [
+            row for r in tm.ranks for row in (((r, False), (r, True)) if r in replayed else ((r, False),))]
+        self.row_index = {row: i for i, row in enumerate(self.rows)}
         self.t0, t1 = tm.initial_window()
         self.ns_per_cell = float(max(t1 - self.t0, 1000)) / 100
         self._fit_pending = True  # the first resize sets ns_per_cell to fit the window
@@ -106,7 +116,32 @@ class Timeline(ScrollView, can_focus=True):
 
     @property
     def cursor_rank(self) -> int:
-        return self.model.ranks[self.cursor_row] if self.model.ranks else 0
+        return self.rows[self.cursor_row][0] if self.rows else 0
+
+    @property
+    def on_replay(self) -> bool:
+        """The cursor is on a replayed line."""
+        return bool(self.rows) and self.rows[self.cursor_row][1]
+
+    def row_of(self, rank: int) -> int:
+        """The line of `rank`'s recorded calls."""
+        return self.row_index[(rank, False)]
+
+    def _source(self, replayed: bool) -> m.TimelineModel:
+        return self.replay if replayed else self.model
+
+    def replay_shift(self, rank: int) -> int:
+        """How far the replayed line of `rank` is moved: the replay's start of the step at
+        the cursor (on the recorded line) onto the recording's."""
+        tm, rep = self.model, self.replay
+        step = tm.step_at(rank, self.cursor_time - self.shift(rank))
+        steps = [step] if step is not None else []
+        steps += [s for s in tm.steps if s != step]
+        for s in steps[:3]:
+            a, b = tm.step_span(s, rank), rep.step_span(s, rank)
+            if a and b:
+                return b[0] - a[0]
+        return 0
 
     @property
     def cursor_time(self) -> int:
@@ -125,10 +160,10 @@ class Timeline(ScrollView, can_focus=True):
         return 0 if mine is None or ref is None else mine[0] - ref[0]
 
     def on_mount(self) -> None:
-        self.virtual_size = Size(self.size.width, len(self.model.ranks))
+        self.virtual_size = Size(self.size.width, len(self.rows))
 
     def on_resize(self) -> None:
-        self.virtual_size = Size(self.size.width, len(self.model.ranks))
+        self.virtual_size = Size(self.size.width, len(self.rows))
         if self._fit_pending and self.cells > 1:
             self._fit_pending = False
             self.ns_per_cell = max(MIN_NS_PER_CELL, self._want_span / self.cells)
@@ -143,27 +178,29 @@ class Timeline(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         row = int(self.scroll_offset.y) + y
-        if not 0 <= row < len(self.model.ranks):
+        if not 0 <= row < len(self.rows):
             return Strip.blank(self.size.width)
-        rank = self.model.ranks[row]
+        rank, replayed = self.rows[row]
+        source = self._source(replayed)
         width = self.cells
         is_cursor = row == self.cursor_row
-        sel = self.selected[1] if self.selected and self.selected[0] == rank else None
+        sel = self.selected[1] if self.selected and self.selected[0] == rank and not replayed else None
         member = False
         if sel is None and self._selected_call is not None:
-            loaded = self.model.get(rank)
-            if loaded is not None:
+            loaded = source.get(rank)
+            if loaded is not None:  # the selected call on another member, or as replayed
                 sel = loaded.find_call(*self._selected_call)
                 member = sel is not None
-        t0 = self.t0 + self.shift(rank)
-        key = (rank, t0, self.ns_per_cell, width, sel, member, self.cursor_col if is_cursor else None)
+        t0 = self.t0 + self.shift(rank) + (self.replay_shift(rank) if replayed else 0)
+        key = (rank, replayed, t0, self.ns_per_cell, width, sel, member, self.cursor_col if is_cursor else None)
         strip = self._lines.get(key)
         if strip is not None:
             return strip
-        label = Segment(f"{rank:>{self.label_width - 1}} ", LABEL_CURSOR if is_cursor else LABEL)
-        spans = self.model.get(rank)
+        name = f"{rank}↻" if replayed else str(rank)
+        label = Segment(f"{name:>{self.label_width - 1}} ", LABEL_CURSOR if is_cursor else LABEL)
+        spans = source.get(rank)
         if spans is None:
-            self._request(rank)
+            self._request((rank, replayed))
             return Strip([label, Segment("·" * width, LOADING)], width + self.label_width)
         cells, owner = spans.cells_owned(t0, self.ns_per_cell, width)
         codes: list = cells
@@ -212,17 +249,20 @@ class Timeline(ScrollView, can_focus=True):
 
     def visible_rows(self) -> range:
         top = int(self.scroll_offset.y)
-        return range(top, min(len(self.model.ranks), top + self.scrollable_content_region.height))
+        return range(top, min(len(self.rows), top + self.scrollable_content_region.height))
 
     def missing_visible(self) -> int:
-        """Visible ranks whose spans are not loaded yet."""
-        return sum(1 for r in self.visible_rows() if self.model.get(self.model.ranks[r]) is None)
+        """Visible lines whose spans are not loaded yet."""
+        return sum(1 for i in self.visible_rows() if self._loaded(self.rows[i]) is None)
+
+    def _loaded(self, row: tuple[int, bool]):
+        return self._source(row[1]).get(row[0])
 
     # --- loading ---------------------------------------------------------------------
 
-    def _request(self, rank: int) -> None:
+    def _request(self, row: tuple[int, bool]) -> None:
         with self._pending_lock:
-            self._pending.add(rank)
+            self._pending.add(row)
             start = not self._loading
             self._loading = True
         if start:
@@ -234,14 +274,14 @@ class Timeline(ScrollView, can_focus=True):
             rows = self.app.call_from_thread(self.visible_rows)  # layout is the loop's, never a thread's
             with self._pending_lock:
                 lo, hi = rows.start - len(rows), rows.stop + len(rows)
-                todo = sorted(self._pending, key=lambda r: self.model.row_of[r])
-                # a rank scrolled far away is dropped; it is asked for again if shown
-                todo = [r for r in todo if lo <= self.model.row_of[r] < hi]
+                todo = sorted(self._pending, key=self.row_index.__getitem__)
+                # a line scrolled far away is dropped; it is asked for again if shown
+                todo = [row for row in todo if lo <= self.row_index[row] < hi]
                 self._pending.clear()
                 if not todo:
                     break
-            for i, rank in enumerate(todo):
-                self.model.load(rank)
+            for i, (rank, replayed) in enumerate(todo):
+                self._source(replayed).load(rank)
                 self.loads += 1
                 if i % 8 == 7 or i == len(todo) - 1:
                     self.app.call_from_thread(self.refresh)
@@ -251,25 +291,25 @@ class Timeline(ScrollView, can_focus=True):
         """Load the pages above and below the view, so paging finds them ready."""
         while True:
             rows = self.app.call_from_thread(self.visible_rows)
-            ranks = self.model.ranks
-            near = [*range(rows.stop, min(len(ranks), rows.stop + len(rows))),
+            lines = self.rows
+            near = [*range(rows.stop, min(len(lines), rows.stop + len(rows))),
                     *range(max(0, rows.start - len(rows)), rows.start)]
-            rank = next((ranks[r] for r in near if self.model.get(ranks[r]) is None), None)
+            row = next((lines[i] for i in near if self._loaded(lines[i]) is None), None)
             with self._pending_lock:
                 more = bool(self._pending)
-                if not more and rank is None:
+                if not more and row is None:
                     self._loading = False
                     return
             if more:  # visible rows were asked for meanwhile: they come first
                 self.app.call_from_thread(self._load_pending)
                 return
-            self.model.load(rank)
+            self._source(row[1]).load(row[0])
             self.loads += 1
 
     def prefetch(self, ranks) -> None:
         for r in ranks:
             if self.model.get(r) is None:
-                self._request(r)
+                self._request((r, False))
 
     # --- view changes ----------------------------------------------------------------
 
@@ -287,7 +327,7 @@ class Timeline(ScrollView, can_focus=True):
 
     def set_cursor_row(self, row: int) -> None:
         old, top = self.cursor_row, int(self.scroll_offset.y)
-        self.cursor_row = max(0, min(len(self.model.ranks) - 1, row))
+        self.cursor_row = max(0, min(len(self.rows) - 1, row))
         self._keep_cursor_visible()
         if int(self.scroll_offset.y) == top and self.align_step is None:
             self.refresh_line(old)  # only the two rows the cursor left and entered
@@ -306,7 +346,7 @@ class Timeline(ScrollView, can_focus=True):
     def show_span(self, rank: int, index: int) -> None:
         """Move the cursor to a rank's call, zooming so the call is at least a few cells wide."""
         spans = self.model.load(rank)
-        self.cursor_row = self.model.row_of[rank]
+        self.cursor_row = self.row_of(rank)
         self._keep_cursor_visible()
         start, end = spans.starts[index], spans.ends[index]
         if end != m.FAR and (end - start) / self.ns_per_cell > self.cells / 2:
@@ -356,7 +396,7 @@ class Timeline(ScrollView, can_focus=True):
         self.set_cursor_row(0)
 
     def action_last_rank(self) -> None:
-        self.set_cursor_row(len(self.model.ranks) - 1)
+        self.set_cursor_row(len(self.rows) - 1)
 
     def action_move(self, delta: int) -> None:
         col = self.cursor_col + delta
@@ -449,12 +489,14 @@ class Timeline(ScrollView, can_focus=True):
         """A click puts the cursor there and selects the call under it (details open)."""
         row = int(self.scroll_offset.y) + event.y
         col = event.x - self.label_width
-        if not 0 <= row < len(self.model.ranks) or not 0 <= col < self.cells:
+        if not 0 <= row < len(self.rows) or not 0 <= col < self.cells:
             return
         self.focus()
         self.set_cursor_row(row)
         self.cursor_col = col
         self._view_changed()
+        if self.on_replay:
+            return  # a replayed call's details are the replay bundle's (tui REPLAY)
         rank = self.cursor_rank
         spans = self.model.get(rank) or self.model.load(rank)
         i = spans.nearest(self.cursor_time - self.shift(rank), self.ns_per_cell)
@@ -480,6 +522,10 @@ class Timeline(ScrollView, can_focus=True):
         self._wheel_zoom(event, ZOOM)
 
     def action_select(self) -> None:
+        if self.on_replay:
+            self.notify("a replayed line: its calls' details are in the replay bundle (prism-rr tui REPLAY); "
+                        "select the call on the recorded line above to see both", severity="warning")
+            return
         rank = self.cursor_rank
         spans = self.model.get(rank) or self.model.load(rank)
         i = spans.nearest(self.cursor_time - self.shift(rank), self.ns_per_cell * 2)
