@@ -17,11 +17,20 @@ SCRIPT = Path(__file__).parent / "scripts" / "faults.py"
 WORLD = 2
 
 
-def _diagnose(tmp_path, mode):
+# gloo's rare abort as a rank's process tears down, after its program finished (see
+# tests/conftest.py): a run that should end cleanly is recorded once more, only for that.
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _diagnose(tmp_path, mode, capfd=None):
     out = tmp_path / "run.prism"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
            str(SCRIPT), mode]
     code = record_command(cmd, out, timeout=90)
+    if code != 0 and capfd is not None and _TEARDOWN_ABORT in capfd.readouterr().err:
+        out = tmp_path / "again" / "run.prism"
+        out.parent.mkdir()
+        code = record_command(cmd, out, timeout=90)
     pack(spool_dir_for(out), out)
     with open_bundle(out) as b:
         return code, diagnose(b)
@@ -38,8 +47,8 @@ def _kinds(findings):
 
 
 @pytest.mark.timeout(150)
-def test_clean_run(tmp_path):
-    code, findings = _diagnose(tmp_path, "clean")
+def test_clean_run(tmp_path, capfd):
+    code, findings = _diagnose(tmp_path, "clean", capfd)
     assert code == 0
     assert _not_timing(findings) == [], [f.message for f in findings]
 
@@ -68,8 +77,8 @@ def test_rank_that_calls_with_another_shape(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_rank_slowed_by_a_sleep(tmp_path):
-    code, findings = _diagnose(tmp_path, "slow")
+def test_rank_slowed_by_a_sleep(tmp_path, capfd):
+    code, findings = _diagnose(tmp_path, "slow", capfd)
     assert code == 0
     assert _kinds(findings)[:1] == [("straggler", (1,), 0, findings[0].seq)], [f.message for f in findings]
     assert findings[0].details["waiting_ranks"] == [0]
