@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -186,14 +187,18 @@ class _Helper:
                "steps": list(steps) if steps is not None else None}
         proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        try:
-            proc.stdin.write(json.dumps(job).encode())
-            proc.stdin.close()
-        except OSError:  # it ended at once: read everything here
-            proc.kill()
-            proc.wait()
-            return None
+        # The job (8192 ranks: some 70 KB) outgrows the pipe's buffer, so writing it waits
+        # for the interpreter to start and read: a thread writes it, this one goes on.
+        threading.Thread(target=cls._send, args=(proc, json.dumps(job).encode()), daemon=True).start()
         return cls(proc, theirs)
+
+    @staticmethod
+    def _send(proc, job: bytes) -> None:
+        try:
+            proc.stdin.write(job)
+            proc.stdin.close()
+        except OSError:  # it ended: result() sees it fail, and the ranks are read here
+            pass
 
     def result(self) -> tuple[list[RankColumns], list] | None:
         """What it read, or None if it failed (a malformed chunk, no memory, ...)."""
