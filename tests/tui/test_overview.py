@@ -121,6 +121,22 @@ async def test_straggler_cost_in_the_findings_and_ranks(straggler):
 
 
 @sync
+async def test_enter_jumps_to_the_first_finding_once_the_diagnosis_is_in(straggler):
+    """The findings' note says "j or enter jumps to one": the table has the focus for it."""
+    from prism_rr.tui.screens.timeline import TimelineScreen
+
+    app = make_app(straggler)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        await _until(pilot, lambda: screen.costs is not None, "the diagnosis never finished")
+        assert app.focused is not None and app.focused.id == "findings"
+        await pilot.press("enter")
+        await settle(pilot)
+        assert isinstance(app.screen, TimelineScreen) and app.screen.timeline.selected is not None
+
+
+@sync
 async def test_diagnosis_runs_apart_and_escape_stops_it(big):
     app = make_app(big)  # 8192 ranks: the diagnosis takes seconds
     async with app.run_test(size=SIZE) as pilot:

@@ -368,6 +368,9 @@ class OverviewScreen(Screen):
         self.costs = {e["rank"]: e["cost_ns"] for e in costs}
         self._show_findings(found)
         self._fill_ranks()
+        focused = self.app.focused
+        if found and (focused is None or focused.id not in ("ranks", "steps")):
+            self.query_one("#findings", DataTable).focus()  # the note says: enter jumps to one
 
     def _show_findings(self, found) -> None:
         self.app.findings = found
