@@ -1,6 +1,6 @@
 """Analysis at scale: diagnose, analyze and diff on synthetic bundles, events/s and peak RSS.
 
-    python bench/analysis_bench.py [--ranks 1024,8192] [--events 1000] [--cache DIR] [--repeat 3]
+    python bench/analysis_bench.py [--ranks 1024,8192] [--events 1000] [--cache DIR] [--repeat 3] [--limit S]
 
 Each bundle (`prism_rr.format.synthetic`, a dp x tp run) is generated once into the cache
 directory (about two minutes for 8192 x 1000). Each command runs in a fresh process, so its
@@ -59,10 +59,15 @@ def missing(what: str) -> list[str]:
     return [name for name in _NEEDS[what] if not hasattr(A, name)]
 
 
-def measure(what: str, path: Path, repeat: int) -> dict:
+def measure(what: str, path: Path, repeat: int, limit: float) -> dict | None:
+    """The figures of `repeat` runs, or None when one ran past `limit` seconds (stopped)."""
     runs = []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", _RUN, what, str(path)], capture_output=True, text=True)
+        try:
+            out = subprocess.run([sys.executable, "-c", _RUN, what, str(path)], capture_output=True, text=True,
+                                 timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
         if out.returncode != 0:
             raise SystemExit(f"{what} {path.name} failed:\n{out.stderr[-2000:]}")
         runs.append(json.loads(out.stdout))
@@ -79,6 +84,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-analysis-bench")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (the median is printed)")
     ap.add_argument("--commands", default="diagnose,analyze,diff")
+    ap.add_argument("--limit", type=float, default=120.0, help="seconds a run may take before it is stopped")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args()
 
@@ -95,7 +101,13 @@ def main() -> None:
                 print(f"{what:9} {ranks:>6} x {args.events}: skipped: prism_rr.analysis has no "
                       f"{', '.join(lacking)} in this build", file=sys.stderr)
                 continue
-            r = measure(what, path, args.repeat)
+            r = measure(what, path, args.repeat, args.limit)
+            if r is None:
+                print(f"{what:9} {ranks:>6} x {args.events}: over {args.limit:.0f} s (stopped; --limit)",
+                      file=sys.stderr if args.json else sys.stdout)
+                results.append({"command": what, "ranks": ranks, "events": events, "seconds": None,
+                                "over_s": args.limit})
+                continue
             r.update(command=what, ranks=ranks, events=events, events_per_s=events / r["seconds"])
             results.append(r)
             print(f"{what:9} {ranks:>6} x {args.events}: {r['seconds']:7.2f} s (median of {r['runs']}), "

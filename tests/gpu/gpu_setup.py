@@ -8,23 +8,41 @@ installed into SITE where this interpreter lacks them or has versions outside py
 ranges. Arguments after SITE go to pip: offline, `--no-index --find-links DIR`.
 """
 
+import re
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
-
-from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _name(spec: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]
+
+
 def _met(spec: str) -> bool:
-    req = Requirement(spec)
+    """Installed, in pyproject's range where `packaging` is there to read it."""
     try:
-        return req.specifier.contains(metadata.version(req.name), prereleases=True)
+        version = metadata.version(_name(spec))
     except metadata.PackageNotFoundError:
         return False
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # present is enough
+        return True
+    return Requirement(spec).specifier.contains(version, prereleases=True)
+
+
+def _dependencies() -> list[str]:
+    """pyproject's [project] dependencies (tomllib from Python 3.11; a plain reading before)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        block = re.search(r"(?ms)^dependencies = \[(.*?)^\]", text)
+        return re.findall(r'"([^"]+)"', block.group(1)) if block else []
+    return tomllib.loads(text)["project"]["dependencies"]
 
 
 def main() -> int:
@@ -36,8 +54,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         sys.exit(f"torch {torch.__version__} ({sys.executable}) sees no CUDA device: run PYTHON=<a python "
                  "with a CUDA build of torch> make gpu-check on a machine with a GPU")
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    needs = [d for d in project["dependencies"] if Requirement(d).name != "torch"]
+    needs = [d for d in _dependencies() if _name(d) != "torch"]
     missing = [d for d in needs + ["pytest>=8", "pytest-timeout>=2.3"] if not _met(d)]
     if missing:
         print(f"gpu-check: installing into {site}: {', '.join(missing)}")
