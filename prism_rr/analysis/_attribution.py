@@ -63,6 +63,7 @@ __all__ = [
 
 # Late ranks on the critical path re-timed per step, latest first (each costs one re-timing).
 MAX_CANDIDATES = 8
+BATCH_RECORDS = 1_000_000  # records `attribute` holds at a time (objects: a few hundred MB)
 # ... and only those late on it by at least this fraction of the step.
 MIN_LATE_FRACTION = 0.005
 # Steps taken from the chunk index when a bundle has no Step records; a chunk that claims
@@ -135,7 +136,9 @@ class _Graph:
     held: dict[int, int]  # node id -> how late it entered a call whose other members it held up
 
 
-def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int]) -> _Graph:
+def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int], records=None) -> _Graph:
+    """Step `step`'s graph; `records(rank)`: the rank's records of the step, where the caller
+    read them already (else they are read here)."""
     nodes: list[_Node] = []
     by_rank: dict[int, list[int]] = {}
     members: dict[tuple, list[int]] = {}
@@ -145,7 +148,7 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
         mine: list[_Node] = []
         lo = hi = None
         step_rec = None
-        for rec in bundle.events(rank, steps=(step, step)):
+        for rec in bundle.events(rank, steps=(step, step)) if records is None else records(rank):
             cls = type(rec)
             start = rec.start_ns - off
             end = None if rec.end_ns is None else rec.end_ns - off
@@ -557,12 +560,14 @@ def _steps_of(bundle: Bundle, ranks: list[int]) -> list[int]:
 
 
 def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
-                   offsets: dict[int, int] | None = None, candidates: int = MAX_CANDIDATES) -> StepAttribution:
+                   offsets: dict[int, int] | None = None, candidates: int = MAX_CANDIDATES,
+                   records=None) -> StepAttribution:
     """Split step `step` of every recorded rank (or `ranks`) four ways, find its critical
-    path and what each late rank on it cost (re-timing at most `candidates` of them)."""
+    path and what each late rank on it cost (re-timing at most `candidates` of them).
+    `records(rank)`: the rank's records of the step, where the caller read them already."""
     ranks = bundle.recorded_ranks if ranks is None else ranks
     offsets = clock_offsets(bundle, ranks) if offsets is None else offsets
-    g = _read_step(bundle, step, ranks, offsets)
+    g = _read_step(bundle, step, ranks, offsets, records)
     out = StepAttribution(step=step, span_ns=0, modelled_ns=0, ranks=_split(g))
     if not g.ranks:
         return out
@@ -590,10 +595,28 @@ def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: li
     memory at a time: what the TUI and `prism-rr analyze` read."""
     ranks = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     offsets = clock_offsets(bundle, ranks)
-    for step in _steps_of(bundle, ranks):
-        if steps is not None and not steps[0] <= step <= steps[1]:
+    every = _steps_of(bundle, ranks)
+    todo = [s for s in every if steps is None or steps[0] <= s <= steps[1]]
+    # Steps are read in batches, each rank's chunks once a batch (a chunk often holds many
+    # steps: read step by step, it was decoded once for each), as many steps a batch as
+    # keep about BATCH_RECORDS records in memory.
+    per_step = max(1, bundle.event_count // max(1, len(every)))
+    size = max(1, BATCH_RECORDS // per_step)
+    for i in range(0, len(todo), size):
+        batch = todo[i : i + size]
+        if len(batch) == 1:
+            yield attribute_step(bundle, batch[0], ranks=ranks, offsets=offsets, candidates=candidates)
             continue
-        yield attribute_step(bundle, step, ranks=ranks, offsets=offsets, candidates=candidates)
+        read: dict[int, dict[int, list]] = {s: {} for s in batch}
+        for rank in ranks:
+            for rec in bundle.events(rank, steps=(batch[0], batch[-1])):
+                mine = read.get(rec.step)
+                if mine is not None:
+                    mine.setdefault(rank, []).append(rec)
+        for step in batch:
+            got = read.pop(step)
+            yield attribute_step(bundle, step, ranks=ranks, offsets=offsets, candidates=candidates,
+                                 records=lambda r, got=got: got.get(r, ()))
 
 
 def retimed_span(bundle: Bundle, step: int, *, slow: dict[int, float] | None = None,

@@ -287,3 +287,20 @@ def test_diagnose_gives_each_straggler_finding_its_cost(tmp_path):
     even.train(12)
     quiet = run_cli("diagnose", even.bundle(tmp_path / "even"), "--json")
     assert quiet.returncode == 0 and json.loads(quiet.stdout)["straggler_cost"] == [], quiet.stdout
+
+
+def test_steps_read_in_batches_attribute_as_steps_read_one_by_one(tmp_path, monkeypatch):
+    """`attribute` reads each rank's chunks once for a batch of steps (a chunk holds many):
+    any batch size gives what reading step by step (attribute_step alone) gives."""
+    import prism_rr.analysis._attribution as at
+
+    run = SimRun(6)
+    run.train(9, slow={4: 2_000_000})
+    path = run.bundle(tmp_path, chunk_records=4096)  # one chunk a rank: every step in it
+    with open_bundle(path) as b:
+        alone = attribution_json(attribute_step(b, s) for s in b.steps)
+        assert len(b.chunks(0)) == 1 and len(alone["steps"]) == 9
+        per_step = b.event_count // len(b.steps)
+        for size in (1, 2, 4, 100):  # steps a batch
+            monkeypatch.setattr(at, "BATCH_RECORDS", per_step * size)
+            assert attribution_json(attribute(b)) == alone, size
