@@ -446,11 +446,17 @@ class _Timing:
         ids = members if self.registered.get(key) == len(members) else [i for i in members if natural[i] is not None]
         if not ids:
             return
-        for i in ids:
+        # each member's latest other natural entry, from the top two (a group of 4096
+        # members made the list of the others, for each member, the whole step's cost)
+        vals = [natural[j] for j in ids]
+        top = max(vals)
+        at = vals.index(top)
+        second = max(vals[:at] + vals[at + 1:]) if len(vals) > 1 else None
+        for k, i in enumerate(ids):
             if entry[i] is None:
-                others = [natural[j] for j in ids if j != i]
                 t = natural[i]
-                entry[i] = max(self.floor[i], min(t, max(others))) if others else t
+                others = second if k == at else top
+                entry[i] = max(self.floor[i], min(t, others)) if len(ids) > 1 else t
         last = ids[0]
         latest_rec = nodes[last].start
         for j in ids:
