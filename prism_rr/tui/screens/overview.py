@@ -370,7 +370,8 @@ class OverviewScreen(Screen):
         self._fill_ranks()
         focused = self.app.focused
         if found and (focused is None or focused.id not in ("ranks", "steps")):
-            self.query_one("#findings", DataTable).focus()  # the note says: enter jumps to one
+            # the note says: enter jumps to one (no scroll: the view stays where the user has it)
+            self.query_one("#findings", DataTable).focus(scroll_visible=False)
 
     def _show_findings(self, found) -> None:
         self.app.findings = found
