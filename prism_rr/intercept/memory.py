@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-__all__ = ["CpuMemoryTracker", "CudaPeaks"]
+__all__ = ["CpuMemoryTracker", "CudaPeaks", "cuda_step_peak"]
 
 
 class CpuMemoryTracker:
@@ -155,6 +155,14 @@ def _storages(obj, out: list | None = None) -> list:
     return out
 
 
+def cuda_step_peak() -> int:
+    """The CUDA allocator's peak since the last call (or reset), which starts the next period:
+    how the recorder and the replayer both read a step's peak."""
+    peak = int(torch.cuda.max_memory_allocated())
+    torch.cuda.reset_peak_memory_stats()
+    return peak
+
+
 class CudaPeaks:
     """CUDA memory: the caching allocator's peak per step, read as the recorder reads it
     (max_memory_allocated, then a reset), so a replay on a GPU compares like with like.
@@ -167,9 +175,7 @@ class CudaPeaks:
             torch.cuda.reset_peak_memory_stats()
 
     def take_peak(self) -> int:
-        peak = int(torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
-        return peak
+        return cuda_step_peak()
 
     def touch(self, *objs) -> None:
         pass  # the allocator knows when memory is freed

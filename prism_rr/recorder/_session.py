@@ -271,11 +271,9 @@ class Recording:
 
     def _step_peak(self) -> int | None:
         if self.cuda:
-            import torch
+            from prism_rr.intercept.memory import cuda_step_peak
 
-            peak = torch.cuda.max_memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            return int(peak)
+            return cuda_step_peak()
         if self.cpu_memory is not None:
             return self.cpu_memory.take_peak()
         return None
