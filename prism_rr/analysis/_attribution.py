@@ -610,9 +610,6 @@ def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: li
     size = max(1, BATCH_RECORDS // per_step)
     for i in range(0, len(todo), size):
         batch = todo[i : i + size]
-        if len(batch) == 1:
-            yield attribute_step(bundle, batch[0], ranks=ranks, offsets=offsets, candidates=candidates)
-            continue
         read: dict[int, dict[int, list]] = {s: {} for s in batch}
         for rank in ranks:
             for rec in bundle.events(rank, steps=(batch[0], batch[-1])):
