@@ -484,6 +484,12 @@ Exit codes: 0 nothing found · 5 findings · 1 any other failure · 2 usage erro
 def diagnose(
     bundle: Path = typer.Argument(..., help="The .prism bundle to examine."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {findings: [...], summary}."),
+    window: int = typer.Option(
+        12_000_000, "--window", min=1, metavar="EVENTS",
+        help="A bundle of more events than this is read in windows of consecutive steps of about this many "
+             "events, one at a time, so memory follows the window, not the bundle (about 2 GiB at the "
+             "default; lower it on a small machine). The findings are the same.",
+    ),
 ) -> None:
     """Find crashes, hangs, mismatched calls, stragglers and lost records, and explain them.
 
@@ -503,8 +509,11 @@ def diagnose(
     from prism_rr.format import open_bundle
     from prism_rr.analysis import attribute, diagnose as find, diagnosis_json, straggler_lines, straggler_totals
 
+    def progress(done: int, total: int, steps: tuple[int, int]) -> None:
+        print(f"diagnose: read steps {steps[0]}-{steps[1]} (window {done} of {total})", file=sys.stderr, flush=True)
+
     with open_bundle(bundle) as b:
-        findings = find(b)
+        findings = find(b, window_events=window, progress=progress)
         # Re-timing every step costs as much as `analyze`: only where a straggler was found.
         costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in findings) else []
     cost_of = {e["rank"]: e["cost_ns"] for e in costs}

@@ -20,7 +20,7 @@ from prism_rr.analysis._attribution import (
 from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
 from prism_rr.analysis._chakra import export_chakra
 from prism_rr.analysis._chrome import export_chrome
-from prism_rr.analysis._diagnose import KINDS, Finding, diagnose, diagnosis_json
+from prism_rr.analysis._diagnose import KINDS, WINDOW_EVENTS, Finding, diagnose, diagnosis_json, step_windows
 from prism_rr.analysis._diff import BundleDiff, SequenceDifference, diff_bundles, diff_json, diff_lines
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
 from prism_rr.analysis._parquet import export_parquet
@@ -43,6 +43,7 @@ __all__ = [
     "StepAttribution",
     "StepStats",
     "StragglerCost",
+    "WINDOW_EVENTS",
     "analyze_step",
     "attribute",
     "attribute_step",
@@ -62,6 +63,7 @@ __all__ = [
     "export_parquet",
     "retimed_span",
     "signature",
+    "step_windows",
     "step_durations",
     "step_json",
     "straggler_lines",

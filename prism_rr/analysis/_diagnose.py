@@ -13,9 +13,9 @@ from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import ExecutionGraph, build_graph
-from prism_rr.analysis._model import MatchedCall, Member
+from prism_rr.analysis._model import MatchedCall, Member, P2PMatch
 
-__all__ = ["KINDS", "Finding", "diagnose", "diagnosis_json"]
+__all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "step_windows"]
 
 # Finding kinds, in the order they are reported.
 KINDS = (
@@ -70,56 +70,328 @@ def diagnosis_json(findings: list[Finding]) -> dict[str, Any]:
     }
 
 
-def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None) -> list[Finding]:
-    """Everything notable in `bundle`, most serious first; an empty list on a clean run."""
-    g = build_graph(bundle) if graph is None else graph
-    failures = _Failures(g)
-    odd = _Odd(g)
-    out: list[Finding] = []
-    out += _crashes(g)
-    out += _hangs(g, failures, odd)
-    drifts = _drifts(g)
-    out += drifts
-    out += _fold_into_drifts(_mismatches(g, failures, odd), drifts)
-    out += _unmatched_p2p(g, odd)
-    out += _stragglers(g, {d.group: d.seq for d in drifts}, odd)
-    out += _call_failures(g, failures)
-    out += _gaps(g)
-    out.sort(key=lambda f: _order(g, f))
+# A bundle of more events than this is diagnosed in windows of consecutive steps of about
+# this many events each, one window's graph held at a time, so memory follows the window and
+# not the bundle (about 2 GiB at this size, both reading processes together; 1024 ranks x
+# 20,000 events read whole took 2.6 GiB). A step larger than the window is read whole.
+WINDOW_EVENTS = 12_000_000
+# Each window is read with this many steps more on either side: a call whose members
+# recorded it in neighbouring steps (a rank's step ends at its own optimizer call) is seen
+# whole in one window.
+_MARGIN = 1
+
+
+def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None, window_events: int | None = None,
+             progress=None) -> list[Finding]:
+    """Everything notable in `bundle`, most serious first; an empty list on a clean run.
+
+    `graph`: one already built (of the whole bundle). Else the bundle is read whole, or in
+    windows of steps where it holds more than `window_events` events (WINDOW_EVENTS);
+    then `progress(done, total, (first step, last step))` is called after each window."""
+    run = _Run()
+    if graph is not None:
+        run.add(graph)
+    else:
+        windows = step_windows(bundle, WINDOW_EVENTS if window_events is None else window_events)
+        if len(windows) <= 1:
+            run.add(build_graph(bundle))
+        else:
+            run.read_windows(bundle, windows, progress)
+    return run.findings(bundle)
+
+
+def step_windows(bundle: Bundle, events: int) -> list[tuple[int, int]]:
+    """Consecutive step ranges (a, b), both ends included, of about `events` events each,
+    from the chunk index (each chunk's records taken as spread evenly over its steps): one
+    range where the bundle holds no more; none where it holds no records."""
+    spans: list[tuple[int, int, int]] = []
+    for rank in bundle.recorded_ranks:
+        spans.extend((r.step_first, r.step_last, r.count) for r in bundle.chunks(rank) if r.count)
+    if not spans:
+        return []
+    lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+    if sum(s[2] for s in spans) <= events or lo == hi:
+        return [(lo, hi)]
+    # the steps where some chunk's density of records per step changes
+    cuts = sorted({s[0] for s in spans} | {s[1] + 1 for s in spans})
+    at = {c: i for i, c in enumerate(cuts)}
+    density = np.zeros(len(cuts))
+    for first, last, n in spans:
+        d = n / (last - first + 1)
+        density[at[first]] += d
+        density[at[last + 1]] -= d
+    density = np.cumsum(density).tolist()
+    out: list[tuple[int, int]] = []
+    start, held = lo, 0.0
+    for i in range(len(cuts) - 1):
+        s, end, d = cuts[i], cuts[i + 1], max(density[i], 0.0)  # steps s..end-1, d events each
+        while s < end:
+            room = int((events - held) // d) if d > 0 else end - s
+            if room >= end - s:
+                held += d * (end - s)
+                break
+            s += max(room, 1 if held == 0 else 0)  # a step larger than the window goes alone
+            if s > start:
+                out.append((start, s - 1))
+            start, held = s, 0.0
+    if start <= hi:
+        out.append((start, hi))
     return out
 
 
 _ON_CALLS = ("hang", "incomplete", "drift", "mismatch", "unmatched_p2p")
 
 
-class _Odd:
-    """The calls that may be about a problem, as objects, made once: a member missing,
-    one too many, one never completed, or members that disagree. Every other call is
-    read from the graph's columns."""
+class _Run:
+    """What the rules read about the whole run, gathered from one graph, or from the graphs
+    of consecutive windows of steps (`add`, in step order): each rank's trace, the calls
+    that may be about a problem (as objects, merged across windows), the drifts, and who
+    arrived last where (summed as read). Every other call is read from a window's columns
+    while it is held, and let go."""
 
-    def __init__(self, g: ExecutionGraph):
+    def __init__(self):
+        self.world_size = 0
+        self.ranks: list[int] = []
+        self.groups: dict[int, tuple[int, ...]] = {}
+        self.traces: dict = {}
+        self.t0_ns: int | None = None
+        self.calls: dict[tuple[int, int], MatchedCall] = {}  # calls that may be about a problem
+        self.seen: dict[tuple[int, int], tuple[int, int]] = {}  # ... first read: (window, place)
+        self.counted: set[tuple[int, int]] = set()  # ... whose arrivals a window counted
+        self.p2p: dict[tuple[int, int, int, int], P2PMatch] = {}
+        self.counts = _Counts()
+        self.drifts: list[Finding] = []
+        self.entered: dict[tuple[int, int], int] = {}  # a drift's call -> its first entry
+        self.timed = 0  # steps with a Step record
+        self.warmup: int | None = None  # the first of them
+        self.step_ns: dict[int, int] = {}  # per rank: its Step records' time, warm-up aside
+        self.warmup_ns: dict[int, int] = {}  # ... in the warm-up step
+        self.late: _Lateness | None = None  # calls after the warm-up step
+        self.late_warmup: _Lateness | None = None  # calls in it
+        self.windows = 0
+        self._last_keys: tuple[set, set] = (set(), set())  # odd calls and messages of the window before
+        self._window_keys: list[set] = []  # each window's odd calls
+
+    def add(self, g: ExecutionGraph, core: tuple[int, int] | None = None) -> None:
+        """One graph: the whole run (core None), or a window read with its margins, whose
+        own steps are `core`."""
+        w = self.windows
+        self.windows += 1
+        if w == 0:
+            self.world_size, self.ranks, self.groups = g.world_size, g.ranks, g.groups
+            self.late, self.late_warmup = _Lateness(g.world_size), _Lateness(g.world_size)
+        if core is None:
+            self.traces = g.traces
+        else:
+            for rank, trace in g.traces.items():
+                self._merge_trace(trace)
+        if g.traces and any(t.first_ns is not None for t in g.traces.values()):
+            t0 = g.t0_ns
+            self.t0_ns = t0 if self.t0_ns is None else min(self.t0_ns, t0)
+        own = (lambda s: True) if core is None else (lambda s: core[0] <= s <= core[1])
+        # steps: the warm-up and each rank's step time
+        timed = sorted(s for s, st in g.steps.items() if st.iteration_ns and own(s))
+        if timed and self.warmup is None:
+            self.warmup = timed[0]
+        self.timed += len(timed)
+        for s in timed:
+            into = self.warmup_ns if s == self.warmup else self.step_ns
+            for r, ns in g.steps[s].iteration_ns.items():
+                into[r] = into.get(r, 0) + ns
+        # A call belongs to the window of its earliest member's step: one whose members
+        # here are all in a margin is another window's (the members of the steps beyond
+        # are not read here, and it would look like a hang).
         t, p = g.table, g.p2p_table
-        self.ids = t.interesting()
-        self.calls = [t.call(i) for i in self.ids]
-        self.irregular = [c for i, c in zip(self.ids, self.calls) if not t.regular[i]]
-        self.disagreeing = sorted((c for i, c in zip(self.ids, self.calls) if t.disagree[i]), key=lambda c: c.key)
-        self.p2p = [p.match(i) for i in p.interesting()]
+        owned = _owned(t, core)
+        # calls that may be about a problem, and those of the window before looked up here
+        ids = [i for i in t.interesting() if owned[i]]
+        keys = set()
+        for i in ids:
+            c = t.call(i)
+            keys.add(c.key)
+            self._merge_call(c, (w, int(t.first_seen[i])))
+        for key in self._last_keys[0] - keys:
+            i = t.find(*key)
+            if i is not None:
+                self._merge_call(t.call(i), None)
+                ids.append(i)
+                keys.add(key)
+        pkeys = set()
+        for i in p.interesting():
+            m = p.match(i)
+            if core is not None and not core[0] <= min(x.step for x in (m.send, m.recv) if x) <= core[1]:
+                continue
+            pkeys.add(m.key)
+            self._merge_p2p(m)
+        for key in self._last_keys[1] - pkeys:
+            i = p.find(key)
+            if i is not None:
+                self._merge_p2p(p.match(i))
+        self._last_keys = (keys, pkeys)
+        self._window_keys.append(keys)
+        self.counts.add(t, core)
+        if core is None:  # the whole run: its drifts now, from its own table
+            self._find_drifts(lambda ranks: t)
+        self._count_late(t, core, ids, w)
+
+    def read_windows(self, bundle: Bundle, windows: list[tuple[int, int]], progress=None) -> None:
+        """Each window in turn (with its margins); then the drifts, whose calls are read
+        again for the ranks concerned; and where there are any, who arrived last counted
+        again without the calls after them (pairs of the wrong calls)."""
+        lo, hi = windows[0][0], windows[-1][1]
+        reads = [((a - _MARGIN if a > lo else a, b + _MARGIN if b < hi else b), (a, b)) for a, b in windows]
+        for n, (read, core) in enumerate(reads, 1):
+            self.add(build_graph(bundle, steps=read), core)
+            if progress is not None:
+                progress(n, len(reads), core)
+        self._find_drifts(lambda ranks: build_graph(bundle, ranks=ranks).table)
+        if self.drifts:
+            self.late, self.late_warmup = _Lateness(self.world_size), _Lateness(self.world_size)
+            self.counted = set()
+            for w, (read, core) in enumerate(reads):
+                t = build_graph(bundle, steps=read).table
+                ids = [i for i in (t.find(*k) for k in self._window_keys[w]) if i is not None]
+                self._count_late(t, core, ids, w)
+
+    def _find_drifts(self, table_of) -> None:
+        """The drifts (`_drift`) of ranks whose calls of a group part from its reference
+        rank's (`_Counts.parting`), from a table of their calls: `table_of(ranks)`."""
+        self.drifts = []
+        for group, ref, ranks in self.counts.parting():
+            for i in range(0, len(ranks), 32):
+                batch = ranks[i:i + 32]
+                t = table_of([ref, *batch])
+                ref_calls = _calls_of(t, group, ref)
+                ref_steps = _by_step(ref_calls)
+                for rank in batch:
+                    if len(self.drifts) >= _MAX_LISTED:
+                        return
+                    calls = _calls_of(t, group, rank)
+                    f = _drift(group, ref, ref_steps, ref_calls, rank, calls)
+                    if f is not None:
+                        self.drifts.append(f)
+                        self.entered[(group, f.seq)] = min(m.enter_ns for s, m in ref_calls + calls if s == f.seq)
+
+    def _count_late(self, t, core, ids: list[int], w: int) -> None:
+        """Who arrived last at the calls of window `w` that count (`_late_columns`) and
+        belong to it; `ids`: its calls that may be about a problem."""
+        drifted: dict[int, int] = {}
+        for f in self.drifts:
+            drifted[f.group] = min(f.seq, drifted.get(f.group, f.seq))
+        use, last_row, skew, wait = _late_columns(t, drifted)
+        use &= _owned(t, core)
+        # the warm-up's calls: by their lowest rank's step, as members sort
+        in_warmup = use & (t.step[t.starts] == self.warmup) if self.warmup is not None else np.zeros(len(use), bool)
+        self.late.add_columns(t, use & ~in_warmup, last_row, skew, wait, w)
+        self.late_warmup.add_columns(t, in_warmup, last_row, skew, wait, w)
+        for i in ids:
+            if use[i]:
+                self.counted.add((int(t.call_group[i]), int(t.call_seq[i])))
+
+    def _merge_call(self, c: MatchedCall, seen) -> None:
+        have = self.calls.get(c.key)
+        if have is None:
+            self.calls[c.key] = c
+            self.seen[c.key] = seen if seen is not None else (self.windows, 0)
+            return
+        known = {(m.rank, m.enter_ns) for m in have.members}
+        new = [m for m in c.members if (m.rank, m.enter_ns) not in known]
+        if new:  # members sort by rank, as in a window's table
+            have.members = sorted(have.members + new, key=lambda m: m.rank)
+
+    def _merge_p2p(self, m: P2PMatch) -> None:
+        have = self.p2p.get(m.key)
+        if have is None:
+            self.p2p[m.key] = m
+        else:
+            have.send = have.send or m.send
+            have.recv = have.recv or m.recv
+
+    def _merge_trace(self, t) -> None:
+        have = self.traces.get(t.rank)
+        t.source = (t.source[0], None) if t.source else None  # its last record: of the whole bundle
+        if have is None:
+            self.traces[t.rank] = t
+            return
+        have.events += t.events  # margins count twice: only whether there are any is read
+        if t.first_ns is not None:
+            have.first_ns = t.first_ns if have.first_ns is None else min(have.first_ns, t.first_ns)
+            have.last_ns = t.last_ns if have.last_ns is None else max(have.last_ns, t.last_ns)
+        if t.last_call is not None and (have.last_call is None or t.last_call.enter_ns >= have.last_call.enter_ns):
+            have.last_call, have.last_call_group_seq = t.last_call, t.last_call_group_seq
+        known = {(k, g, s, m.enter_ns) for k, g, s, m in have.open_calls}
+        have.open_calls += [c for c in t.open_calls if (c[0], c[1], c[2], c[3].enter_ns) not in known]
+        marks = {(m.name, m.start_ns, m.value) for m in have.markers}
+        have.markers += [m for m in t.markers if (m.name, m.start_ns, m.value) not in marks][: 1000 - len(have.markers)]
+        fails = {(g, s, m.start_ns) for g, s, m in have.failed}
+        have.failed += [f for f in t.failed if (f[0], f[1], f[2].start_ns) not in fails][: 1000 - len(have.failed)]
+        if t.off_ns is not None:
+            have.off_ns = t.off_ns if have.off_ns is None else min(have.off_ns, t.off_ns)
+        have.ended = have.ended or t.ended
+
+    # --- after the last window ------------------------------------------------------
+
+    def first_entry(self, f: Finding) -> int | None:
+        """When the call a finding is about was first entered, if known."""
+        if "src" in f.details:
+            pm = self.p2p.get((f.group, f.details.get("src"), f.details.get("dst"), f.seq))
+            m = pm and (pm.send or pm.recv)
+            return m.enter_ns if m else None
+        call = self.calls.get((f.group, f.seq))
+        if call is not None and call.members:
+            return call.first_arrival.enter_ns
+        return self.entered.get((f.group, f.seq))
+
+    def findings(self, bundle: Bundle | None = None) -> list[Finding]:
+        if self.t0_ns is None:
+            self.t0_ns = 0
+        failures = _Failures(self)
+        order = sorted(self.calls, key=self.seen.__getitem__)
+        calls = [self.calls[k] for k in order]
+        disagreeing = sorted((c for c in calls if len(c.members) >= 2 and len({m.sig for m in c.members}) > 1),
+                             key=lambda c: c.key)
+        p2p = list(self.p2p.values())
+        out: list[Finding] = []
+        out += _crashes(self)
+        out += _hangs(self, failures, calls, p2p)
+        drifts = self.drifts
+        out += drifts
+        out += _fold_into_drifts(_mismatches(self, failures, disagreeing, p2p), drifts)
+        out += _unmatched_p2p(self, p2p)
+        out += self._stragglers(calls, order, {d.group: d.seq for d in drifts})
+        out += _call_failures(self, failures)
+        out += _gaps(self)
+        out.sort(key=lambda f: _order(self, f))
+        return out
+
+    def _stragglers(self, calls, keys, drifted) -> list[Finding]:
+        """The calls whose arrivals no window counted (members missing from a window's
+        table, or not their group's ranks) are counted here, one by one."""
+        warmup = self.warmup if self.timed >= 3 else None
+        late = self.late
+        if warmup is None:
+            late.merge(self.late_warmup)
+        for key, call in zip(keys, calls):
+            if key not in self.counted:
+                late.add_call(call, self.seen[key], warmup, drifted)
+        per_rank = dict(self.step_ns)
+        if warmup is None:
+            for r, ns in self.warmup_ns.items():
+                per_rank[r] = per_rank.get(r, 0) + ns
+        spans = sorted(per_rank.values()) or sorted(
+            t.last_ns - t.first_ns for t in self.traces.values() if t.first_ns is not None and t.last_ns is not None)
+        span = spans[len(spans) // 2] if spans else 0
+        steps = max(1, self.timed - (warmup is not None))
+        return _stragglers(late, span, steps, len(self.groups.get(0, ())) or len(self.ranks))
 
 
-def _order(g: ExecutionGraph, f: Finding) -> tuple:
+def _order(run: "_Run", f: Finding) -> tuple:
     """Crashes first, then problems on calls, earliest first (the first is most often
     the cause of the rest), then stragglers, then what the bundle cannot show."""
     if f.kind == "crashed":
         return (-1, f.details.get("last_ns") or 0, f.ranks)
     if f.kind in _ON_CALLS:
-        t = None
-        call = g.calls.get((f.group, f.seq)) if "src" not in f.details else None
-        if call is not None and call.members:
-            t = call.first_arrival.enter_ns
-        else:
-            pm = g.p2p.get((f.group, f.details.get("src"), f.details.get("dst"), f.seq))
-            m = pm and (pm.send or pm.recv)
-            t = m.enter_ns if m else None
+        t = run.first_entry(f)
         return (0, t if t is not None else 1 << 62, _ON_CALLS.index(f.kind), f.ranks)
     return (1 + KINDS.index(f.kind) if f.kind in KINDS else 99, f.group or -1, f.seq or -1, f.ranks)
 
@@ -128,7 +400,7 @@ class _Failures:
     """Calls that ended in an error (call_failed markers); a finding that explains one
     takes it, and the rest are reported on their own."""
 
-    def __init__(self, g: ExecutionGraph):
+    def __init__(self, g: "_Run"):
         self.by_call: dict[tuple[int, int], dict[int, str]] = {}
         self.explained: set[tuple[int, int | None, int | None]] = set()
         for rank, trace in g.traces.items():
@@ -166,7 +438,7 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
-def _at(g: ExecutionGraph, t: int) -> str:
+def _at(g: "_Run", t: int) -> str:
     return f"+{(t - g.t0_ns) / 1e6:.3f} ms"
 
 
@@ -194,7 +466,7 @@ def _describe_record(rec) -> str:
     return type(rec).__name__
 
 
-def _doing_last(g: ExecutionGraph, rank: int, failures: "_Failures | None" = None) -> tuple[str, dict]:
+def _doing_last(g: "_Run", rank: int, failures: "_Failures | None" = None) -> tuple[str, dict]:
     """What a rank was doing last, in words and as details."""
     trace = g.traces.get(rank)
     if trace is None or trace.events == 0:
@@ -242,7 +514,7 @@ def _doing_last(g: ExecutionGraph, rank: int, failures: "_Failures | None" = Non
     return text, details
 
 
-def _abrupt(g: ExecutionGraph, rank: int) -> bool:
+def _abrupt(g: "_Run", rank: int) -> bool:
     """The rank's records end without the recording's proper end: the process died (or
     the spool was packed while it ran), and what it did after its last record is unknown."""
     trace = g.traces.get(rank)
@@ -252,7 +524,7 @@ def _abrupt(g: ExecutionGraph, rank: int) -> bool:
 LOSS_NS = 100_000_000  # what a rank that dies may lose of its last records
 
 
-def _ends_before(g: ExecutionGraph, rank: int, t: int) -> bool:
+def _ends_before(g: "_Run", rank: int, t: int) -> bool:
     """The rank's records end before `t` plus what a death may lose: they cannot show
     whether it entered a call at `t`."""
     last = g.traces[rank].last_ns
@@ -267,7 +539,7 @@ def _death(trace) -> str:
     return "no proper end: the process died or was killed"
 
 
-def _end_text(g: ExecutionGraph, rank: int) -> tuple[str, dict]:
+def _end_text(g: "_Run", rank: int) -> tuple[str, dict]:
     """'rank 1's records end at +22.000 ms (process died: SIGABRT); what it did
     afterwards is unknown', and as details."""
     trace = g.traces[rank]
@@ -282,7 +554,7 @@ def _end_text(g: ExecutionGraph, rank: int) -> tuple[str, dict]:
 # --- crashes --------------------------------------------------------------------------
 
 
-def _crashes(g: ExecutionGraph) -> list[Finding]:
+def _crashes(g: "_Run") -> list[Finding]:
     """A rank whose process died of a fatal signal its crash file names."""
     out = []
     for rank, trace in g.traces.items():
@@ -310,15 +582,15 @@ def _crashes(g: ExecutionGraph) -> list[Finding]:
 # --- hangs ----------------------------------------------------------------------------
 
 
-def _recording_off_before(g: ExecutionGraph, rank: int, t: int) -> bool:
+def _recording_off_before(g: "_Run", rank: int, t: int) -> bool:
     off = g.traces[rank].off_ns if rank in g.traces else None
     return off is not None and off <= t
 
 
-def _hangs(g: ExecutionGraph, failures: _Failures, odd: _Odd) -> list[Finding]:
+def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P2PMatch]) -> list[Finding]:
     out: list[Finding] = []
     runs: dict[tuple, list[MatchedCall]] = {}  # (kind, group, ranks) -> calls, coalesced
-    for call in odd.calls:
+    for call in calls:
         if not call.members:
             continue
         first = call.first_arrival.enter_ns
@@ -384,7 +656,7 @@ def _hangs(g: ExecutionGraph, failures: _Failures, odd: _Odd) -> list[Finding]:
                            stack=stack, details=details))
     # point-to-point calls left open whose partner is there: a receive never matched is
     # reported as unmatched; a matched pair that never completed is incomplete.
-    for pm in odd.p2p:
+    for pm in p2p:
         if pm.send is None or pm.recv is None:
             continue
         stuck = [m for m in (pm.send, pm.recv) if m.end_ns is None]
@@ -405,77 +677,100 @@ def _where(m: Member) -> str:
     return m.stack[0].split(" in ")[0] if m.stack else "an unrecorded line"
 
 
-def _drifts(g: ExecutionGraph) -> list[Finding]:
-    """Ranks whose calls in a group part from a reference rank's: the first step where
-    they made different calls, after which seq numbers pair calls that do not belong
-    together. Only where both ranks made calls past that point: a rank that stops is a
-    hang (or a death), not a drift."""
-    t = g.table
-    out: list[Finding] = []
-    for group, ref, ranks in _parting(t):
-        ref_calls = _calls_of(t, group, ref)
-        ref_steps = _by_step(ref_calls)
-        for rank in ranks:
-            if len(out) < _MAX_LISTED:
-                f = _drift(g, group, ref, ref_steps, ref_calls, rank, _calls_of(t, group, rank))
-                if f is not None:
-                    out.append(f)
-    return out
+class _Counts:
+    """Per (group, rank): how many calls of the group the rank made, and a hash of how many
+    it made in each step (a sum of one hash per (step, count), so that windows of steps add
+    up). A rank whose hash differs from its group's reference rank's (the one that made
+    most, then the lowest) made another number of the group's calls in some step."""
 
+    def __init__(self):
+        self.group = np.zeros(0, np.int64)
+        self.rank = np.zeros(0, np.int64)
+        self.calls = np.zeros(0, np.int64)
+        self.digest = np.zeros(0, np.uint64)
 
-def _parting(t) -> list[tuple[int, int, list[int]]]:
-    """(group, reference rank, ranks) where those ranks made, in some step, another number
-    of the group's calls than the reference rank (the one that made most), counted from
-    the columns by sorting rather than per member."""
-    if not len(t.rank):
-        return []
-    head = np.ones(len(t.group), bool)
-    head[1:] = t.group[1:] != t.group[:-1]  # rows are sorted by group
-    gids, gi = t.group[head], np.cumsum(head) - 1
-    ranks, ri = np.arange(int(t.rank.max()) + 1), t.rank  # recorded ranks are below the world size
-    lo, hi = int(t.step.min()), int(t.step.max())
-    if hi - lo < 1 << 20:
-        steps, si = np.arange(lo, hi + 1), t.step - lo
-    else:
-        steps, si = np.unique(t.step, return_inverse=True)
-    nr, ns = len(ranks), len(steps)
-    if len(gids) * nr * ns < 1 << 62:  # one sort of one key
-        cells, counts = np.unique((gi * nr + ri) * ns + si.reshape(-1), return_counts=True)
-        by_pair = cells // ns
-        first = np.ones(len(cells), bool)
-        first[1:] = by_pair[1:] != by_pair[:-1]
-        pairs, cell_pair = by_pair[first], np.cumsum(first) - 1
-    else:
-        pairs, pair_of_row = np.unique(gi * nr + ri, return_inverse=True)
-        cells, counts = np.unique(pair_of_row.reshape(-1) * ns + si.reshape(-1), return_counts=True)
-        cell_pair = cells // ns
-    cell_step = cells % ns  # a cell: one (group, rank, step)
-    p_group, p_rank = pairs // nr, pairs % nr
-    steps_of_pair = np.bincount(cell_pair, minlength=len(pairs))
-    calls_of_pair = np.bincount(cell_pair, weights=counts, minlength=len(pairs))
-    best = np.lexsort((p_rank, -calls_of_pair, p_group))  # per group: most calls, then the lowest rank
-    first = np.ones(len(best), bool)
-    first[1:] = p_group[best][1:] != p_group[best][:-1]
-    ref_of_group = np.full(len(gids), -1, np.int64)
-    ref_of_group[p_group[best[first]]] = best[first]
-    cell_group = p_group[cell_pair]
-    is_ref = cell_pair == ref_of_group[cell_group]
-    key = cell_group * ns + cell_step
-    ref_key, ref_count = key[is_ref], counts[is_ref]  # sorted: cells are in (group, rank, step) order
-    at = np.minimum(np.searchsorted(ref_key, key), len(ref_key) - 1)
-    same = (ref_key[at] == key) & (ref_count[at] == counts)
-    agreeing = np.bincount(cell_pair, weights=same, minlength=len(pairs))
-    ref_steps = steps_of_pair[ref_of_group[p_group]]
-    parts = ~((agreeing == steps_of_pair) & (steps_of_pair == ref_steps))
-    ranks_in_group = np.bincount(p_group, minlength=len(gids))
-    out: list[tuple[int, int, list[int]]] = []
-    for j in np.flatnonzero(parts & (ranks_in_group[p_group] >= 2)).tolist():
-        gid, rank = int(gids[p_group[j]]), int(ranks[p_rank[j]])
-        if out and out[-1][0] == gid:
-            out[-1][2].append(rank)
+    def add(self, t, core: tuple[int, int] | None) -> None:
+        """The calls of table `t` in steps `core` (all where None)."""
+        g, r, s = t.group, t.rank, t.step
+        if core is not None:
+            keep = (s >= core[0]) & (s <= core[1])
+            g, r, s = g[keep], r[keep], s[keep]
+        if not len(g):
+            return
+        head = np.ones(len(g), bool)
+        head[1:] = g[1:] != g[:-1]  # rows are sorted by group
+        gids, gi = g[head], np.cumsum(head) - 1
+        nr = int(r.max()) + 1
+        lo, hi = int(s.min()), int(s.max())
+        ns = hi - lo + 1
+        if len(gids) * nr * ns < 1 << 62:  # one sort of one key: (group, rank, step)
+            key = np.sort((gi * nr + r) * ns + (s - lo))
+            new = np.ones(len(key), bool)
+            new[1:] = key[1:] != key[:-1]
+            cells = np.flatnonzero(new)
+            ck = key[cells]
+            c_pair, c_step = ck // ns, ck % ns + lo
         else:
-            out.append((gid, int(ranks[p_rank[ref_of_group[p_group[j]]]]), [rank]))
-    return out
+            order = np.lexsort((s, r, gi))
+            gi, r, s = gi[order], r[order], s[order]
+            new = np.ones(len(gi), bool)
+            new[1:] = (gi[1:] != gi[:-1]) | (r[1:] != r[:-1]) | (s[1:] != s[:-1])
+            cells = np.flatnonzero(new)
+            c_pair, c_step = gi[cells] * nr + r[cells], s[cells]
+        count = np.diff(np.append(cells, len(new)))
+        first = np.ones(len(cells), bool)
+        first[1:] = c_pair[1:] != c_pair[:-1]
+        pairs = np.flatnonzero(first)
+        p = c_pair[pairs]
+        self._merge(gids[p // nr], p % nr, np.add.reduceat(count, pairs), np.add.reduceat(_mix(c_step, count), pairs))
+
+    def _merge(self, group, rank, calls, digest) -> None:
+        group, rank = np.append(self.group, group), np.append(self.rank, rank)
+        calls, digest = np.append(self.calls, calls), np.append(self.digest, digest)
+        order = np.lexsort((rank, group))
+        group, rank, calls, digest = group[order], rank[order], calls[order], digest[order]
+        new = np.ones(len(group), bool)
+        new[1:] = (group[1:] != group[:-1]) | (rank[1:] != rank[:-1])
+        at = np.flatnonzero(new)
+        self.group, self.rank = group[at], rank[at]
+        self.calls, self.digest = np.add.reduceat(calls, at), np.add.reduceat(digest, at)
+
+    def parting(self) -> list[tuple[int, int, list[int]]]:
+        """(group, reference rank, the ranks whose counts part from its), by group."""
+        out: list[tuple[int, int, list[int]]] = []
+        if not len(self.group):
+            return out
+        head = np.ones(len(self.group), bool)
+        head[1:] = self.group[1:] != self.group[:-1]
+        starts = np.flatnonzero(head)
+        ends = np.append(starts[1:], len(self.group))
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            if b - a < 2:
+                continue
+            calls = self.calls[a:b]
+            ref = a + int(np.flatnonzero(calls == calls.max())[0])  # ranks are in order: the lowest
+            part = a + np.flatnonzero(self.digest[a:b] != self.digest[ref])
+            if len(part):
+                out.append((int(self.group[a]), int(self.rank[ref]), self.rank[part].tolist()))
+        return out
+
+
+def _mix(step: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each (step, count) (splitmix64's finaliser)."""
+    with np.errstate(over="ignore"):
+        z = step.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + count.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _owned(t, core: tuple[int, int] | None) -> np.ndarray:
+    """The calls of table `t` that belong to the window of steps `core`: those whose
+    earliest member's step is in it (every call where core is None)."""
+    if core is None:
+        return np.ones(len(t), bool)
+    first = _reduce_min(t.step, t.starts)
+    return (first >= core[0]) & (first <= core[1])
 
 
 def _calls_of(t, group: int, rank: int) -> list[tuple[int, Member]]:
@@ -486,8 +781,8 @@ def _calls_of(t, group: int, rank: int) -> list[tuple[int, Member]]:
     return [(int(t.seq[r]), t.member(r)) for r in rows.tolist()]
 
 
-def _call_key(m: Member) -> tuple:
-    return (m.op, m.sig, m.stack[0] if m.stack else None)
+def _call_key(m: Member | None) -> tuple:
+    return (m.op, m.sig, m.stack[0] if m.stack else None) if m is not None else ()
 
 
 def _by_step(calls) -> dict[int, list[tuple[int, Member]]]:
@@ -497,7 +792,7 @@ def _by_step(calls) -> dict[int, list[tuple[int, Member]]]:
     return steps
 
 
-def _drift(g, group, ref, ref_steps, ref_calls, rank, calls) -> Finding | None:
+def _drift(group, ref, ref_steps, ref_calls, rank, calls) -> Finding | None:
     mine = _by_step(calls)
     for step in sorted(set(ref_steps) | set(mine)):
         a, b = ref_steps.get(step, []), mine.get(step, [])
@@ -513,6 +808,9 @@ def _drift(g, group, ref, ref_steps, ref_calls, rank, calls) -> Finding | None:
         late = next((m for s, m in calls if s >= seq), None)
         if late_ref is None or late is None:
             return None  # one of them stopped: a hang or a death, reported as such
+        mine = dict(calls)
+        if len(calls) == len(ref_calls) and all(_call_key(m) == _call_key(mine.get(s)) for s, m in ref_calls):
+            return None  # the same calls, some counted in a neighbouring step: they pair as they should
         counts: dict[str, tuple[int, int]] = {}
         for op in dict.fromkeys(ops_a + ops_b):
             counts[op] = (ops_a.count(op), ops_b.count(op))
@@ -575,11 +873,12 @@ def _difference(odd: tuple, ref: tuple) -> tuple[str, str, str]:
     return "signature", str(odd), str(ref)
 
 
-def _mismatches(g: ExecutionGraph, failures: _Failures, looked_at: _Odd) -> list[Finding]:
+def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
+                p2p: list[P2PMatch]) -> list[Finding]:
     out: list[Finding] = []
     pending: list[dict] = []
     seen: dict[tuple[int, tuple[int, ...]], dict] = {}  # (group, odd ranks) -> first finding's details
-    for call in looked_at.disagreeing:
+    for call in disagreeing:
         if len(call.members) < 2:
             continue
         first_sig = call.members[0].sig
@@ -628,7 +927,7 @@ def _mismatches(g: ExecutionGraph, failures: _Failures, looked_at: _Odd) -> list
                               "(the same ranks are likely out of step).")
         out.append(Finding(**kw))
     # sends and receives that pair up but disagree on what is sent
-    for pm in looked_at.p2p:
+    for pm in p2p:
         if pm.send is None or pm.recv is None:
             continue
         (_, s_shapes, s_dtypes, _, _), (_, r_shapes, r_dtypes, _, _) = pm.send.sig, pm.recv.sig
@@ -643,10 +942,10 @@ def _mismatches(g: ExecutionGraph, failures: _Failures, looked_at: _Odd) -> list
     return out
 
 
-def _unmatched_p2p(g: ExecutionGraph, odd: _Odd) -> list[Finding]:
+def _unmatched_p2p(g: "_Run", p2p: list[P2PMatch]) -> list[Finding]:
     recorded = set(g.ranks)
     runs: dict[tuple, list] = {}
-    for pm in odd.p2p:
+    for pm in p2p:
         if (pm.send is None) == (pm.recv is None):
             continue
         m = pm.send or pm.recv
@@ -687,92 +986,166 @@ def _unmatched_p2p(g: ExecutionGraph, odd: _Odd) -> list[Finding]:
 # --- stragglers -----------------------------------------------------------------------
 
 
-def _stragglers(g: ExecutionGraph, drifted: dict[int, int] | None = None, odd: _Odd | None = None) -> list[Finding]:
-    """`drifted`: {group: seq} from which a group's calls pair the wrong ones (a drift):
-    their arrival times say nothing about stragglers.
+class _Pairs:
+    """Pairs of ranks (a, b): a bit matrix up to 16384 ranks (256 MiB at most, its pages
+    touched only where set), sorted codes beyond."""
 
-    Calls whose members are their group's ranks are counted from the columns
-    (`_arrivals`); the few others one by one, as MatchedCall.arrivals says."""
-    drifted = drifted or {}
-    odd = odd or _Odd(g)
-    warmup = _warmup_step(g)
-    last, expected, var, lost, victims, worst = _arrivals(g, warmup, drifted)
-    t = g.table
-    seen = {c.key: int(t.first_seen[i]) for i, c in zip(odd.ids, odd.calls)}
-    also_waited: dict[int, set] = {}
-    for call in odd.irregular:
+    def __init__(self, n: int):
+        self.n = n
+        self.bits: np.ndarray | None = None
+        self.codes = np.zeros(0, np.int64)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        if not len(a):
+            return
+        if self.n <= 16384:
+            if self.bits is None:
+                self.bits = np.zeros((self.n, self.n), bool)
+            self.bits.reshape(-1)[np.asarray(a, np.int64) * self.n + b] = True
+        else:
+            self.codes = np.union1d(self.codes, np.asarray(a, np.int64) * self.n + b)
+
+    def of(self, a: int) -> set[int]:
+        got = set()
+        if self.bits is not None:
+            got = set(np.flatnonzero(self.bits[a]).tolist())
+        if len(self.codes):
+            lo, hi = np.searchsorted(self.codes, [a * self.n, (a + 1) * self.n])
+            got.update((self.codes[lo:hi] - a * self.n).tolist())
+        return got
+
+    def merge(self, other: "_Pairs") -> None:
+        if other.bits is not None:
+            self.bits = other.bits.copy() if self.bits is None else self.bits | other.bits
+        if len(other.codes):
+            self.codes = np.union1d(self.codes, other.codes)
+
+
+class _Lateness:
+    """Per rank, over the calls counted: how often it arrived last (`last`) and how often
+    chance gives (`expected`, `var`), the time the others lost waiting for it (`lost`),
+    who waited (`waited`), and its longest wait, `worst`: ((skew, -window, -place read),
+    (op, group, seq, its stack)), the earliest read winning a tie."""
+
+    def __init__(self, world: int):
+        self.last: dict[int, int] = {}
+        self.expected: dict[int, float] = {}
+        self.var: dict[int, float] = {}
+        self.lost: dict[int, int] = {}
+        self.waited = _Pairs(world)
+        self.worst: dict[int, tuple] = {}
+
+    def _better(self, rank: int, key: tuple, what: tuple) -> None:
+        have = self.worst.get(rank)
+        if have is None or key > have[0]:
+            self.worst[rank] = (key, what)
+
+    def add_columns(self, t, use: np.ndarray, last_row, skew, wait, window: int) -> None:
+        """The calls of one window's table in `use` (`_late_columns`)."""
+        calls = np.flatnonzero(use)
+        if not len(calls):
+            return
+        call_of = t.call_of
+        rows = use[call_of]
+        lm = t.rank[last_row[calls]]
+        lm_row = np.zeros(len(t.starts), np.int64)
+        lm_row[calls] = lm
+        p = 1.0 / t.count
+        r = t.rank[rows]
+        _add(self.expected, _sums(r, p[call_of][rows]))
+        _add(self.var, _sums(r, (p * (1 - p))[call_of][rows]))
+        _add(self.last, _sums(lm, np.ones(len(lm), np.int64)))
+        waiting = rows & (t.rank != lm_row[call_of]) & (wait > 0)
+        _add(self.lost, _sums(lm_row[call_of][waiting], wait[waiting]))
+        self.waited.add(lm_row[call_of][waiting], t.rank[waiting])
+        order = np.lexsort((t.first_seen[calls], -skew[calls], lm))
+        head = np.ones(len(order), bool)
+        head[1:] = lm[order][1:] != lm[order][:-1]
+        v = t.values
+        for c in calls[order[head]].tolist():
+            row = int(last_row[c])
+            self._better(int(lm_row[c]), (int(skew[c]), -window, -int(t.first_seen[c])),
+                         (v[t.op[row]], int(t.call_group[c]), int(t.call_seq[c]), v[t.stack[row]] or None))
+
+    def add_call(self, call: MatchedCall, seen: tuple[int, int], warmup: int | None, drifted: dict[int, int]) -> None:
+        """One call as MatchedCall.arrivals says, where it counts."""
         ms = call.members
         n = len(ms)
         if n < 2 or call.missing or ms[0].step == warmup or call.seq >= drifted.get(call.group, 1 << 62):
-            continue
+            return
         got = call.arrivals()
         if got is None:
-            continue
+            return
         lm, waits = got
         skew = max(waits.values())
         if skew < STRAGGLER_MIN_SKEW_NS:
-            continue
+            return
         p = 1.0 / n
         for m in ms:
-            expected[m.rank] = expected.get(m.rank, 0.0) + p
-            var[m.rank] = var.get(m.rank, 0.0) + p * (1 - p)
-        last[lm.rank] = last.get(lm.rank, 0) + 1
-        waited = 0
-        for rank, w in waits.items():
-            if rank != lm.rank and w > 0:
-                waited += w
-                also_waited.setdefault(lm.rank, set()).add(rank)
-        lost[lm.rank] = lost.get(lm.rank, 0) + waited
-        mine = (skew, -seen[call.key], call)
-        if lm.rank not in worst or mine[:2] > worst[lm.rank][:2]:
-            worst[lm.rank] = mine
-    span = _recorded_time(g)
-    warm = _warmup_step(g)
-    steps = max(1, sum(1 for st in g.steps.values() if st.iteration_ns and st.step != warm))
-    total_lost = sum(lost.values()) or 1
+            self.expected[m.rank] = self.expected.get(m.rank, 0.0) + p
+            self.var[m.rank] = self.var.get(m.rank, 0.0) + p * (1 - p)
+        self.last[lm.rank] = self.last.get(lm.rank, 0) + 1
+        waiting = [rank for rank, w in waits.items() if rank != lm.rank and w > 0]
+        self.lost[lm.rank] = self.lost.get(lm.rank, 0) + sum(waits[rank] for rank in waiting)
+        self.waited.add(np.full(len(waiting), lm.rank, np.int64), np.array(waiting, np.int64))
+        self._better(lm.rank, (skew, -seen[0], -seen[1]), (lm.op, call.group, call.seq, lm.stack or None))
+
+    def merge(self, other: "_Lateness") -> None:
+        for mine, theirs in ((self.last, other.last), (self.expected, other.expected), (self.var, other.var),
+                             (self.lost, other.lost)):
+            _add(mine, theirs)
+        self.waited.merge(other.waited)
+        for rank, (key, what) in other.worst.items():
+            self._better(rank, key, what)
+
+
+def _add(into: dict, more: dict) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + v
+
+
+def _stragglers(late: _Lateness, span: int, steps: int, n: int) -> list[Finding]:
+    """Ranks that arrived last far more often than chance and cost the others a share of
+    their time. `span`: a typical rank's recorded step time, warm-up aside; `steps`: how
+    many steps that is; `n`: the default group's size."""
+    total_lost = sum(late.lost.values()) or 1
     out = []
-    for rank, k in last.items():
-        e = expected.get(rank, 0.0)
-        sd = math.sqrt(var.get(rank, 0.0)) or 1.0
+    for rank, k in late.last.items():
+        e = late.expected.get(rank, 0.0)
+        sd = math.sqrt(late.var.get(rank, 0.0)) or 1.0
         z = (k - e) / sd
-        n = len(g.groups.get(0, ())) or len(g.ranks)
-        share = lost[rank] / total_lost
+        lost = late.lost.get(rank, 0)
+        share = lost / total_lost
         often = z >= STRAGGLER_MIN_Z and k >= STRAGGLER_MIN_RATIO * e
         # in small groups "last" is often by chance alone: then the lost time must be its doing
         dominant = share >= max(0.5, min(0.8, 3 / max(n, 1)))
         if k < STRAGGLER_MIN_COUNT or not (often or dominant):
             continue
-        others = victims(rank) | also_waited.get(rank, set())
-        per_rank = lost[rank] / max(1, len(others))
+        others = late.waited.of(rank)
+        per_rank = lost / max(1, len(others))
         fraction = per_rank / span if span else 0.0
         if fraction < STRAGGLER_MIN_FRACTION or per_rank < STRAGGLER_MIN_LOST_PER_STEP_NS * steps:
             continue
-        longest, _, call = worst[rank]
-        if type(call) is int:
-            call = t.call(call)
+        (longest, _, _), (op, group, seq, stack) = late.worst[rank]
         msg = (f"Rank {rank} arrived last at {k} collectives where chance gives {e:.1f}; "
-               f"{_ranks_text(others)} lost {_ms(lost[rank])} waiting for it in all "
+               f"{_ranks_text(others)} lost {_ms(lost)} waiting for it in all "
                f"({_ms(int(per_rank))} each, {fraction:.1%} of the recorded time). "
-               f"The longest wait was {_ms(longest)} in {_call_text(call.op, call.group, call.seq)}.")
+               f"The longest wait was {_ms(longest)} in {_call_text(op, group, seq)}.")
         out.append(Finding(
-            kind="straggler", ranks=(rank,), group=call.group, seq=call.seq, message=msg,
-            stack=next((m.stack for m in call.members if m.rank == rank and m.stack), None),
+            kind="straggler", ranks=(rank,), group=group, seq=seq, message=msg, stack=stack,
             details={"last": k, "expected": round(e, 2), "z": round(z, 2), "share_of_waiting": round(share, 3),
-                     "lost_ns": lost[rank], "lost_per_rank_ns": int(per_rank), "fraction": round(fraction, 4),
+                     "lost_ns": lost, "lost_per_rank_ns": int(per_rank), "fraction": round(fraction, 4),
                      "waiting_ranks": sorted(others)}))
     return out
 
 
-def _arrivals(g: ExecutionGraph, warmup: int | None, drifted: dict[int, int]):
-    """MatchedCall.arrivals over every call whose members are its group's ranks, all
-    completed: per rank, how often it arrived last, by chance (expected, variance), the
-    time others lost waiting for it, the waiting ranks (a function) and its longest wait
-    as (skew, -first seen, call index)."""
-    t = g.table
+def _late_columns(t, drifted: dict[int, int]):
+    """MatchedCall.arrivals over every call of table `t` whose members are its group's
+    ranks, all completed, before any drift of its group: (the calls that count (skew above
+    the noise floor), each call's last to arrive (its row), each call's skew, each
+    member's wait)."""
     call_of = t.call_of
     use = t.regular & ~t.any_open & (t.count >= 2)
-    if warmup is not None:
-        use &= t.step[t.starts] != warmup  # the step of the call's lowest rank, as members sort
     for group, seq in drifted.items():
         use &= ~((t.call_group == group) & (t.call_seq >= seq))
     rows = use[call_of]
@@ -792,32 +1165,7 @@ def _arrivals(g: ExecutionGraph, warmup: int | None, drifted: dict[int, int]):
     last_row = _reduce_min(np.where(rows & is_last, index, _BIG), t.starts)  # the lowest rank among ties
     skew = _reduce_max(np.where(rows, wait, -1), t.starts)
     use &= skew >= STRAGGLER_MIN_SKEW_NS
-    rows = use[call_of]
-    calls = np.flatnonzero(use)
-    lm = t.rank[last_row[calls]] if len(calls) else np.zeros(0, np.int64)
-    lm_row = np.zeros(len(t.starts), np.int64)
-    lm_row[calls] = lm
-    p = 1.0 / t.count
-    r = t.rank[rows]
-    expected = _sums(r, p[call_of][rows])
-    var = _sums(r, (p * (1 - p))[call_of][rows])
-    last = _sums(lm, np.ones(len(lm), np.int64))
-    waiting = rows & (t.rank != lm_row[call_of]) & (wait > 0)
-    lost = _sums(lm_row[call_of][waiting], wait[waiting])
-    lost = {k: lost.get(k, 0) for k in last}
-    worst: dict[int, tuple] = {}
-    if len(calls):
-        order = np.lexsort((t.first_seen[calls], -skew[calls], lm))
-        head = np.ones(len(order), bool)
-        head[1:] = lm[order][1:] != lm[order][:-1]
-        for c in calls[order[head]].tolist():
-            worst[int(lm_row[c])] = (int(skew[c]), -int(t.first_seen[c]), c)
-
-    def victims(rank: int) -> set[int]:
-        mine = waiting & (lm_row[call_of] == rank)
-        return set(np.unique(t.rank[mine]).tolist())
-
-    return last, expected, var, lost, victims, worst
+    return use, last_row, skew, wait
 
 
 _BIG = np.iinfo(np.int64).max
@@ -846,32 +1194,10 @@ def _sums(keys: np.ndarray, values: np.ndarray) -> dict:
     return dict(zip(uniq[order].tolist(), sums[order].tolist()))
 
 
-def _warmup_step(g: ExecutionGraph) -> int | None:
-    """The first recorded step, when there are enough others: it holds start-up skew
-    (imports, lazy initialisation) that says nothing about stragglers."""
-    timed = sorted(s for s, st in g.steps.items() if st.iteration_ns)
-    return timed[0] if len(timed) >= 3 else None
-
-
-def _recorded_time(g: ExecutionGraph) -> int:
-    """A typical rank's recorded step time, warm-up aside (its time span where no steps
-    were recorded)."""
-    per_rank: dict[int, int] = {}
-    warmup = _warmup_step(g)
-    for st in g.steps.values():
-        if st.step == warmup:
-            continue
-        for r, ns in st.iteration_ns.items():
-            per_rank[r] = per_rank.get(r, 0) + ns
-    spans = sorted(per_rank.values()) or sorted(
-        t.last_ns - t.first_ns for t in g.traces.values() if t.first_ns is not None and t.last_ns is not None)
-    return spans[len(spans) // 2] if spans else 0
-
-
 # --- what the bundle cannot show ----------------------------------------------------
 
 
-def _call_failures(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
+def _call_failures(g: "_Run", failures: _Failures) -> list[Finding]:
     """Each rank's first failed call is a finding of its own, with the error text; where
     another finding (a hang, a mismatch, a crash) took it as its consequence, it says so."""
     out = []
@@ -891,7 +1217,7 @@ def _call_failures(g: ExecutionGraph, failures: _Failures) -> list[Finding]:
     return out
 
 
-def _gaps(g: ExecutionGraph) -> list[Finding]:
+def _gaps(g: "_Run") -> list[Finding]:
     out = []
     for rank, trace in g.traces.items():
         failed = [mk for mk in trace.markers if mk.name in ("recorder_failed", "recording_off")]

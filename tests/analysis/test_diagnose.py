@@ -8,11 +8,12 @@ import pytest
 from graph_sim import SimRun
 from prism_rr.format import open_bundle
 from prism_rr.analysis import diagnose, diagnosis_json
+from windows import diagnosed
 
 
 def _findings(run, tmp_path, **kw):
     with open_bundle(run.bundle(tmp_path, **kw)) as b:
-        return diagnose(b)
+        return diagnosed(b)
 
 
 def _only(findings, kind):

@@ -20,6 +20,7 @@ from prism_rr.analysis import diagnose, diagnosis_json
 from prism_rr.localrun import free_port, rank_env
 from prism_rr.recorder import RecordOptions
 from prism_rr.recorder.launch import hook_env, spool_dir_for
+from windows import diagnosed
 
 SCRIPTS = Path(__file__).parents[1] / "recorder" / "scripts"
 WORLD = 2
@@ -61,7 +62,7 @@ def _record(tmp_path, script, *args, kill_after=None):
                 p.wait()
     pack(spool_dir_for(out), out)
     with open_bundle(out) as b:
-        findings = diagnose(b)
+        findings = diagnosed(b)
     return [p.returncode for p in procs], findings
 
 

@@ -9,6 +9,7 @@ from prism_rr.format import open_bundle, pack
 from prism_rr.format.records import Collective
 from prism_rr.analysis import diagnose
 from prism_rr.analysis._build import parse_crash
+from windows import diagnosed
 
 CRASH = """prism-rr crash file: rank 2, pid 4242, main thread 0x00007f0000000001
 Fatal Python error: Aborted
@@ -40,7 +41,7 @@ def _killed_run(tmp_path, crash=None):
     out = tmp_path / "run.prism"
     pack(spools, out)
     with open_bundle(out) as b:
-        return diagnose(b)
+        return diagnosed(b)
 
 
 def test_killed_rank_is_unknown_after_its_records(tmp_path):
@@ -88,7 +89,7 @@ def test_drift_is_named_at_its_step_with_both_lines(tmp_path):
     spools = run.write(tmp_path / "run.prism.d")
     pack(spools, tmp_path / "run.prism")
     with open_bundle(tmp_path / "run.prism") as b:
-        findings = diagnose(b)
+        findings = diagnosed(b)
     drift = findings[0]
     assert (drift.kind, drift.ranks, drift.group, drift.seq) == ("drift", (3,), 0, 2), [f.message for f in findings]
     assert drift.message.startswith("In step 1, rank 3 made 2 of the 3 all_reduce calls (group 0) that rank 0 made; "
@@ -102,7 +103,7 @@ def test_drift_is_named_at_its_step_with_both_lines(tmp_path):
 def _diagnose(run, tmp_path):
     pack(run.write(tmp_path / "run.prism.d"), tmp_path / "run.prism")
     with open_bundle(tmp_path / "run.prism") as b:
-        return diagnose(b)
+        return diagnosed(b)
 
 
 def test_killed_rank_blocked_elsewhere_shows_that_call_and_unknown(tmp_path):

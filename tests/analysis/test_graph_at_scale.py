@@ -13,6 +13,7 @@ from prism_rr.errors import FormatError
 from prism_rr.format import Collective, PointToPoint, layout, open_bundle, pack
 from prism_rr.format.spool import encode_frame, spool_header, spool_path
 from prism_rr.format.synthetic import synthetic_records
+from windows import diagnosed
 
 WORLD, EVENTS = 256, 207  # 4 whole steps of a dp x tp run, tp=2: dp groups of 128 ranks
 
@@ -53,7 +54,7 @@ def test_problems_planted_among_256_ranks_are_found(tmp_path):
         return out
 
     with open_bundle(_bundle(tmp_path, edit)) as b:
-        found = diagnose(b)
+        found = diagnosed(b)
     by_kind = {}
     for f in found:
         by_kind.setdefault(f.kind, []).append(f)
@@ -92,7 +93,7 @@ def test_a_chunk_of_the_wrong_types_is_refused_by_the_format_reader(tmp_path):
 
     with open_bundle(_bundle(tmp_path, edit)) as b:
         with pytest.raises(FormatError, match="field op has a value of the wrong type"):
-            diagnose(b)
+            diagnosed(b)
         with pytest.raises(FormatError, match="field op has a value of the wrong type"):
             build_graph(b, processes=2)  # the second process fails; its ranks are read again here
 

@@ -12,6 +12,7 @@ from prism_rr.format import open_bundle, pack
 from prism_rr.analysis import diagnose
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.recorder.launch import record_command
+from windows import diagnosed
 
 SCRIPT = Path(__file__).parent / "scripts" / "faults.py"
 WORLD = 2
@@ -33,7 +34,7 @@ def _diagnose(tmp_path, mode, capfd=None):
         code = record_command(cmd, out, timeout=90)
     pack(spool_dir_for(out), out)
     with open_bundle(out) as b:
-        return code, diagnose(b)
+        return code, diagnosed(b)
 
 
 def _not_timing(findings):

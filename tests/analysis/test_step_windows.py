@@ -1,0 +1,77 @@
+"""A bundle too big to hold is diagnosed in windows of steps, one window's graph at a time.
+
+Every finding test diagnoses its bundle both ways (windows.diagnosed); these tests check the
+window plan and the cases a boundary between windows makes hard: calls whose members
+recorded them in neighbouring steps, stragglers counted across windows, a hang at the end."""
+
+import dataclasses
+import json
+
+from graph_sim import SimRun
+from prism_rr.analysis import diagnose, diagnosis_json, step_windows
+from prism_rr.format import open_bundle
+from prism_rr.format.records import Collective
+from windows import diagnosed
+
+
+def test_windows_cover_every_step_once_in_order(tmp_path):
+    run = SimRun(4)
+    run.train(10)
+    with open_bundle(run.bundle(tmp_path)) as b:
+        events = sum(r.count for rank in b.recorded_ranks for r in b.chunks(rank))
+        assert step_windows(b, events) == [(0, 10)]  # the end marker is in step 10
+        for budget in (1, 20, 60, events // 3):
+            windows = step_windows(b, budget)
+            assert windows[0][0] == 0 and windows[-1][1] == 10
+            assert all(a <= b_ for a, b_ in windows)
+            assert all(windows[i][1] + 1 == windows[i + 1][0] for i in range(len(windows) - 1))
+        assert len(step_windows(b, 1)) == 11  # a step larger than the window goes alone
+        assert 1 < len(step_windows(b, events // 3)) < 11
+
+
+def test_calls_recorded_in_neighbouring_steps_match_across_windows(tmp_path):
+    """Rank 1's steps end before the second all_reduce of each step (a logging call after
+    its optimizer), so it records that call in the next step: read one step per window, the
+    call's members are in two windows, and must still match."""
+    run = SimRun(4)
+    run.train(8, slow={2: 4_000_000})
+    run.compute(1000)
+    run.collective(0, skip=(3,), line=120)  # a hang at the very end
+    for i, rec in enumerate(run.recs[1]):
+        if type(rec) is Collective and rec.in_shapes == ((256, 4),):
+            run.recs[1][i] = dataclasses.replace(rec, step=rec.step + 1)
+    with open_bundle(run.bundle(tmp_path)) as b:
+        found = diagnosed(b)
+        one_step = diagnose(b, window_events=1)
+    assert [f.kind for f in found] == ["hang", "straggler"]  # not a drift: the calls pair as they should
+    assert found[0].ranks == (3,) and found[1].ranks == (2,)
+    assert diagnosis_json(one_step) == diagnosis_json(found)
+
+
+def test_straggler_counts_add_up_across_windows(tmp_path):
+    run = SimRun(8)
+    run.train(12, slow={5: 4_000_000})
+    with open_bundle(run.bundle(tmp_path)) as b:
+        whole = diagnose(b)
+        for budget in (1, 100, 400):
+            assert len(step_windows(b, budget)) > 1
+            assert diagnosis_json(diagnose(b, window_events=budget)) == diagnosis_json(whole)
+    (f,) = whole
+    assert f.kind == "straggler" and f.ranks == (5,) and f.details["last"] >= 11
+
+
+def test_cli_window_says_where_it_is_and_finds_the_same(tmp_path):
+    from cli_helpers import run_cli
+
+    run = SimRun(4)
+    run.train(5)
+    run.compute(1000)
+    run.collective(0, skip=(2,), line=120)
+    path = run.bundle(tmp_path)
+    whole = run_cli("diagnose", path, "--json")
+    windowed = run_cli("diagnose", path, "--json", "--window", "1")
+    assert whole.returncode == windowed.returncode == 5
+    assert json.loads(windowed.stdout) == json.loads(whole.stdout)
+    lines = windowed.stderr.splitlines()
+    assert lines[0] == "diagnose: read steps 0-0 (window 1 of 6)" and lines[-1] == "diagnose: read steps 5-5 (window 6 of 6)"
+    assert whole.stderr == ""
