@@ -7,6 +7,7 @@ sorting those rows (`_calls`), not by a dict of objects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,10 +22,10 @@ import numpy as np
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective
 from prism_rr.analysis._calls import CallMap, CallTable, P2PMap, P2PTable
-from prism_rr.analysis._columns import ColumnReader, RankColumns, load_columns, signature_of
+from prism_rr.analysis._columns import ColumnReader, RankColumns, load_columns, signature_of, split_columns
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
-__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature"]
+__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature", "small_pages"]
 
 # Marker names that say something about what a bundle can show.
 _NOTABLE = frozenset({"recording_end", "recorder_failed", "call_failed", "recording_off", "records_dropped"})
@@ -33,6 +34,27 @@ _NOTABLE = frozenset({"recording_end", "recorder_failed", "call_failed", "record
 def signature(rec: Collective) -> tuple:
     """What the members of one collective must agree on: (op, shapes, dtypes, reduce op, root)."""
     return signature_of(rec.op, rec.in_shapes, rec.in_dtypes, rec.out_shapes, rec.out_dtypes, rec.reduce_op, rec.root)
+
+
+@contextlib.contextmanager
+def small_pages():
+    """numpy asks the kernel for 2 MiB pages for its big arrays (where transparent huge
+    pages are on madvise, as on most Linux hosts). Analysis makes many big arrays that
+    live briefly, and faulting in huge pages cost diagnose 8192 x 1000 a quarter of a second
+    of its five; so 4 KiB pages while analysing, numpy's setting restored after."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:  # a numpy without the setting: as it is
+            yield
+            return
+    before = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(before)
 
 
 def clock_offset(info: dict) -> int | None:
@@ -106,15 +128,17 @@ PARALLEL_FROM_RANKS = 2048
 
 
 def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
-                ranks: list[int] | None = None, processes: int | None = None) -> ExecutionGraph:
+                ranks: list[int] | None = None, processes: int | None = None,
+                figures: bool = True) -> ExecutionGraph:
     """Read the recorded ranks of `bundle` (optionally only `steps` a..b) and match their calls.
 
-    `processes`: 1 reads every rank here; 2 has a second interpreter (`_Helper`) read
+    `figures`: False leaves each step's compute_ns and comm_ns empty (diagnosis reads
+    neither), and is quicker. `processes`: 1 reads every rank here; 2 has a second interpreter (`_Helper`) read
     the last part of the ranks meanwhile. None: 2 from PARALLEL_FROM_RANKS recorded ranks on a machine with more
     than one core."""
     recorded = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     # the second reader starts first: its start-up overlaps the set-up below
-    helper = _Helper.start(bundle, recorded, steps, processes)
+    helper = _Helper.start(bundle, recorded, steps, processes, figures)
     try:
         rset = set(recorded)
         groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
@@ -125,11 +149,12 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
         if helper is not None:
             helper.stop()
         raise
-    reader = ColumnReader(bundle)
-    figures: list[RankColumns] = []  # per-step figures only; the call columns go to `columns`
+    reader = ColumnReader(bundle, figures)
+    parts: list[RankColumns] = []  # per-step figures only; the call columns go to `columns`
     columns: dict[str, list[np.ndarray]] = {k: [] for k in (*_COMM, "rank", "p2p")}
+    theirs: dict[str, np.ndarray] = {}  # the helper's columns, each one array of all its ranks
     t0 = None
-    for rank, cols in _read(bundle, reader, recorded, offsets, steps, helper):
+    for rank, cols in _read(bundle, reader, recorded, offsets, steps, helper, theirs):
         trace = _trace(bundle, cols, offsets[rank], reader.values, steps)
         rs = sums.get(rank, {})
         trace.dropped = int(rs.get("dropped", 0) or 0)
@@ -138,12 +163,17 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
         graph.traces[rank] = trace
         if trace.first_ns is not None:
             t0 = trace.first_ns if t0 is None else min(t0, trace.first_ns)
-        for k in (*_COMM, "p2p"):
-            columns[k].append(getattr(cols, k))
+        if not theirs:  # (the helper's ranks come last, their columns already in one)
+            for k in (*_COMM, "p2p"):
+                columns[k].append(getattr(cols, k))
+            columns["rank"].append(np.full(len(cols.pos), rank, np.int64))
+        for k in (*_COMM, "p2p", "pos"):
             setattr(cols, k, None)
-        columns["rank"].append(np.full(len(cols.pos), rank, np.int64))
-        cols.pos = None
-        figures.append(cols)
+        parts.append(cols)
+    if theirs:
+        for k in (*_COMM, "p2p"):
+            columns[k].append(theirs[k])
+        columns["rank"].append(np.repeat(np.array(helper.theirs, np.int64), theirs["lengths"]))
     graph.t0_ns = t0 or 0
     comm = {k: np.concatenate(v) if v else np.zeros(0, bool if k == "p2p" else np.int64) for k, v in columns.items()}
     del columns
@@ -152,15 +182,16 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
     expected = {gid: tuple(r for r in members if r in rset) if members else () for gid, members in groups.items()}
     matched = is_p2p & (comm["peer"] >= 0) & (comm["seq"] >= 0)  # a receive from any source has no partner
     graph.p2p_table = P2PTable({k: v[matched] for k, v in comm.items()}, reader.values)
-    coll = ~is_p2p
     del comm["peer"]
-    for k in list(comm):
-        comm[k] = comm[k][coll]  # one column at a time: the whole table is never held twice
+    if is_p2p.any():
+        coll = ~is_p2p
+        for k in list(comm):
+            comm[k] = comm[k][coll]  # one column at a time: the whole table is never held twice
     graph.table = table = CallTable(comm, reader.values, expected)
     del comm
     graph.calls = CallMap(table)
     graph.p2p = P2PMap(graph.p2p_table)
-    graph.steps = _step_stats(figures, table)
+    graph.steps = _step_stats(parts, table)
     return graph
 
 
@@ -171,20 +202,21 @@ class _Helper:
 
     # This process also matches and diagnoses after reading; the helper also starts an
     # interpreter and sends its columns: it reads a little less than half.
-    SHARE = 0.47
+    SHARE = 0.42
 
     def __init__(self, proc, theirs: list[int]):
         self.proc, self.theirs = proc, theirs
 
     @classmethod
-    def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None) -> _Helper | None:
+    def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None,
+              figures: bool = True) -> _Helper | None:
         if processes is None:
             processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
         if processes < 2 or len(ranks) < 2:
             return None
         theirs = ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
         job = {"path": str(bundle.path.resolve()), "all": list(ranks), "ranks": theirs,
-               "steps": list(steps) if steps is not None else None}
+               "steps": list(steps) if steps is not None else None, "figures": figures}
         proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         # The job (8192 ranks: some 70 KB) outgrows the pipe's buffer, so writing it waits
@@ -200,8 +232,8 @@ class _Helper:
         except OSError:  # it ended: result() sees it fail, and the ranks are read here
             pass
 
-    def result(self) -> tuple[list[RankColumns], list] | None:
-        """What it read, or None if it failed (a malformed chunk, no memory, ...)."""
+    def result(self) -> tuple[list, dict[str, np.ndarray], list] | None:
+        """What it read (load_columns), or None if it failed (a malformed chunk, no memory, ...)."""
         proc = self.proc
         try:
             data = proc.stdout.read()
@@ -209,7 +241,10 @@ class _Helper:
             proc.stdout.close()
             if proc.wait() != 0:
                 data = None
-        return load_columns(data) if data is not None else None  # our own child's output, as plain data
+        if data is None:
+            return None
+        got = load_columns(data)  # our own child's output, as plain data
+        return got if [r[0] for r in got[0]] == self.theirs else None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -219,8 +254,10 @@ class _Helper:
 
 
 def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[int, int], steps,
-          helper: _Helper | None):
-    """(rank, columns) in `ranks` order; the last part read by `helper` if there is one."""
+          helper: _Helper | None, into: dict[str, np.ndarray]):
+    """(rank, columns) in `ranks` order; the last part read by `helper` if there is one,
+    whose columns are then views of one array each, put in `into` (with "lengths": how
+    many rows are each rank's) before its first rank comes."""
     if helper is None:
         for rank in ranks:
             yield rank, reader.rank(rank, offsets[rank], steps)
@@ -239,8 +276,11 @@ def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[
         for rank in theirs:
             yield rank, reader.rank(rank, offsets[rank], steps)
         return
-    parts, values = got
-    yield from zip(theirs, reader.adopt(parts, values))
+    rows, arrays, values = got
+    arrays = reader.adopt(arrays, values)
+    parts = split_columns(rows, arrays)
+    into.update(arrays, lengths=np.array([len(c.pos) for c in parts], np.int64))
+    yield from zip(theirs, parts)
 
 
 def _trace(bundle: Bundle, cols: RankColumns, offset: int, values: list, steps) -> RankTrace:

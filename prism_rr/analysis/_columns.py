@@ -32,6 +32,7 @@ __all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
 _COLL, _P2P, _COMPUTE, _STEP, _MARKER = Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Marker.KIND
 _KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND)
 _SKIPPED = (Memory.KIND, GroupInfo.KIND)
+_NO_FIGURES = (*_SKIPPED, Compute.KIND)
 # the columns read of each kind (the others are skipped unread)
 _TIMES = frozenset({K_START, K_END, K_STEP})
 _CALL = _TIMES | {K_OP, K_GROUP, K_SEQ, K_PEER, K_ASYNC, K_STACK, K_IN_SHAPES, K_IN_DTYPES}
@@ -107,19 +108,23 @@ class ColumnReader:
     """Reads ranks of one bundle as columns; values (ops, signatures, stacks) are interned
     into `values`, so equal ones share one id across ranks."""
 
-    def __init__(self, bundle: Bundle):
+    def __init__(self, bundle: Bundle, figures: bool = True):
+        """`figures`: per step, the compute and the time in blocking calls (`compute_ns`,
+        `comm_ns`); without, a whole rank's compute records are not read (diagnosis)."""
         self.bundle = bundle
+        self.figures = figures
         self.values: list = [None]  # id -> value; 0 is None
         self._ids: dict = {None: 0}
         self._memo: dict = {}
         self._memo_bytes = 0
 
-    def adopt(self, parts: list[RankColumns], values: list) -> list[RankColumns]:
-        """Columns another reader read (`read_ranks`), their ids turned into this one's."""
+    def adopt(self, arrays: dict[str, np.ndarray], values: list) -> dict[str, np.ndarray]:
+        """Columns another reader read (`load_columns`), their ids turned into this one's."""
         ids = np.array([self.intern(v) for v in values], np.int32)
-        for c in parts:
-            c.op, c.sig, c.stack = ids[c.op], ids[c.sig], ids[c.stack]
-        return parts
+        for k in ("op", "sig", "stack"):
+            if k in arrays:
+                arrays[k] = ids[arrays[k]]
+        return arrays
 
     def intern(self, value) -> int:
         i = self._ids.get(value)
@@ -174,7 +179,7 @@ class ColumnReader:
                     comm.append(t)
                     out.steps_seen.update(_distinct(t["step"]))
                     done = ~op & ~t["async_op"]
-                    if done.any():
+                    if self.figures and done.any():
                         _add_by_step(out.comm_ns, t["step"][done], (end - start)[done])
                 elif kind == _COMPUTE:
                     done = ~op & ~t["named"]
@@ -214,7 +219,7 @@ class ColumnReader:
         if len(raw) != frame.raw_len:
             raise _Unexpected
         try:
-            return self._tables(raw, ref.count, _SKIPPED if whole else ())
+            return self._tables(raw, ref.count, (_SKIPPED if self.figures else _NO_FIGURES) if whole else ())
         except MemoryError:
             raise
         except Exception:  # msgpack and numpy raise many types on a stranger's bytes: the reader judges
@@ -456,33 +461,48 @@ _MARKER_FIELDS = ("start_ns", "end_ns", "step", "name", "value", "text")
 
 
 def dump_columns(parts: list[RankColumns], values: list) -> bytes:
-    """(columns, the values their ids stand for) as msgpack: arrays as dtype, shape and
-    bytes, values as they are (tuples stay tuples on the way back). No pickle: the bytes
-    cross a pipe from a process that read a stranger's bundle."""
+    """(columns, the values their ids stand for) as msgpack: each column of all the parts
+    as one array (dtype, shape, bytes), each part's facts and how many rows are its, values
+    as they are (tuples stay tuples on the way back). No pickle: the bytes cross a pipe
+    from a process that read a stranger's bundle."""
     def array(a):
-        return None if a is None else [a.dtype.str, list(a.shape), a.tobytes()]
+        return [a.dtype.str, list(a.shape), a.tobytes()]
 
-    rows = [[c.rank, c.events, c.first_ns, c.last_ns, [array(getattr(c, n)) for n in _ARRAYS],
+    blocks = [array(np.concatenate([getattr(c, n) for c in parts])) if parts else None for n in _ARRAYS]
+    rows = [[c.rank, c.events, c.first_ns, c.last_ns, len(c.pos),
              list(c.compute_ns.items()), list(c.comm_ns.items()), list(c.iteration_ns.items()),
              sorted(c.steps_seen), [[pos, [getattr(m, f) for f in _MARKER_FIELDS]] for pos, m in c.markers]]
             for c in parts]
-    return msgpack.packb([rows, values], use_bin_type=True)
+    return msgpack.packb([rows, blocks, values], use_bin_type=True)
 
 
-def load_columns(data: bytes) -> tuple[list[RankColumns], list]:
-    """What dump_columns wrote."""
-    rows, values = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+def load_columns(data: bytes) -> tuple[list, dict[str, np.ndarray], list]:
+    """What dump_columns wrote: (each part's facts, {column: all parts' rows}, values).
+    The arrays are read-only views of the message: the analysis makes new arrays of them."""
+    rows, blocks, values = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+    arrays = {}
+    if rows:
+        for name, a in zip(_ARRAYS, blocks):
+            arrays[name] = np.frombuffer(a[2], dtype=np.dtype(a[0])).reshape(a[1])
+        n = sum(r[4] for r in rows)
+        if any(len(v) != n for v in arrays.values()):
+            raise ValueError("the columns and their parts' lengths disagree")
+    return list(rows), arrays, list(values)
+
+
+def split_columns(rows: list, arrays: dict[str, np.ndarray]) -> list[RankColumns]:
+    """Each part's RankColumns (load_columns), its columns views of `arrays`."""
     parts = []
-    for rank, events, first, last, arrays, compute, comm, iteration, seen, markers in rows:
+    at = 0
+    for rank, events, first, last, n, compute, comm, iteration, seen, markers in rows:
         c = RankColumns(rank=rank, events=events, first_ns=first, last_ns=last, compute_ns=dict(compute),
                         comm_ns=dict(comm), iteration_ns=dict(iteration), steps_seen=set(seen),
                         markers=[(pos, Marker(**dict(zip(_MARKER_FIELDS, m)))) for pos, m in markers])
-        for name, a in zip(_ARRAYS, arrays):
-            if a is not None:
-                # read-only views of the message: the analysis makes new arrays of them
-                setattr(c, name, np.frombuffer(a[2], dtype=np.dtype(a[0])).reshape(a[1]))
+        for name, a in arrays.items():
+            setattr(c, name, a[at:at + n])
+        at += n
         parts.append(c)
-    return parts, list(values)
+    return parts
 
 
 def serve() -> None:
@@ -493,14 +513,15 @@ def serve() -> None:
     import json
     import sys
 
-    from prism_rr.analysis._build import clock_offsets
+    from prism_rr.analysis._build import clock_offsets, small_pages
     from prism_rr.format import open_bundle
 
+    small_pages().__enter__()  # this process only analyses
     job = json.loads(sys.stdin.buffer.read())
     steps = tuple(job["steps"]) if job["steps"] is not None else None
     with open_bundle(job["path"]) as bundle:
         offsets = clock_offsets(bundle, job["all"])
-        reader = ColumnReader(bundle)
+        reader = ColumnReader(bundle, job.get("figures", True))
         parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
     sys.stdout.buffer.write(dump_columns(parts, reader.values))
 

@@ -12,7 +12,7 @@ import numpy as np
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
-from prism_rr.analysis._build import ExecutionGraph, build_graph
+from prism_rr.analysis._build import ExecutionGraph, build_graph, small_pages
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch
 
 __all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "step_windows"]
@@ -88,16 +88,17 @@ def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None, window_even
     `graph`: one already built (of the whole bundle). Else the bundle is read whole, or in
     windows of steps where it holds more than `window_events` events (WINDOW_EVENTS);
     then `progress(done, total, (first step, last step))` is called after each window."""
-    run = _Run()
-    if graph is not None:
-        run.add(graph)
-    else:
-        windows = step_windows(bundle, WINDOW_EVENTS if window_events is None else window_events)
-        if len(windows) <= 1:
-            run.add(build_graph(bundle))
+    with small_pages():
+        run = _Run()
+        if graph is not None:
+            run.add(graph)
         else:
-            run.read_windows(bundle, windows, progress)
-    return run.findings(bundle)
+            windows = step_windows(bundle, WINDOW_EVENTS if window_events is None else window_events)
+            if len(windows) <= 1:
+                run.add(build_graph(bundle, figures=False))
+            else:
+                run.read_windows(bundle, windows, progress)
+        return run.findings(bundle)
 
 
 def step_windows(bundle: Bundle, events: int) -> list[tuple[int, int]]:
@@ -241,15 +242,15 @@ class _Run:
         lo, hi = windows[0][0], windows[-1][1]
         reads = [((a - _MARGIN if a > lo else a, b + _MARGIN if b < hi else b), (a, b)) for a, b in windows]
         for n, (read, core) in enumerate(reads, 1):
-            self.add(build_graph(bundle, steps=read), core)
+            self.add(build_graph(bundle, steps=read, figures=False), core)
             if progress is not None:
                 progress(n, len(reads), core)
-        self._find_drifts(lambda ranks: build_graph(bundle, ranks=ranks).table)
+        self._find_drifts(lambda ranks: build_graph(bundle, ranks=ranks, figures=False).table)
         if self.drifts:
             self.late, self.late_warmup = _Lateness(self.world_size), _Lateness(self.world_size)
             self.counted = set()
             for w, (read, core) in enumerate(reads):
-                t = build_graph(bundle, steps=read).table
+                t = build_graph(bundle, steps=read, figures=False).table
                 ids = [i for i in (t.find(*k) for k in self._window_keys[w]) if i is not None]
                 self._count_late(t, core, ids, w)
 
@@ -678,10 +679,10 @@ def _where(m: Member) -> str:
 
 
 class _Counts:
-    """Per (group, rank): how many calls of the group the rank made, and a hash of how many
-    it made in each step (a sum of one hash per (step, count), so that windows of steps add
-    up). A rank whose hash differs from its group's reference rank's (the one that made
-    most, then the lowest) made another number of the group's calls in some step."""
+    """Per (group, rank): how many calls of the group the rank made, and a hash of the
+    steps it made them in (a sum of one hash per call, of its step, so that windows of
+    steps add up). A rank whose hash differs from its group's reference rank's (the one
+    that made most, then the lowest) made another number of the group's calls in some step."""
 
     def __init__(self):
         self.group = np.zeros(0, np.int64)
@@ -691,38 +692,56 @@ class _Counts:
 
     def add(self, t, core: tuple[int, int] | None) -> None:
         """The calls of table `t` in steps `core` (all where None)."""
-        g, r, s = t.group, t.rank, t.step
-        if core is not None:
-            keep = (s >= core[0]) & (s <= core[1])
-            g, r, s = g[keep], r[keep], s[keep]
+        rows = None
+        if core is None:
+            rows = self._add_regular(t)
+            if rows is None:
+                return
+        else:
+            rows = np.flatnonzero((t.step >= core[0]) & (t.step <= core[1]))
+        g, r = t.group[rows], t.rank[rows]
         if not len(g):
             return
         head = np.ones(len(g), bool)
         head[1:] = g[1:] != g[:-1]  # rows are sorted by group
         gids, gi = g[head], np.cumsum(head) - 1
         nr = int(r.max()) + 1
-        lo, hi = int(s.min()), int(s.max())
-        ns = hi - lo + 1
-        if len(gids) * nr * ns < 1 << 62:  # one sort of one key: (group, rank, step)
-            key = np.sort((gi * nr + r) * ns + (s - lo))
-            new = np.ones(len(key), bool)
-            new[1:] = key[1:] != key[:-1]
-            cells = np.flatnonzero(new)
-            ck = key[cells]
-            c_pair, c_step = ck // ns, ck % ns + lo
-        else:
-            order = np.lexsort((s, r, gi))
-            gi, r, s = gi[order], r[order], s[order]
-            new = np.ones(len(gi), bool)
-            new[1:] = (gi[1:] != gi[:-1]) | (r[1:] != r[:-1]) | (s[1:] != s[:-1])
-            cells = np.flatnonzero(new)
-            c_pair, c_step = gi[cells] * nr + r[cells], s[cells]
-        count = np.diff(np.append(cells, len(new)))
-        first = np.ones(len(cells), bool)
-        first[1:] = c_pair[1:] != c_pair[:-1]
-        pairs = np.flatnonzero(first)
-        p = c_pair[pairs]
-        self._merge(gids[p // nr], p % nr, np.add.reduceat(count, pairs), np.add.reduceat(_mix(c_step, count), pairs))
+        order = np.argsort(gi * nr + r, kind="stable") if len(gids) * nr < 1 << 62 else np.lexsort((r, gi))
+        pair = (gi * nr + r)[order]
+        first = np.ones(len(pair), bool)
+        first[1:] = pair[1:] != pair[:-1]
+        at = np.flatnonzero(first)
+        calls = np.diff(np.append(at, len(pair)))
+        self._merge(gids[pair[at] // nr], pair[at] % nr, calls, np.add.reduceat(_hash(t.step[rows][order]), at))
+
+    def _add_regular(self, t) -> np.ndarray | None:
+        """The groups all of whose calls are regular (members: the group's ranks, in order):
+        their rows are a (call, member) matrix, summed down each member's column. The
+        rows of the other groups (None if there are none) are left to sorting."""
+        if not len(t):
+            return None
+        head = np.ones(len(t), bool)
+        head[1:] = t.call_group[1:] != t.call_group[:-1]  # calls are sorted by group
+        first = np.flatnonzero(head)
+        last = np.append(first[1:], len(t))
+        irregular = np.add.reduceat((~t.regular).astype(np.int64), first)
+        row_end = np.append(t.starts[1:], len(t.rank))
+        hashes = _hash(t.step)
+        groups, ranks, calls, digests, rest = [], [], [], [], []
+        for a, b, bad in zip(first.tolist(), last.tolist(), irregular.tolist()):
+            lo, hi = int(t.starts[a]), int(row_end[b - 1])
+            if bad:
+                rest.append(np.arange(lo, hi))
+                continue
+            m = int(t.count[a])
+            groups.append(np.full(m, t.call_group[a], np.int64))
+            ranks.append(t.rank[lo:lo + m])
+            calls.append(np.full(m, b - a, np.int64))
+            digests.append(hashes[lo:hi].reshape(b - a, m).sum(axis=0, dtype=np.uint64))
+        if groups:
+            self._merge(np.concatenate(groups), np.concatenate(ranks), np.concatenate(calls),
+                        np.concatenate(digests))
+        return np.concatenate(rest) if rest else None
 
     def _merge(self, group, rank, calls, digest) -> None:
         group, rank = np.append(self.group, group), np.append(self.rank, rank)
@@ -755,10 +774,10 @@ class _Counts:
         return out
 
 
-def _mix(step: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each (step, count) (splitmix64's finaliser)."""
+def _hash(step: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each step (splitmix64's finaliser)."""
     with np.errstate(over="ignore"):
-        z = step.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + count.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03)
+        z = step.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0xD1B54A32D192ED03)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
