@@ -514,8 +514,9 @@ def diagnose(
 
     with open_bundle(bundle) as b:
         findings = find(b, window_events=window, progress=progress)
-        # Re-timing every step costs as much as `analyze`: only where a straggler was found.
-        costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in findings) else []
+        # Re-timing costs as much as `analyze`: only where a straggler was found, and only its rank.
+        late = {r for f in findings if f.kind == "straggler" for r in f.ranks}
+        costs = straggler_totals(attribute(b, of=late)) if late else []
     cost_of = {e["rank"]: e["cost_ns"] for e in costs}
     if as_json:
         out = diagnosis_json(findings)

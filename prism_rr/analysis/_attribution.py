@@ -40,7 +40,10 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from prism_rr.analysis._build import clock_offsets
+from prism_rr.analysis._columns import ColumnReader
 from prism_rr.analysis._steps import CriticalPath, Segment
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
@@ -63,7 +66,7 @@ __all__ = [
 
 # Late ranks on the critical path re-timed per step, latest first (each costs one re-timing).
 MAX_CANDIDATES = 8
-BATCH_RECORDS = 1_000_000  # records `attribute` holds at a time (objects: a few hundred MB)
+BATCH_RECORDS = 12_000_000  # records `attribute` reads at a time (as columns: about 1 GiB)
 # ... and only those late on it by at least this fraction of the step.
 MIN_LATE_FRACTION = 0.005
 # Steps taken from the chunk index when a bundle has no Step records; a chunk that claims
@@ -136,19 +139,15 @@ class _Graph:
     held: dict[int, int]  # node id -> how late it entered a call whose other members it held up
 
 
-def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int], records=None) -> _Graph:
-    """Step `step`'s graph; `records(rank)`: the rank's records of the step, where the caller
-    read them already (else they are read here)."""
-    nodes: list[_Node] = []
-    by_rank: dict[int, list[int]] = {}
-    members: dict[tuple, list[int]] = {}
-    window: dict[int, tuple[int, int]] = {}
-    for rank in ranks:
+def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int]) -> _Graph:
+    """Step `step`'s graph, from each rank's records of the step."""
+
+    def rank_nodes(rank: int):
         off = offsets.get(rank, 0)
         mine: list[_Node] = []
         lo = hi = None
         step_rec = None
-        for rec in bundle.events(rank, steps=(step, step)) if records is None else records(rank):
+        for rec in bundle.events(rank, steps=(step, step)):
             cls = type(rec)
             start = rec.start_ns - off
             end = None if rec.end_ns is None else rec.end_ns - off
@@ -161,23 +160,62 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
                 if end is not None:
                     step_rec = (start, end)
                 continue
-            if cls is Collective:
-                key = ("c", rec.group, rec.seq)
-            elif cls is PointToPoint:
-                sending = not ops.receives(rec.op)
-                if rec.peer < 0 or rec.seq < 0:
-                    key = ("x", rank, len(mine))
-                else:
-                    src, dst = (rank, rec.peer) if sending else (rec.peer, rank)
-                    key = ("p", rec.group, src, dst, rec.seq)
-            else:
-                continue
-            issued = None
-            if rec.async_op and rec.issued_ns is not None:
-                issued = min(max(rec.issued_ns - off, start), tail)
-            mine.append(_Node(rank, key, start, end, issued, bool(rec.async_op), rec.op))
-        if lo is None:
+            if cls is Collective or cls is PointToPoint:
+                issued = None if rec.issued_ns is None else rec.issued_ns - off
+                p2p = cls is PointToPoint
+                mine.append(_node(rank, p2p, rec.op, rec.group, rec.seq, rec.peer if p2p else 0, start, end,
+                                  issued, rec.async_op, len(mine)))
+        return None if lo is None else (mine, lo, hi, step_rec)
+
+    return _assemble(ranks, rank_nodes)
+
+
+def _column_nodes(c, step: int, values: list):
+    """What `_read_step` makes of one rank's records of `step`, from its columns
+    (ColumnReader(attribution=True)): (nodes, first start, last end, Step record), or None."""
+    bounds = c.bounds.get(step)
+    if bounds is None:
+        return None
+    rows = np.flatnonzero(c.step == step)
+    mine: list[_Node] = []
+    if len(rows):
+        cols = (c.p2p[rows].tolist(), c.op[rows].tolist(), c.group[rows].tolist(), c.seq[rows].tolist(),
+                c.peer[rows].tolist(), c.start[rows].tolist(), c.end[rows].tolist(), c.open[rows].tolist(),
+                c.issued[rows].tolist(), c.has_issued[rows].tolist(), c.async_op[rows].tolist())
+        for p2p, op, group, seq, peer, start, end, is_open, issued, has, async_op in zip(*cols):
+            mine.append(_node(c.rank, p2p, values[op], group, seq, peer, start, None if is_open else max(end, start),
+                              issued if has else None, async_op, len(mine)))
+    return mine, bounds[0], bounds[1], c.step_span.get(step)
+
+
+def _node(rank, p2p, op, group, seq, peer, start, end, issued, async_op, index) -> _Node:
+    """One call of `rank` (times on rank 0's clock, end None if never completed)."""
+    if not p2p:
+        key = ("c", group, seq)
+    elif peer < 0 or seq < 0:
+        key = ("x", rank, index)
+    else:
+        src, dst = (rank, peer) if not ops.receives(op) else (peer, rank)
+        key = ("p", group, src, dst, seq)
+    if async_op and issued is not None:
+        issued = min(max(issued, start), start if end is None else end)
+    else:
+        issued = None
+    return _Node(rank, key, start, end, issued, bool(async_op), op)
+
+
+def _assemble(ranks: list[int], rank_nodes) -> _Graph:
+    """A step's graph from `rank_nodes(rank)`: (its calls in record order, the first start
+    and last end of its records, its Step record's (start, end) or None), or None."""
+    nodes: list[_Node] = []
+    by_rank: dict[int, list[int]] = {}
+    members: dict[tuple, list[int]] = {}
+    window: dict[int, tuple[int, int]] = {}
+    for rank in ranks:
+        got = rank_nodes(rank)
+        if got is None:
             continue
+        mine, lo, hi, step_rec = got
         mine.sort(key=lambda n: n.start)
         ws, we = step_rec if step_rec is not None else (lo, hi)
         window[rank] = (min(ws, lo), max(we, hi))
@@ -567,13 +605,16 @@ def _steps_of(bundle: Bundle, ranks: list[int]) -> list[int]:
 
 def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
                    offsets: dict[int, int] | None = None, candidates: int = MAX_CANDIDATES,
-                   records=None) -> StepAttribution:
+                   of: Iterable[int] | None = None) -> StepAttribution:
     """Split step `step` of every recorded rank (or `ranks`) four ways, find its critical
-    path and what each late rank on it cost (re-timing at most `candidates` of them).
-    `records(rank)`: the rank's records of the step, where the caller read them already."""
+    path and what each late rank on it cost (re-timing at most `candidates` of them, and
+    only ranks in `of` where given)."""
     ranks = bundle.recorded_ranks if ranks is None else ranks
     offsets = clock_offsets(bundle, ranks) if offsets is None else offsets
-    g = _read_step(bundle, step, ranks, offsets, records)
+    return _attribute_graph(_read_step(bundle, step, ranks, offsets), step, candidates, of)
+
+
+def _attribute_graph(g: _Graph, step: int, candidates: int, of: Iterable[int] | None = None) -> StepAttribution:
     out = StepAttribution(step=step, span_ns=0, modelled_ns=0, ranks=_split(g))
     if not g.ranks:
         return out
@@ -585,7 +626,9 @@ def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
     # A rank's re-timing can gain at most about its lateness along the path: ranks late
     # by a sliver of the step are not worth one re-timing of the whole step each.
     floor = max(1, int(out.modelled_ns * MIN_LATE_FRACTION))
-    late = sorted((r for r, ns in path_late.items() if ns >= floor), key=lambda r: (-path_late[r], r))
+    of = None if of is None else set(of)
+    late = sorted((r for r, ns in path_late.items() if ns >= floor and (of is None or r in of)),
+                  key=lambda r: (-path_late[r], r))
     for r in late[:candidates]:
         t = out.ranks[r]
         cost = out.modelled_ns - _Timing(g, on_time=(r,)).span()
@@ -596,30 +639,26 @@ def attribute_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None,
 
 
 def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: list[int] | None = None,
-              candidates: int = MAX_CANDIDATES) -> Iterator[StepAttribution]:
+              candidates: int = MAX_CANDIDATES, of: Iterable[int] | None = None) -> Iterator[StepAttribution]:
     """`attribute_step` for each step (of `steps` a..b inclusive, if given), one step in
-    memory at a time: what the TUI and `prism-rr analyze` read."""
+    memory at a time: what the TUI and `prism-rr analyze` read. `of`: only these ranks'
+    costs (each costs a re-timing of the step: diagnose asks for its stragglers')."""
     ranks = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     offsets = clock_offsets(bundle, ranks)
     every = _steps_of(bundle, ranks)
     todo = [s for s in every if steps is None or steps[0] <= s <= steps[1]]
     # Steps are read in batches, each rank's chunks once a batch (a chunk often holds many
-    # steps: read step by step, it was decoded once for each), as many steps a batch as
-    # keep about BATCH_RECORDS records in memory.
+    # steps: read step by step, it was decoded once for each), as columns (ColumnReader),
+    # as many steps a batch as keep about BATCH_RECORDS records in memory.
     per_step = max(1, bundle.event_count // max(1, len(every)))
     size = max(1, BATCH_RECORDS // per_step)
     for i in range(0, len(todo), size):
         batch = todo[i : i + size]
-        read: dict[int, dict[int, list]] = {s: {} for s in batch}
-        for rank in ranks:
-            for rec in bundle.events(rank, steps=(batch[0], batch[-1])):
-                mine = read.get(rec.step)
-                if mine is not None:
-                    mine.setdefault(rank, []).append(rec)
+        reader = ColumnReader(bundle, figures=False, attribution=True)
+        cols = {rank: reader.rank(rank, offsets[rank], (batch[0], batch[-1])) for rank in ranks}
         for step in batch:
-            got = read.pop(step)
-            yield attribute_step(bundle, step, ranks=ranks, offsets=offsets, candidates=candidates,
-                                 records=lambda r, got=got: got.get(r, ()))
+            g = _assemble(ranks, lambda r, step=step: _column_nodes(cols[r], step, reader.values))
+            yield _attribute_graph(g, step, candidates, of)
 
 
 def retimed_span(bundle: Bundle, step: int, *, slow: dict[int, float] | None = None,

@@ -24,7 +24,7 @@ from prism_rr.format.reader import Bundle, ChunkRef
 from prism_rr.format.records import (
     Collective, Compute, GroupInfo, K_ASYNC, K_END, K_GROUP, K_IN_DTYPES, K_IN_SHAPES, K_NAME, K_OP,
     K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
-    K_VALUE, Marker, Memory, PointToPoint, Step,
+    K_VALUE, K_ISSUED, Marker, Memory, PointToPoint, Step,
 )
 
 __all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
@@ -97,22 +97,34 @@ class RankColumns:
     sig: np.ndarray = None
     stack: np.ndarray = None
     async_op: np.ndarray = None  # bool
+    issued: np.ndarray = None  # when an async call returned (ColumnReader(attribution=True) only)
+    has_issued: np.ndarray = None  # bool: the record says when
     compute_ns: dict[int, int] = field(default_factory=dict)  # unnamed compute, by step
     comm_ns: dict[int, int] = field(default_factory=dict)  # completed blocking calls, by step
     iteration_ns: dict[int, int] = field(default_factory=dict)  # the step's Step record
     steps_seen: set[int] = field(default_factory=set)  # steps with a call, compute or step figure
     markers: list[tuple[int, Marker]] = field(default_factory=list)  # (pos, marker)
+    # ColumnReader(attribution=True) only: per step, the first start and the last end of any
+    # record (an end before its start taken as the start), and the Step record's (start, end)
+    bounds: dict[int, tuple[int, int]] = field(default_factory=dict)
+    step_span: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class ColumnReader:
     """Reads ranks of one bundle as columns; values (ops, signatures, stacks) are interned
     into `values`, so equal ones share one id across ranks."""
 
-    def __init__(self, bundle: Bundle, figures: bool = True):
+    def __init__(self, bundle: Bundle, figures: bool = True, attribution: bool = False):
         """`figures`: per step, the compute and the time in blocking calls (`compute_ns`,
-        `comm_ns`); without, a whole rank's compute records are not read (diagnosis)."""
+        `comm_ns`); without, a whole rank's compute records are not read (diagnosis).
+        `attribution`: also each call's `issued` time and each step's `bounds` and `step_span`."""
         self.bundle = bundle
         self.figures = figures
+        self.attribution = attribution
+        self._read = dict(_READ)
+        if attribution:
+            for kind in (_COLL, _P2P):
+                self._read[kind] = self._read[kind] | {K_ISSUED}
         self.values: list = [None]  # id -> value; 0 is None
         self._ids: dict = {None: 0}
         self._memo: dict = {}
@@ -168,6 +180,11 @@ class ColumnReader:
                 end = t["end"] - offset
                 op = t["open"]
                 t["start"], t["end"] = start, end
+                if self.attribution:
+                    tail = np.where(op, start, np.maximum(end, start))
+                    _add_bounds(out.bounds, t["step"], start, tail)
+                    if "issued" in t:
+                        t["issued"] = t["issued"] - offset
                 if not whole:
                     out.events += n
                     lo, hi = int(start.min()), int(np.where(op, start, end).max())
@@ -190,20 +207,27 @@ class ColumnReader:
                     for s, d in zip(t["step"][done].tolist(), (end - start)[done].tolist()):
                         out.iteration_ns[s] = d  # a later Step record of the same step wins
                         out.steps_seen.add(s)
+                    if self.attribution:
+                        for s, a, b in zip(t["step"][done].tolist(), start[done].tolist(),
+                                           np.maximum(end, start)[done].tolist()):
+                            out.step_span[s] = (a, b)
                 elif kind == _MARKER:
                     out.markers.extend(zip((base + t["kpos"]).tolist(), t["records"]))
             base += known
         out.markers.sort(key=lambda pm: pm[0])
         names = ("pos", "p2p", "group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack",
                  "async_op")
+        types = (np.int64, bool, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int64, np.int32,
+                 np.int32, np.int32, bool)
+        if self.attribution:
+            names, types = names + ("issued", "has_issued"), types + (np.int64, bool)
         if comm:
             cat = {k: np.concatenate([t[k] for t in comm]) for k in names}
             order = np.argsort(cat["pos"], kind="stable")
             for k in names:
                 setattr(out, k, cat[k][order])
         else:
-            for k, dt in zip(names, (np.int64, bool, np.int64, np.int64, np.int64, np.int64, np.int64, bool,
-                                     np.int64, np.int32, np.int32, np.int32, bool)):
+            for k, dt in zip(names, types):
                 setattr(out, k, np.zeros(0, dt))
         return out
 
@@ -245,7 +269,7 @@ class ColumnReader:
                     if parts < 2:
                         raise _Unexpected
                     cols = {}
-                    need = _READ.get(kind, _TIMES)
+                    need = self._read.get(kind, _TIMES)
                     for _ in range(u.read_map_header()):
                         k = u.unpack()
                         a = u.tell()
@@ -340,6 +364,8 @@ class ColumnReader:
                 parts.append(self._column(kind, cols, consts, wire, n, default, self._ids_of(check)))
             if coll:
                 parts.append((root, root_key))
+            if self.attribution:
+                t["issued"], t["has_issued"] = self._issued(cols, consts, n)
             key = ("sig", kind, n, *(k for _, k in parts))
             got = self._memo.get(key)
             if got is None:
@@ -368,6 +394,24 @@ class ColumnReader:
         if value is _MISSING or type(value) is not int:
             raise _Unexpected
         return np.full(n, value, np.int64)
+
+    def _issued(self, cols, consts, n) -> tuple[np.ndarray, np.ndarray]:
+        """(when each call returned to its caller, whether the record says)."""
+        if K_ISSUED in cols:
+            v = msgpack.unpackb(cols[K_ISSUED], raw=False, use_list=False, strict_map_key=False)
+            if type(v) is not tuple or len(v) != n or not all(x is None or type(x) is int for x in v):
+                raise _Unexpected  # the format's reader says what is wrong
+            has = np.array([x is not None for x in v], dtype=bool).reshape(n)
+            got = _ints([0 if x is None else x for x in v])
+            if n and int(np.abs(got).max()) > _MAX_TIME:
+                raise _Unexpected
+            return got, has
+        value = consts.get(K_ISSUED, None)
+        if value is None:
+            return np.zeros(n, np.int64), np.zeros(n, bool)
+        if type(value) is not int or abs(value) > _MAX_TIME:
+            raise _Unexpected
+        return np.full(n, value, np.int64), np.ones(n, bool)
 
     def _durations(self, cols, consts, n):
         if K_END in cols:
@@ -438,6 +482,9 @@ class ColumnReader:
                                                                   r.out_dtypes, r.reduce_op, r.root) if coll
                                                      else (r.op, r.shapes, r.dtypes, None, None)) for r in recs],
                                         np.int32)
+                    if self.attribution:
+                        t["issued"] = np.array([r.issued_ns or 0 for r in recs], np.int64)
+                        t["has_issued"] = np.array([r.issued_ns is not None for r in recs], bool)
                 elif kind == _COMPUTE:
                     t["named"] = np.array([r.name is not None for r in recs], bool)
                 elif kind == _MARKER:
@@ -524,6 +571,22 @@ def serve() -> None:
         reader = ColumnReader(bundle, job.get("figures", True))
         parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
     sys.stdout.buffer.write(dump_columns(parts, reader.values))
+
+
+def _add_bounds(into: dict[int, tuple[int, int]], steps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Widens into[step] = (first lo, last hi) by the rows of each step."""
+    if not len(steps):
+        return
+    order = np.argsort(steps, kind="stable")
+    s = steps[order]
+    head = np.ones(len(s), bool)
+    head[1:] = s[1:] != s[:-1]
+    at = np.flatnonzero(head)
+    los = np.minimum.reduceat(lo[order], at).tolist()
+    his = np.maximum.reduceat(hi[order], at).tolist()
+    for step, a, b in zip(s[at].tolist(), los, his):
+        have = into.get(step)
+        into[step] = (a, b) if have is None else (min(have[0], a), max(have[1], b))
 
 
 def _add_by_step(into: dict[int, int], steps: np.ndarray, values: np.ndarray) -> None:

@@ -268,6 +268,10 @@ def test_the_demos(demo_runs, args):
         for t in s["ranks"].values():
             assert t["compute_ns"] + t["overlapped_ns"] + t["exposed_ns"] + t["waiting_ns"] == t["total_ns"]
         assert [c["cost_ns"] for c in s["stragglers"]] == sorted((c["cost_ns"] for c in s["stragglers"]), reverse=True)
+    # read as columns a batch at a time, as from each step's records (async calls, their
+    # issue times, sends and receives)
+    with open_bundle(run.bundle) as b:
+        assert attribution_json(attribute(b)) == attribution_json(attribute_step(b, s) for s in b.steps)
 
 
 def test_diagnose_gives_each_straggler_finding_its_cost(tmp_path):
