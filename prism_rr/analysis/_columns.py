@@ -24,7 +24,7 @@ from prism_rr.format.reader import Bundle, ChunkRef
 from prism_rr.format.records import (
     Collective, Compute, GroupInfo, K_ASYNC, K_END, K_GROUP, K_IN_DTYPES, K_IN_SHAPES, K_NAME, K_OP,
     K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
-    K_VALUE, K_ISSUED, Marker, Memory, PointToPoint, Step,
+    K_VALUE, K_ISSUED, K_TAG, Marker, Memory, PointToPoint, Step,
 )
 
 __all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
@@ -97,6 +97,7 @@ class RankColumns:
     sig: np.ndarray = None
     stack: np.ndarray = None
     async_op: np.ndarray = None  # bool
+    tag: np.ndarray = None  # a point-to-point call's tag, 0 for collectives (ColumnReader(tags=True) only)
     issued: np.ndarray = None  # when an async call returned (ColumnReader(attribution=True) only)
     has_issued: np.ndarray = None  # bool: the record says when
     compute_ns: dict[int, int] = field(default_factory=dict)  # unnamed compute, by step
@@ -114,17 +115,21 @@ class ColumnReader:
     """Reads ranks of one bundle as columns; values (ops, signatures, stacks) are interned
     into `values`, so equal ones share one id across ranks."""
 
-    def __init__(self, bundle: Bundle, figures: bool = True, attribution: bool = False):
+    def __init__(self, bundle: Bundle, figures: bool = True, attribution: bool = False, tags: bool = False):
         """`figures`: per step, the compute and the time in blocking calls (`compute_ns`,
         `comm_ns`); without, a whole rank's compute records are not read (diagnosis).
-        `attribution`: also each call's `issued` time and each step's `bounds` and `step_span`."""
+        `attribution`: also each call's `issued` time and each step's `bounds` and `step_span`.
+        `tags`: also each point-to-point call's `tag`."""
         self.bundle = bundle
         self.figures = figures
         self.attribution = attribution
+        self.tags = tags
         self._read = dict(_READ)
         if attribution:
             for kind in (_COLL, _P2P):
                 self._read[kind] = self._read[kind] | {K_ISSUED}
+        if tags:
+            self._read[_P2P] = self._read[_P2P] | {K_TAG}
         self.values: list = [None]  # id -> value; 0 is None
         self._ids: dict = {None: 0}
         self._memo: dict = {}
@@ -221,6 +226,8 @@ class ColumnReader:
                  np.int32, np.int32, bool)
         if self.attribution:
             names, types = names + ("issued", "has_issued"), types + (np.int64, bool)
+        if self.tags:
+            names, types = names + ("tag",), types + (np.int64,)
         if comm:
             cat = {k: np.concatenate([t[k] for t in comm]) for k in names}
             order = np.argsort(cat["pos"], kind="stable")
@@ -366,6 +373,9 @@ class ColumnReader:
                 parts.append((root, root_key))
             if self.attribution:
                 t["issued"], t["has_issued"] = self._issued(cols, consts, n)
+            if self.tags:
+                t["tag"] = np.zeros(n, np.int64) if coll else self._column(kind, cols, consts, K_TAG, n, _MISSING,
+                                                                           _int_column)[0]
             key = ("sig", kind, n, *(k for _, k in parts))
             got = self._memo.get(key)
             if got is None:
@@ -482,6 +492,8 @@ class ColumnReader:
                                                                   r.out_dtypes, r.reduce_op, r.root) if coll
                                                      else (r.op, r.shapes, r.dtypes, None, None)) for r in recs],
                                         np.int32)
+                    if self.tags:
+                        t["tag"] = np.array([0 if coll else r.tag for r in recs], np.int64)
                     if self.attribution:
                         t["issued"] = np.array([r.issued_ns or 0 for r in recs], np.int64)
                         t["has_issued"] = np.array([r.issued_ns is not None for r in recs], bool)

@@ -16,11 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
+import numpy as np
+
 from prism_rr.errors import UsageError
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.specs import format_ranks
 from prism_rr.analysis._build import signature
+from prism_rr.analysis._columns import ColumnReader
 
 __all__ = ["BundleDiff", "GroupDifference", "SequenceDifference", "StepTime", "call_facts", "diff_bundles", "diff_json", "diff_lines"]
 
@@ -171,10 +174,78 @@ def _common_steps(a: Bundle, b: Bundle) -> tuple[int, int] | None:
     return (lo, hi)
 
 
-def diff_bundles(a: Bundle, b: Bundle) -> BundleDiff:
+class _Columns:
+    """Ranks of one bundle read as columns (ColumnReader), each call's compared fields as
+    one id shared by both bundles (`keys`), so that sequences compare as arrays."""
+
+    def __init__(self, bundle: Bundle, keys: dict):
+        self.reader = ColumnReader(bundle, figures=False, tags=True)
+        self.keys = keys
+        self.canon = np.zeros(0, np.int64)  # the reader's value id -> shared id
+
+    def rank(self, rank: int, steps) -> tuple[dict[int, tuple], dict[int, int], int]:
+        """(group -> (p2p, seq, key) arrays in recording order, time inside calls per step, calls)."""
+        c = self.reader.rank(rank, 0, steps)
+        values = self.reader.values
+        if len(self.canon) < len(values):
+            more = [self.keys.setdefault(v, len(self.keys)) for v in values[len(self.canon):]]
+            self.canon = np.append(self.canon, np.array(more, np.int64))
+        sig = self.canon[c.sig]
+        # a point-to-point call's key: (op, shapes, dtypes), peer and tag
+        key = np.where(c.p2p, sig * 0, sig)
+        if c.p2p.any():
+            p = np.flatnonzero(c.p2p)
+            key[p] = [self.keys.setdefault(("p2p", k, peer, tag), len(self.keys))
+                      for k, peer, tag in zip(sig[p].tolist(), c.peer[p].tolist(), c.tag[p].tolist())]
+        by_group: dict[int, tuple] = {}
+        if len(c.group):
+            order = np.argsort(c.group, kind="stable")
+            g = c.group[order]
+            head = np.ones(len(g), bool)
+            head[1:] = g[1:] != g[:-1]
+            at = np.append(np.flatnonzero(head), len(g))
+            for lo, hi in zip(at[:-1].tolist(), at[1:].tolist()):
+                rows = order[lo:hi]
+                by_group[int(g[lo])] = (c.p2p[rows], c.seq[rows], key[rows])
+        comm: dict[int, int] = {}
+        done = ~c.open
+        if done.any():
+            steps_, durs = c.step[done], (c.end - c.start)[done]
+            uniq, inv = np.unique(steps_, return_inverse=True)
+            sums = np.zeros(len(uniq), np.int64)
+            np.add.at(sums, inv.reshape(-1), durs)
+            comm = dict(zip(uniq.tolist(), sums.tolist()))
+        return by_group, comm, len(c.group)
+
+
+def _first_difference(x: tuple | None, y: tuple | None) -> int | None:
+    """Where two sequences of (p2p, seq, key) arrays first part, as `_aligned` and the
+    comparison in `diff_bundles` see them; None where they do not."""
+    empty = (np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    x, y = x or empty, y or empty
+    if len(x[0]) and len(y[0]) and not x[0][0] and not y[0][0] and x[1][0] != y[1][0]:
+        lo = max(int(x[1][0]), int(y[1][0]))
+
+        def cut(s):
+            i = np.flatnonzero(~s[0] & (s[1] >= lo))
+            return tuple(v[int(i[0]):] for v in s) if len(i) else empty
+
+        x, y = cut(x), cut(y)
+    n = min(len(x[0]), len(y[0]))
+    differ = np.flatnonzero((x[0][:n] != y[0][:n]) | (x[2][:n] != y[2][:n]))
+    if len(differ):
+        return int(differ[0])
+    return n if len(x[0]) != len(y[0]) else None
+
+
+def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     """Compare B against A: sequences of calls per (rank, group), group memberships, and
     per step and rank the time. Ranks recorded in only one bundle are listed, not compared;
-    where the recorded steps differ, only the steps both hold are compared."""
+    where the recorded steps differ, only the steps both hold are compared.
+
+    `columns`: each rank is read as columns and its sequences compared as arrays; only a
+    sequence that differs is read again as records (for the report). False reads every
+    rank as records (the reference the tests hold the columns to)."""
     ra, rb = set(a.recorded_ranks), set(b.recorded_ranks)
     steps = _common_steps(a, b)
     out = BundleDiff(world=(a.world_size, b.world_size), ranks=sorted(ra & rb),
@@ -188,13 +259,24 @@ def diff_bundles(a: Bundle, b: Bundle) -> BundleDiff:
     if steps is not None:
         wanted = [s for s in wanted if steps[0] <= s <= steps[1]]
     calls_a = calls_b = 0
+    keys: dict = {}
+    col_a, col_b = _Columns(a, keys), _Columns(b, keys)
     for rank in out.ranks:
-        seq_a, comm_a, na = _read_rank(a, rank, steps)
-        seq_b, comm_b, nb = _read_rank(b, rank, steps)
+        if columns:
+            seq_a, comm_a, na = col_a.rank(rank, steps)
+            seq_b, comm_b, nb = col_b.rank(rank, steps)
+            parting = [g for g in sorted(seq_a.keys() | seq_b.keys())
+                       if _first_difference(seq_a.get(g), seq_b.get(g)) is not None]
+            if parting:  # the calls themselves, for the report
+                rec_a, rec_b = _read_rank(a, rank, steps)[0], _read_rank(b, rank, steps)[0]
+        else:
+            rec_a, comm_a, na = _read_rank(a, rank, steps)
+            rec_b, comm_b, nb = _read_rank(b, rank, steps)
+            parting = sorted(rec_a.keys() | rec_b.keys())
         calls_a += na
         calls_b += nb
-        for group in sorted(seq_a.keys() | seq_b.keys()):
-            xs, ys = _aligned(seq_a.get(group, []), seq_b.get(group, []))
+        for group in parting:
+            xs, ys = _aligned(rec_a.get(group, []), rec_b.get(group, []))
             for i, (x, y) in enumerate(zip_longest(xs, ys)):
                 if x is None or y is None or type(x) is not type(y) or _key(x) != _key(y):
                     out.sequences.append(SequenceDifference(rank=rank, group=group, index=i, a=x, b=y))

@@ -5,6 +5,7 @@ Real recordings: a 2-rank gloo script recorded as written and with one broadcast
 into an all_gather (both recorded at once), and the session's demo runs.
 """
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -67,15 +68,36 @@ def test_cli_diff_of_recorded_runs(recorded, tmp_path):
     assert run_cli("redact", a, "-o", public).returncode == 0
     same = run_cli("diff", a, public)
     assert same.returncode == 0, same.stdout + same.stderr
+    _both_ways(a, b)
+    _both_ways(a, public)
     assert same.stdout.startswith("collective sequences match: 12 calls in A, 12 in B, on ranks 0-1")
+
+
+def _both_ways(a, b):
+    """diff_bundles(a, b), which reads columns, after checking it says what reading every
+    rank's records says."""
+    with open_bundle(a) as ba, open_bundle(b) as bb:
+        d = diff_bundles(ba, bb)
+        assert diff_json(d) == diff_json(diff_bundles(ba, bb, columns=False))
+        return d
 
 
 def _pair(tmp_path, change):
     a, b = SimRun(4, groups=[(0, 1), (2, 3)]), SimRun(4, groups=[(0, 1), (2, 3)])
     a.train(3)
     change(b)
-    with open_bundle(a.bundle(tmp_path, "a")) as ba, open_bundle(b.bundle(tmp_path, "b")) as bb:
-        return diff_bundles(ba, bb)
+    return _both_ways(a.bundle(tmp_path, "a"), b.bundle(tmp_path, "b"))
+
+
+def test_a_message_sent_with_another_tag(tmp_path):
+    def change(b):
+        b.train(3)
+        for i, rec in enumerate(b.recs[0]):
+            if type(rec) is PointToPoint and rec.seq == 1:
+                b.recs[0][i] = dataclasses.replace(rec, tag=7)
+
+    d = _pair(tmp_path, change)
+    assert not d.same and (d.first.rank, d.first.group) == (0, 0) and d.first.fields == ("tag",)
 
 
 def test_a_call_one_run_did_not_make(tmp_path):
@@ -164,3 +186,6 @@ def test_cli_diff_of_demo_runs(make_demo, demo_runs):
     assert first["rank"] in (0, 1) and first["differs_in"]
     text = run_cli("diff", make_demo.bundle, pp.bundle)
     assert text.returncode == 6 and "world size 4 in A, 2 in B" in text.stdout
+    assert _both_ways(make_demo.bundle, make_demo.bundle).same
+    assert not _both_ways(make_demo.bundle, pp.bundle).same
+    assert not _both_ways(pp.bundle, make_demo.bundle).same
