@@ -509,8 +509,9 @@ def diagnose(
     from prism_rr.format import open_bundle
     from prism_rr.analysis import attribute, diagnose as find, diagnosis_json, straggler_lines, straggler_totals
 
-    def progress(done: int, total: int, steps: tuple[int, int]) -> None:
-        print(f"diagnose: read steps {steps[0]}-{steps[1]} (window {done} of {total})", file=sys.stderr, flush=True)
+    def progress(done: int, total: int, steps: tuple[int, int], again: bool) -> None:
+        what = "read again, the calls after a drift left out of the stragglers' counts:" if again else "read"
+        print(f"diagnose: {what} steps {steps[0]}-{steps[1]} (window {done} of {total})", file=sys.stderr, flush=True)
 
     with open_bundle(bundle) as b:
         findings = find(b, window_events=window, progress=progress)

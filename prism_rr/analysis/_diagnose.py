@@ -87,7 +87,8 @@ def diagnose(bundle: Bundle, *, graph: ExecutionGraph | None = None, window_even
 
     `graph`: one already built (of the whole bundle). Else the bundle is read whole, or in
     windows of steps where it holds more than `window_events` events (WINDOW_EVENTS);
-    then `progress(done, total, (first step, last step))` is called after each window."""
+    then `progress(done, total, (first step, last step), again)` is called after each
+    window (`again`: the second reading, where a drift was found: see _Run.read_windows)."""
     with small_pages():
         run = _Run()
         if graph is not None:
@@ -244,7 +245,7 @@ class _Run:
         for n, (read, core) in enumerate(reads, 1):
             self.add(build_graph(bundle, steps=read, figures=False), core)
             if progress is not None:
-                progress(n, len(reads), core)
+                progress(n, len(reads), core, False)
         self._find_drifts(lambda ranks: build_graph(bundle, ranks=ranks, figures=False).table)
         if self.drifts:
             self.late, self.late_warmup = _Lateness(self.world_size), _Lateness(self.world_size)
@@ -253,6 +254,8 @@ class _Run:
                 t = build_graph(bundle, steps=read, figures=False).table
                 ids = [i for i in (t.find(*k) for k in self._window_keys[w]) if i is not None]
                 self._count_late(t, core, ids, w)
+                if progress is not None:
+                    progress(w + 1, len(reads), core, True)
 
     def _find_drifts(self, table_of) -> None:
         """The drifts (`_drift`) of ranks whose calls of a group part from its reference

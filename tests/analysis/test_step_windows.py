@@ -75,3 +75,23 @@ def test_cli_window_says_where_it_is_and_finds_the_same(tmp_path):
     lines = windowed.stderr.splitlines()
     assert lines[0] == "diagnose: read steps 0-0 (window 1 of 6)" and lines[-1] == "diagnose: read steps 5-5 (window 6 of 6)"
     assert whole.stderr == ""
+
+
+def test_cli_window_reads_again_after_a_drift(tmp_path):
+    """A drift found at the end of the reading: the windows are read again, so that the
+    calls after it (pairs of the wrong calls) are left out of who arrived last."""
+    from cli_helpers import run_cli
+
+    run = SimRun(4)
+    run.train(2)
+    run.collective(0, line=120)  # rank 3 makes no such call
+    run.recs[3].pop()
+    run.seq[(3, 0)] -= 1
+    run.train(3, slow={3: 4_000_000}, line=130)
+    path = run.bundle(tmp_path)
+    whole = run_cli("diagnose", path, "--json")
+    windowed = run_cli("diagnose", path, "--json", "--window", "1")
+    assert json.loads(windowed.stdout) == json.loads(whole.stdout)
+    assert json.loads(whole.stdout)["findings"][0]["kind"] == "drift"
+    again = [line for line in windowed.stderr.splitlines() if "read again" in line]
+    assert len(again) == 6 and again[-1].endswith("steps 5-5 (window 6 of 6)"), windowed.stderr
