@@ -233,8 +233,8 @@ def _diagnosis(b: Bundle):
     """The findings, and where a straggler was found, each straggler's cost (re-timing
     every step costs as much as `prism-rr analyze`: only then, as `prism-rr diagnose` does)."""
     found = diagnose(b)
-    late = {r for f in found if f.kind == "straggler" for r in f.ranks}
-    costs = straggler_totals(attribute(b, of=late)) if late else []
+    # every late rank's cost (the ranks table has a column of them), not only the stragglers'
+    costs = straggler_totals(attribute(b)) if any(f.kind == "straggler" for f in found) else []
     return found, costs
 
 
