@@ -480,15 +480,15 @@ Exit codes: 0 nothing found · 5 findings · 1 any other failure · 2 usage erro
 4 bundle malformed or of an unsupported version."""
 
 
-@app.command(epilog=DIAGNOSE_CODES)
+@app.command(epilog="Example: prism-rr diagnose run.prism --json > findings.json\n\n" + DIAGNOSE_CODES)
 def diagnose(
     bundle: Path = typer.Argument(..., help="The .prism bundle to examine."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {findings: [...], summary}."),
     window: int = typer.Option(
         12_000_000, "--window", min=1, metavar="EVENTS",
         help="A bundle of more events than this is read in windows of consecutive steps of about this many "
-             "events, one at a time, so memory follows the window, not the bundle (about 2 GiB at the "
-             "default; lower it on a small machine). The findings are the same.",
+             "events, one at a time, so memory follows the window, not the bundle (at most about 2 GiB at "
+             "the default; lower it on a small machine). The findings are the same.",
     ),
 ) -> None:
     """Find crashes, hangs, mismatched calls, stragglers and lost records, and explain them.
