@@ -475,6 +475,21 @@ def demo(
     _say(f"  prism-rr replay {output} --ranks 0 --run-recorded-command --report fidelity.json")
 
 
+def _paced(attributions, steps: int):
+    """The steps' attributions, passed on, with a line on stderr every few seconds saying
+    how far the re-timing has come (8192 ranks: a minute or more)."""
+    import time
+
+    shown = time.monotonic()
+    for i, a in enumerate(attributions, 1):
+        now = time.monotonic()
+        if now - shown >= 3.0:
+            print(f"diagnose: the stragglers' cost: step {a.step} re-timed ({i} of {steps or '?'} steps)",
+                  file=sys.stderr, flush=True)
+            shown = now
+        yield a
+
+
 DIAGNOSE_CODES = """\
 Exit codes: 0 nothing found · 5 findings · 1 any other failure · 2 usage error ·
 4 bundle malformed or of an unsupported version."""
@@ -517,7 +532,7 @@ def diagnose(
         findings = find(b, window_events=window, progress=progress)
         # Re-timing costs as much as `analyze`: only where a straggler was found, and only its rank.
         late = {r for f in findings if f.kind == "straggler" for r in f.ranks}
-        costs = straggler_totals(attribute(b, of=late)) if late else []
+        costs = straggler_totals(_paced(attribute(b, of=late), len(b.steps))) if late else []
     cost_of = {e["rank"]: e["cost_ns"] for e in costs}
     if as_json:
         out = diagnosis_json(findings)
