@@ -107,8 +107,9 @@ def step_windows(bundle: Bundle, events: int) -> list[tuple[int, int]]:
     from the chunk index (each chunk's records taken as spread evenly over its steps): one
     range where the bundle holds no more; none where it holds no records."""
     spans: list[tuple[int, int, int]] = []
-    for rank in bundle.recorded_ranks:
-        spans.extend((r.step_first, r.step_last, r.count) for r in bundle.chunks(rank) if r.count)
+    for rank in bundle.recorded_ranks:  # (a stranger's index may name its steps backwards)
+        spans.extend((min(r.step_first, r.step_last), max(r.step_first, r.step_last), r.count)
+                     for r in bundle.chunks(rank) if r.count)
     if not spans:
         return []
     lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)

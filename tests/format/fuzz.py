@@ -504,6 +504,30 @@ def _diagnose(path, scratch):
         json.dumps(diagnosis_json(diagnose(b)))
 
 
+def _diagnose_windows(path, scratch):
+    from prism_rr.format import open_bundle
+    from prism_rr.analysis import diagnose, diagnosis_json
+
+    with open_bundle(path) as b:
+        json.dumps(diagnosis_json(diagnose(b, window_events=1)))  # a window a step, as a huge bundle is read
+
+
+def _analyze(path, scratch):
+    from prism_rr.format import open_bundle
+    from prism_rr.analysis import attribute, attribution_json
+
+    with open_bundle(path) as b:
+        json.dumps(attribution_json(attribute(b)))
+
+
+def _diff(path, scratch):
+    from prism_rr.format import open_bundle
+    from prism_rr.analysis import diff_bundles, diff_json
+
+    with open_bundle(path) as a, open_bundle(path) as b:
+        json.dumps(diff_json(diff_bundles(a, b)))
+
+
 def _export(path, scratch):
     from prism_rr.format import open_bundle
     from prism_rr.analysis import export_chrome
@@ -537,10 +561,12 @@ def _redact(path, scratch):
 
 
 # Every read a command can make: info (--json), events and blobs (the Python API, replay),
-# verify, diagnose (the graph), export, the TUI's model, redact. Each runs on its own, so
-# a FormatError in one does not hide a crash in another.
+# verify, diagnose (the graph, whole and a window a step), analyze, diff, export, the TUI's
+# model, redact. Each runs on its own, so a FormatError in one does not hide a crash in
+# another.
 READ_PATHS = {
     "info": _open_and_facts, "events": _events, "verify": _verify, "diagnose": _diagnose,
+    "diagnose-windows": _diagnose_windows, "analyze": _analyze, "diff": _diff,
     "export": _export, "tui": _tui, "redact": _redact,
 }
 
