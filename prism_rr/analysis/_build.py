@@ -129,22 +129,24 @@ PARALLEL_FROM_RANKS = 2048
 
 def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
                 ranks: list[int] | None = None, processes: int | None = None,
-                figures: bool = True) -> ExecutionGraph:
+                figures: bool = True, clock_from: list[int] | None = None) -> ExecutionGraph:
     """Read the recorded ranks of `bundle` (optionally only `steps` a..b) and match their calls.
 
     `figures`: False leaves each step's compute_ns and comm_ns empty (diagnosis reads
-    neither), and is quicker. `processes`: 1 reads every rank here; 2 has a second interpreter (`_Helper`) read
+    neither), and is quicker. `clock_from`: the ranks whose clock estimates give the clock
+    offsets (`clock_offsets`; by default the ranks read), so that a graph of a few ranks
+    has the times a graph of all has. `processes`: 1 reads every rank here; 2 has a second interpreter (`_Helper`) read
     the last part of the ranks meanwhile. None: 2 from PARALLEL_FROM_RANKS recorded ranks on a machine with more
     than one core."""
     recorded = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     # the second reader starts first: its start-up overlaps the set-up below
-    helper = _Helper.start(bundle, recorded, steps, processes, figures)
+    helper = _Helper.start(bundle, recorded, steps, processes, figures, clock_from)
     try:
         rset = set(recorded)
         groups = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
         graph = ExecutionGraph(world_size=bundle.world_size, ranks=list(recorded), groups=groups)
         sums = bundle.summaries["ranks"]
-        offsets = clock_offsets(bundle, recorded)
+        offsets = clock_offsets(bundle, recorded if clock_from is None else clock_from)
     except BaseException:  # (once reading starts, _read stops it)
         if helper is not None:
             helper.stop()
@@ -209,13 +211,13 @@ class _Helper:
 
     @classmethod
     def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None,
-              figures: bool = True) -> _Helper | None:
+              figures: bool = True, clock_from: list[int] | None = None) -> _Helper | None:
         if processes is None:
             processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
         if processes < 2 or len(ranks) < 2:
             return None
         theirs = ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
-        job = {"path": str(bundle.path.resolve()), "all": list(ranks), "ranks": theirs,
+        job = {"path": str(bundle.path.resolve()), "all": list(ranks if clock_from is None else clock_from), "ranks": theirs,
                "steps": list(steps) if steps is not None else None, "figures": figures}
         proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

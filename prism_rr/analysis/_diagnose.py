@@ -174,6 +174,9 @@ class _Run:
         self.windows = 0
         self._last_keys: tuple[set, set] = (set(), set())  # odd calls and messages of the window before
         self._window_keys: list[set] = []  # each window's odd calls
+        # calls and messages the window before owned and read with members in the steps
+        # after it: the next window, which reads only those members, must not take them up
+        self._handed: tuple[set, set] = (set(), set())
 
     def add(self, g: ExecutionGraph, core: tuple[int, int] | None = None) -> None:
         """One graph: the whole run (core None), or a window read with its margins, whose
@@ -206,6 +209,15 @@ class _Run:
         # are not read here, and it would look like a hang).
         t, p = g.table, g.p2p_table
         owned = _owned(t, core)
+        for key in self._handed[0]:  # seen whole by the window before, which owns them
+            i = t.find(*key)
+            if i is not None:
+                owned[i] = False
+        handed = set()
+        if core is not None:
+            last = _reduce_max(t.step, t.starts)
+            for i in np.flatnonzero(owned & (last > core[1])).tolist():
+                handed.add((int(t.call_group[i]), int(t.call_seq[i])))
         # calls that may be about a problem, and those of the window before looked up here
         ids = [i for i in t.interesting() if owned[i]]
         keys = set()
@@ -220,10 +232,20 @@ class _Run:
                 ids.append(i)
                 keys.add(key)
         pkeys = set()
+        phanded = set()
+        if core is not None and len(p):
+            sent, got = p.send_row >= 0, p.recv_row >= 0
+            s_step, r_step = p.step[np.maximum(p.send_row, 0)], p.step[np.maximum(p.recv_row, 0)]
+            first = np.where(sent, np.where(got, np.minimum(s_step, r_step), s_step), r_step)
+            last = np.where(sent, np.where(got, np.maximum(s_step, r_step), s_step), r_step)
+            for i in np.flatnonzero((first >= core[0]) & (first <= core[1]) & (last > core[1])).tolist():
+                phanded.add(p.key(i))
         for i in p.interesting():
             m = p.match(i)
-            if core is not None and not core[0] <= min(x.step for x in (m.send, m.recv) if x) <= core[1]:
-                continue
+            if core is not None:
+                first = min(x.step for x in (m.send, m.recv) if x)
+                if not core[0] <= first <= core[1] or m.key in self._handed[1]:
+                    continue
             pkeys.add(m.key)
             self._merge_p2p(m)
         for key in self._last_keys[1] - pkeys:
@@ -231,6 +253,7 @@ class _Run:
             if i is not None:
                 self._merge_p2p(p.match(i))
         self._last_keys = (keys, pkeys)
+        self._handed = (handed, phanded)
         self._window_keys.append(keys)
         self.counts.add(t, core)
         if core is None:  # the whole run: its drifts now, from its own table
@@ -247,7 +270,8 @@ class _Run:
             self.add(build_graph(bundle, steps=read, figures=False), core)
             if progress is not None:
                 progress(n, len(reads), core, False)
-        self._find_drifts(lambda ranks: build_graph(bundle, ranks=ranks, figures=False).table)
+        every = bundle.recorded_ranks  # the clock offsets of the windows' graphs
+        self._find_drifts(lambda ranks: build_graph(bundle, ranks=ranks, figures=False, clock_from=every).table)
         if self.drifts:
             self.late, self.late_warmup = _Lateness(self.world_size), _Lateness(self.world_size)
             self.counted = set()
@@ -1047,8 +1071,9 @@ class _Pairs:
 class _Lateness:
     """Per rank, over the calls counted: how often it arrived last (`last`) and how often
     chance gives (`expected`, `var`), the time the others lost waiting for it (`lost`),
-    who waited (`waited`), and its longest wait, `worst`: ((skew, -window, -place read),
-    (op, group, seq, its stack)), the earliest read winning a tie."""
+    who waited (`waited`), and its longest wait, `worst`: ((skew, -first entry, -window,
+    -place read), (op, group, seq, its stack)): of equal waits, the call entered first
+    (the same whether the bundle is read whole or in windows)."""
 
     def __init__(self, world: int):
         self.last: dict[int, int] = {}
@@ -1081,13 +1106,15 @@ class _Lateness:
         waiting = rows & (t.rank != lm_row[call_of]) & (wait > 0)
         _add(self.lost, _sums(lm_row[call_of][waiting], wait[waiting]))
         self.waited.add(lm_row[call_of][waiting], t.rank[waiting])
-        order = np.lexsort((t.first_seen[calls], -skew[calls], lm))
+        entered = np.minimum.reduceat(t.start, t.starts)[calls]  # the call's first entry
+        order = np.lexsort((t.first_seen[calls], entered, -skew[calls], lm))
         head = np.ones(len(order), bool)
         head[1:] = lm[order][1:] != lm[order][:-1]
         v = t.values
-        for c in calls[order[head]].tolist():
+        for j in order[head].tolist():
+            c = int(calls[j])
             row = int(last_row[c])
-            self._better(int(lm_row[c]), (int(skew[c]), -window, -int(t.first_seen[c])),
+            self._better(int(lm_row[c]), (int(skew[c]), -int(entered[j]), -window, -int(t.first_seen[c])),
                          (v[t.op[row]], int(t.call_group[c]), int(t.call_seq[c]), v[t.stack[row]] or None))
 
     def add_call(self, call: MatchedCall, seen: tuple[int, int], warmup: int | None, drifted: dict[int, int]) -> None:
@@ -1111,7 +1138,8 @@ class _Lateness:
         waiting = [rank for rank, w in waits.items() if rank != lm.rank and w > 0]
         self.lost[lm.rank] = self.lost.get(lm.rank, 0) + sum(waits[rank] for rank in waiting)
         self.waited.add(np.full(len(waiting), lm.rank, np.int64), np.array(waiting, np.int64))
-        self._better(lm.rank, (skew, -seen[0], -seen[1]), (lm.op, call.group, call.seq, lm.stack or None))
+        self._better(lm.rank, (skew, -call.first_arrival.enter_ns, -seen[0], -seen[1]),
+                     (lm.op, call.group, call.seq, lm.stack or None))
 
     def merge(self, other: "_Lateness") -> None:
         for mine, theirs in ((self.last, other.last), (self.expected, other.expected), (self.var, other.var),
@@ -1149,7 +1177,7 @@ def _stragglers(late: _Lateness, span: int, steps: int, n: int) -> list[Finding]
         fraction = per_rank / span if span else 0.0
         if fraction < STRAGGLER_MIN_FRACTION or per_rank < STRAGGLER_MIN_LOST_PER_STEP_NS * steps:
             continue
-        (longest, _, _), (op, group, seq, stack) = late.worst[rank]
+        (longest, *_), (op, group, seq, stack) = late.worst[rank]
         msg = (f"Rank {rank} arrived last at {k} collectives where chance gives {e:.1f}; "
                f"{_ranks_text(others)} lost {_ms(lost)} waiting for it in all "
                f"({_ms(int(per_rank))} each, {fraction:.1%} of the recorded time). "

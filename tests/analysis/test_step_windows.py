@@ -7,6 +7,8 @@ recorded them in neighbouring steps, stragglers counted across windows, a hang a
 import dataclasses
 import json
 
+import pytest
+
 from graph_sim import SimRun
 from prism_rr.analysis import diagnose, diagnosis_json, step_windows
 from prism_rr.format import open_bundle
@@ -95,3 +97,53 @@ def test_cli_window_reads_again_after_a_drift(tmp_path):
     assert json.loads(whole.stdout)["findings"][0]["kind"] == "drift"
     again = [line for line in windowed.stderr.splitlines() if "read again" in line]
     assert len(again) == 6 and again[-1].endswith("steps 5-5 (window 6 of 6)"), windowed.stderr
+
+
+@pytest.mark.parametrize("shift", [2, -2, 1])
+def test_a_rank_whose_steps_are_numbered_apart(tmp_path, shift):
+    """Rank 1 numbers its steps `shift` apart from the others (its calls, sends and
+    receives): a call's members are then read by windows up to two steps apart. A window
+    that saw a call whole hands it on; the next, which reads only its later members, must
+    not report them as a hang or an unmatched message."""
+    run = SimRun(4)
+    run.train(10, slow={2: 4_000_000})
+    run.recs[1] = [dataclasses.replace(r, step=r.step + shift) for r in run.recs[1]]
+    with open_bundle(run.bundle(tmp_path)) as b:
+        whole = diagnosis_json(diagnose(b))
+        assert [f["kind"] for f in whole["findings"]] == ["straggler"]
+        for budget in (1, 30, 60, 100, 150, 250):
+            assert diagnosis_json(diagnose(b, window_events=budget)) == whole, budget
+
+
+def test_equal_waits_name_the_call_entered_first_either_way(tmp_path):
+    """Rank 3 is exactly 4 ms late into a call of group 1 in step 1, then of group 0 in
+    every later step: the longest wait, a tie, is the call entered first, whole or in windows."""
+    run = SimRun(4, groups=[(2, 3)])
+
+    def align():
+        t = max(run.t.values()) + 1_000_000
+        run.compute({r: t - run.t[r] for r in range(4)})
+
+    align()
+    run.collective(0)
+    run.end_step()
+    align()
+    run.compute({3: 4_000_000}, ranks=[3])
+    run.collective(1)
+    align()
+    run.collective(0)
+    run.end_step()
+    for _ in range(9):
+        align()
+        run.compute({3: 4_000_000}, ranks=[3])
+        run.collective(0)
+        align()
+        run.collective(1)
+        align()
+        run.collective(0, shape=(8,))
+        run.end_step()
+    with open_bundle(run.bundle(tmp_path)) as b:
+        (f,) = diagnosed(b)
+        for budget in (40, 100):
+            assert diagnosis_json(diagnose(b, window_events=budget)) == diagnosis_json([f])
+    assert (f.kind, f.ranks, f.group, f.seq) == ("straggler", (3,), 1, 0)
