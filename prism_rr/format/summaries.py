@@ -45,7 +45,10 @@ _LE = np.dtype("<i8")
 
 
 def _column(values) -> bytes:
-    return np.asarray(values, dtype=_LE).tobytes()
+    try:
+        return np.asarray(values, dtype=_LE).tobytes()
+    except OverflowError:  # a stranger's chunk summary: the reader would refuse it too
+        raise FormatError("pack: a rank's summary holds an integer beyond int64") from None
 
 
 class StepRows:
