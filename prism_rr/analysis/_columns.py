@@ -575,14 +575,14 @@ def serve() -> None:
     from prism_rr.analysis._build import clock_offsets, small_pages
     from prism_rr.format import open_bundle
 
-    small_pages().__enter__()  # this process only analyses
     job = json.loads(sys.stdin.buffer.read())
     steps = tuple(job["steps"]) if job["steps"] is not None else None
-    with open_bundle(job["path"]) as bundle:
+    with small_pages(), open_bundle(job["path"]) as bundle:
         offsets = clock_offsets(bundle, job["all"])
         reader = ColumnReader(bundle, job.get("figures", True))
         parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
-    sys.stdout.buffer.write(dump_columns(parts, reader.values))
+        data = dump_columns(parts, reader.values)
+    sys.stdout.buffer.write(data)
 
 
 def _add_bounds(into: dict[int, tuple[int, int]], steps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:

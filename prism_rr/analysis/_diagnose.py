@@ -258,7 +258,7 @@ class _Run:
         self.counts.add(t, core)
         if core is None:  # the whole run: its drifts now, from its own table
             self._find_drifts(lambda ranks: t)
-        self._count_late(t, core, ids, w)
+        self._count_late(t, owned, ids, w)
 
     def read_windows(self, bundle: Bundle, windows: list[tuple[int, int]], progress=None) -> None:
         """Each window in turn (with its margins); then the drifts, whose calls are read
@@ -278,7 +278,7 @@ class _Run:
             for w, (read, core) in enumerate(reads):
                 t = build_graph(bundle, steps=read, figures=False).table
                 ids = [i for i in (t.find(*k) for k in self._window_keys[w]) if i is not None]
-                self._count_late(t, core, ids, w)
+                self._count_late(t, _owned(t, core), ids, w)
                 if progress is not None:
                     progress(w + 1, len(reads), core, True)
 
@@ -301,14 +301,14 @@ class _Run:
                         self.drifts.append(f)
                         self.entered[(group, f.seq)] = min(m.enter_ns for s, m in ref_calls + calls if s == f.seq)
 
-    def _count_late(self, t, core, ids: list[int], w: int) -> None:
+    def _count_late(self, t, owned: np.ndarray, ids: list[int], w: int) -> None:
         """Who arrived last at the calls of window `w` that count (`_late_columns`) and
-        belong to it; `ids`: its calls that may be about a problem."""
+        belong to it (`owned`); `ids`: its calls that may be about a problem."""
         drifted: dict[int, int] = {}
         for f in self.drifts:
             drifted[f.group] = min(f.seq, drifted.get(f.group, f.seq))
         use, last_row, skew, wait = _late_columns(t, drifted)
-        use &= _owned(t, core)
+        use &= owned
         # the warm-up's calls: by their lowest rank's step, as members sort
         in_warmup = use & (t.step[t.starts] == self.warmup) if self.warmup is not None else np.zeros(len(use), bool)
         self.late.add_columns(t, use & ~in_warmup, last_row, skew, wait, w)
@@ -720,7 +720,6 @@ class _Counts:
 
     def add(self, t, core: tuple[int, int] | None) -> None:
         """The calls of table `t` in steps `core` (all where None)."""
-        rows = None
         if core is None:
             rows = self._add_regular(t)
             if rows is None:

@@ -23,7 +23,7 @@ from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.specs import format_ranks
 from prism_rr.analysis._build import signature
-from prism_rr.analysis._columns import ColumnReader
+from prism_rr.analysis._columns import ColumnReader, _add_by_step
 
 __all__ = ["BundleDiff", "GroupDifference", "SequenceDifference", "StepTime", "call_facts", "diff_bundles", "diff_json", "diff_lines"]
 
@@ -192,7 +192,7 @@ class _Columns:
             self.canon = np.append(self.canon, np.array(more, np.int64))
         sig = self.canon[c.sig]
         # a point-to-point call's key: (op, shapes, dtypes), peer and tag
-        key = np.where(c.p2p, sig * 0, sig)
+        key = sig.copy()
         if c.p2p.any():
             p = np.flatnonzero(c.p2p)
             key[p] = [self.keys.setdefault(("p2p", k, peer, tag), len(self.keys))
@@ -210,11 +210,7 @@ class _Columns:
         comm: dict[int, int] = {}
         done = ~c.open
         if done.any():
-            steps_, durs = c.step[done], (c.end - c.start)[done]
-            uniq, inv = np.unique(steps_, return_inverse=True)
-            sums = np.zeros(len(uniq), np.int64)
-            np.add.at(sums, inv.reshape(-1), durs)
-            comm = dict(zip(uniq.tolist(), sums.tolist()))
+            _add_by_step(comm, c.step[done], (c.end - c.start)[done])
         return by_group, comm, len(c.group)
 
 
