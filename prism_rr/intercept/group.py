@@ -13,6 +13,9 @@ recording), when there is one, sees every call whichever policy runs it:
     observer.enter(call) -> token, or None to look away from this call
     observer.failed(token, exc)  # the policy raised
     observer.track(token, work, group) -> the Work the program gets
+    observer.blocking  # optional: (gid, op, seq, ins, outs, fn, args, reduce_op, root) -> Work;
+                       # runs a blocking collective of a forwarding policy whole (the common
+                       # call, made with no Call object and no enter/track round trip)
 """
 
 from __future__ import annotations
@@ -290,6 +293,7 @@ class InterceptGroup(ProcessGroup):
         self.position = {g: i for i, g in enumerate(self.ranks)}  # global rank -> group rank
         self.policy = policy
         self.observer = observer
+        self._blocking = getattr(observer, "blocking", None)
         self._seq = 0
         self._p2p_seq: dict[tuple[bool, int], int] = {}  # (receives, global peer) -> next seq
         self._coalesced: list | None = None
@@ -412,6 +416,9 @@ class InterceptGroup(ProcessGroup):
             observer = self.observer
             if observer is None or not observer.live:
                 return policy.forward(fn, args)
+            if not async_op and self._blocking is not None:
+                return self._blocking(self.gid, op, seq, ins, outs, fn, args,
+                                      None if reduce_op is None else _op_name(reduce_op), root)
         # `reduce_op`: the options' ReduceOp, named only for a call that is built
         return self._run(Call(op, self.gid, seq, ins, outs, fn, args,
                               reduce_op=None if reduce_op is None else _op_name(reduce_op), root=root,

@@ -9,8 +9,11 @@ import sys
 __all__ = ["blocking_p2p", "caller_stack"]
 
 _LIB_DIRS: tuple[str, ...] = ()
-_is_user: dict[object, bool] = {}  # code object -> does it belong to user code
-_text: dict[tuple[object, int], str] = {}  # (code, line) -> "file:line func"
+# Keyed by id(code), not by the code object: a code object's hash is worked out anew at
+# each use, from its constants and names (microseconds for a long function). The code
+# objects are held in _is_user's values, so no id is reused while it is a key here.
+_is_user: dict[int, tuple[object, bool]] = {}  # id(code) -> (code, does it belong to user code)
+_text: dict[tuple[int, int], str] = {}  # (id(code), instruction offset) -> "file:line func"
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # prism_rr/
@@ -30,13 +33,17 @@ def _lib_dirs() -> tuple[str, ...]:
 
 
 def _user(code) -> bool:
-    v = _is_user.get(code)
-    if v is None:
-        name = code.co_filename
-        v = name.startswith(_DEMO) or not (
-            name.startswith("<") or name.startswith(_lib_dirs()) or "site-packages" in name
-        )
-        _is_user[code] = v
+    known = _is_user.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    name = code.co_filename
+    v = name.startswith(_DEMO) or not (
+        name.startswith("<") or name.startswith(_lib_dirs()) or "site-packages" in name
+    )
+    if known is not None:  # a code object freed (no longer here): its texts go with it
+        for key in [k for k in _text if k[0] == id(code)]:
+            del _text[key]
+    _is_user[id(code)] = (code, v)
     return v
 
 
@@ -54,16 +61,17 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
     texts = _text
     while frame is not None and hops < 64:
         code = frame.f_code
-        user = is_user.get(code)
-        if user is None:
-            user = _user(code)
+        known = is_user.get(id(code))
+        user = known[1] if known is not None and known[0] is code else _user(code)
         if user:
-            line = frame.f_lineno
-            text = texts.get((code, line))
+            # Keyed by the instruction, not the line: f_lineno is worked out from the
+            # code's line table on each read, microseconds in a long function.
+            key = (id(code), frame.f_lasti)
+            text = texts.get(key)
             if text is None:
-                text = f"{os.path.basename(code.co_filename)}:{line} in {code.co_name}"
+                text = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
                 if len(texts) < 100_000:
-                    texts[(code, line)] = text
+                    texts[key] = text
             out.append(text)
             if len(out) >= depth:
                 break
@@ -73,7 +81,7 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
 
 
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
-_blocking: frozenset | None = None  # code objects of torch.distributed's send and recv
+_blocking: frozenset | None = None  # ids of the code of torch.distributed's send and recv (alive with torch)
 
 
 def _blocking_codes() -> frozenset:
@@ -87,7 +95,7 @@ def _blocking_codes() -> frozenset:
                 fn = fn.__wrapped__
             code = getattr(fn, "__code__", None)
             if code is not None:
-                codes.add(code)
+                codes.add(id(code))
         _blocking = frozenset(codes)
     return _blocking
 
@@ -102,7 +110,7 @@ def blocking_p2p(skip: int = 2) -> bool:
     codes = _blocking_codes()
     hops = 0
     while frame is not None and hops < 12 and frame.f_code.co_filename.endswith(_C10D_FILES):
-        if frame.f_code in codes:
+        if id(frame.f_code) in codes:
             return True
         frame = frame.f_back
         hops += 1

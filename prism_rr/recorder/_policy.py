@@ -37,6 +37,9 @@ class RecordingObserver:
     def __init__(self, rec):
         self.rec = rec
         self._futureless: set[tuple[int, str]] = set()  # (group, op) whose Works have no future
+        # A blocking collective of the recording policy (which forwards), whole: see
+        # Recording.blocking. A replay that records itself runs its own policy: no.
+        self.blocking = rec.blocking
 
     @property
     def live(self) -> bool:

@@ -372,6 +372,45 @@ class Recording:
             self.fail(exc)
             return None
 
+    def blocking(self, gid, op, seq, ins, outs, fn, args, reduce_op, root):
+        """A blocking collective (torch waits for it as soon as it returns), forwarded to the
+        real backend as RecordingPolicy does: enter, issue, wait here, and write its record,
+        in one call on the program's thread. What enter, track and complete do for any call,
+        without a Call object of the group's or their round trips: most of a step's calls
+        are these (the cost per call, bench/call_overhead.py). Returns the real Work, done."""
+        call = self.enter(op, gid, seq, ins, outs, reduce_op=reduce_op, root=root)
+        mode = self.ops_mode
+        if call is None:
+            return fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
+        try:
+            work = fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
+            issued = call.issued = monotonic_ns()
+            self.last_return = issued
+            if work is not None:  # none: NCCL's blocking call, done as far as this thread can tell
+                work.wait()
+        except BaseException as exc:
+            self.complete(call, exc)
+            raise
+        end = monotonic_ns()
+        with self._lock:
+            done = call.done  # a signal's close wrote it as open (and recording is off)
+            call.done = True
+            call.end = end
+            self.open.pop(id(call), None)
+        if self.last_return == issued:
+            self.last_return = end  # the caller was waiting until now: not compute
+        if self.on and not done:
+            try:
+                if mode is None:
+                    self.writer.append(self._record(call, end))
+                else:
+                    self.outside(self._write_record, call, True)
+            except BaseException as exc:
+                self.fail(exc)
+        call.written = True
+        self.settle(call)
+        return work
+
     def reap(self) -> None:
         """On the program's thread: write the calls a backend thread saw complete, and
         complete open calls whose future is done (sooner than their callback, which waits
