@@ -26,7 +26,8 @@ from prism_rr.format.records import (
     Step,
 )
 
-__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "field_check", "maker", "unpack"]
+__all__ = ["ChunkSummary", "compress", "decode_chunk", "decompress", "encode_chunk", "field_check", "row_maker",
+           "row_start", "unpack"]
 
 # Top-level keys of a chunk payload.
 C_ORDER = 0  # kind of each record, in record order
@@ -279,6 +280,54 @@ def unpack_ranks(value, where: str, world: int = layout.MAX_WORLD) -> tuple[int,
 _TO_WIRE = {K_RANKS: pack_ranks}
 
 
+# --- rows: records the recorder makes on the program's thread ----------------------
+
+# A row is a record as a plain tuple: (KIND, every field in wire order). The recorder
+# makes two a call, and a spool holds thousands before its writer encodes them: a row
+# costs one tuple (a record, a call per field), and a tuple of numbers, strings and
+# tuples of them is untracked by Python's garbage collector at its first collection,
+# where records stay tracked and, held that long, are promoted and swept again by the
+# old generations' collections of the whole program's objects. encode_chunk takes
+# rows and records alike, and encodes a row as it would the same record.
+ROW_TYPES = (1, 2, 3)  # Collective, PointToPoint, Compute: what the recorder makes per call
+
+
+def row_maker(cls, names: tuple[str, ...]):
+    """A function of the values of `names` by position (fields not named take their
+    defaults) giving the `cls` record they make as a row."""
+    if cls.KIND not in ROW_TYPES:
+        raise ValueError(f"{cls.__name__} records are not made as rows")
+    defaults = _DEFAULTS[cls]
+    env: dict[str, Any] = {}
+    values = []
+    for name, _ in cls.WIRE:
+        if name in names:
+            values.append(name)
+        else:
+            env[f"default_{name}"] = defaults[name]
+            values.append(f"default_{name}")
+    exec(f"def row({', '.join(names)}):\n    return ({cls.KIND}, {', '.join(values)})\n", env)
+    return env["row"]
+
+
+def _row_reader(cls) -> Callable[[Any], tuple]:
+    """A function giving a `cls` record as a row."""
+    body = "".join(f"r.{name}, " for name, _ in cls.WIRE)
+    env: dict[str, Any] = {}
+    exec(f"def row(r):\n    return ({cls.KIND}, {body})\n", env)
+    return env["row"]
+
+
+_ROW_OF = {cls: _row_reader(cls) for cls in RECORD_TYPES.values()}
+
+
+def row_start(r) -> tuple[int, int]:
+    """(start_ns, step) of a record or a row."""
+    if type(r) is tuple:
+        return r[1], r[3]
+    return r.start_ns, r.step
+
+
 # Keys of a frame's summary map.
 S_KINDS = 0  # {kind: count}
 S_STEPS = 1  # [[step, start, end, mem_peak], ...] from Step records
@@ -294,10 +343,17 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     Each column is read by a list comprehension over its kind's records (_column_reader),
     not by transposing a tuple of every field of every record: what decides the
     recorder's writer's throughput."""
-    order = [r.KIND for r in records]
+    order = []
     by_kind = defaultdict(list)  # each kind's records in order, kinds as they first come
+    rows = set()  # kinds with rows among their records
     for r in records:
-        by_kind[r.KIND].append(r)
+        if type(r) is tuple:
+            kind = r[0]
+            rows.add(kind)
+        else:
+            kind = r.KIND
+        order.append(kind)
+        by_kind[kind].append(r)
     counts = {kind: len(recs) for kind, recs in by_kind.items()}
     buckets = {RECORD_TYPES[kind]: by_kind[kind] for kind in sorted(by_kind)}
     tables = {}
@@ -310,7 +366,12 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
         columns = {}
         constants = {}
         peaks = None
-        for (name, key), column in zip(_FIELDS[cls], _READ_COLUMNS[cls](bucket)):
+        if cls.KIND in rows:  # the rows' columns by one transposition (records made rows first)
+            as_row = _ROW_OF[cls]
+            read = list(zip(*[r if type(r) is tuple else as_row(r) for r in bucket]))[1:]
+        else:
+            read = _READ_COLUMNS[cls](bucket)
+        for (name, key), column in zip(_FIELDS[cls], read):
             if key == K_START:
                 starts = column
                 continue
@@ -604,13 +665,6 @@ def _decode_table(cls, columns, constants, n: int, where: str, world: int = layo
     build = _builder(cls, names, tuple(fixed))
     consts = tuple(fixed.values())
     return list(map(build, starts, ends, *varying.values(), *map(repeat, consts)))
-
-
-def maker(cls, names: tuple[str, ...]):
-    """A function making `cls` records from the values of `names`, in that order, by
-    position (fields not named take their defaults): the same record as the dataclass's
-    keyword __init__ makes, at a fraction of its cost (the recorder makes two a call)."""
-    return _builder(cls, tuple(names), ())
 
 
 @lru_cache(maxsize=256)

@@ -288,7 +288,8 @@ class SpoolWriter:
         self._thread = threading.Thread(target=self._run, name=f"prism-rr-spool-{rank}", daemon=True)
         self._thread.start()
 
-    def append(self, record: Record) -> None:
+    def append(self, record: Record | tuple) -> None:
+        """Queue a record, or a row (codec.row_maker)."""
         with self._lock:
             pending = self._pending
             pending.append(record)
@@ -411,8 +412,7 @@ class SpoolWriter:
     def _write_events(self, records: list[Record]) -> None:
         if self._unreported:
             lost, self._unreported = self._unreported, 0
-            t = records[0].start_ns if records else time.monotonic_ns()
-            step = records[0].step if records else 0
+            t, step = codec.row_start(records[0]) if records else (time.monotonic_ns(), 0)
             records = [Marker(start_ns=t, end_ns=t, step=step, name="records_dropped", value=lost), *records]
         self._write(layout.FRAME_EVENTS, records=records)
 

@@ -13,9 +13,10 @@ recording), when there is one, sees every call whichever policy runs it:
     observer.enter(call) -> token, or None to look away from this call
     observer.failed(token, exc)  # the policy raised
     observer.track(token, work, group) -> the Work the program gets
-    observer.blocking  # optional: (gid, op, seq, ins, outs, fn, args, reduce_op, root) -> Work;
-                       # runs a blocking collective of a forwarding policy whole (the common
-                       # call, made with no Call object and no enter/track round trip)
+    observer.blocking  # optional: (gid, op, seq, ins, outs, fn, args, reduce_op, root, peer,
+                       # tag, receives) -> Work; runs a blocking call of a forwarding policy
+                       # whole (a collective, or torch's blocking send or recv: the common
+                       # calls), made with no Call object and no enter/track round trip
 """
 
 from __future__ import annotations
@@ -418,7 +419,7 @@ class InterceptGroup(ProcessGroup):
                 return policy.forward(fn, args)
             if not async_op and self._blocking is not None:
                 return self._blocking(self.gid, op, seq, ins, outs, fn, args,
-                                      None if reduce_op is None else _op_name(reduce_op), root)
+                                      None if reduce_op is None else _op_name(reduce_op), root, None, 0, False)
         # `reduce_op`: the options' ReduceOp, named only for a call that is built
         return self._run(Call(op, self.gid, seq, ins, outs, fn, args,
                               reduce_op=None if reduce_op is None else _op_name(reduce_op), root=root,
@@ -438,6 +439,10 @@ class InterceptGroup(ProcessGroup):
         else:
             async_op = not blocking_p2p(3)
             op = ("irecv" if async_op else "recv") if receives else ("isend" if async_op else "send")
+            if not async_op and policy.forwards and self._blocking is not None and self._coalesced is None:
+                # torch's send or recv, which waits for the Work as soon as it has it
+                return self._blocking(self.gid, op, seq, tensors, tensors, fn, args, None, None, peer, tag,
+                                      receives)
             work = self._run(Call(op, self.gid, seq, tensors, tensors, fn, args, peer=peer, tag=tag,
                                   async_op=async_op, p2p=True, receives=receives))
         if self._coalesced is not None:

@@ -28,9 +28,27 @@ _MASK = (1 << 64) - 1
 
 
 _DTYPE_NAMES: dict = {}  # torch.float32 -> "float32"
+# (shape, dtype) -> describe([tensor]): one tuple of each for all calls alike, not new
+# ones that a spool's pending records would hold until its writer encodes them (new
+# objects the garbage collector counts and sweeps while they wait)
+_ONE: dict = {}
+_ONE_MAX = 4096
 
 
 def describe(tensors) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int]:
+    if len(tensors) == 1:  # most calls: one tensor
+        t = tensors[0]
+        key = (t.shape, t.dtype)
+        desc = _ONE.get(key)
+        if desc is None:
+            dt = t.dtype
+            name = _DTYPE_NAMES.get(dt)
+            if name is None:
+                name = _DTYPE_NAMES[dt] = str(dt)[6:]
+            if len(_ONE) >= _ONE_MAX:
+                _ONE.clear()
+            desc = _ONE[key] = (tuple(t.shape),), (name,), t.nbytes
+        return desc
     shapes = []
     dtypes = []
     nbytes = 0
@@ -42,7 +60,7 @@ def describe(tensors) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int
         if name is None:
             name = names[dt] = str(dt)[6:]  # "torch.float32" -> "float32"
         dtypes.append(name)
-        nbytes += t.numel() * t.element_size()
+        nbytes += t.nbytes
     return tuple(shapes), tuple(dtypes), nbytes
 
 

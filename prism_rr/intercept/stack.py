@@ -77,8 +77,20 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
                 break
         frame = frame.f_back
         hops += 1
-    return tuple(out) if out else None
+    if not out:
+        return None
+    # One tuple for each stack seen (as for its texts): the records that name it share it.
+    stack = tuple(out)
+    same = _stacks.get(stack)
+    if same is not None:
+        return same
+    if len(_stacks) >= 100_000:
+        _stacks.clear()
+    _stacks[stack] = stack
+    return stack
 
+
+_stacks: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
 _blocking: frozenset | None = None  # ids of the code of torch.distributed's send and recv (alive with torch)

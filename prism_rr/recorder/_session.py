@@ -14,7 +14,7 @@ from time import monotonic_ns
 
 import torch
 
-from prism_rr.format.codec import maker
+from prism_rr.format.codec import row_maker
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.format.spool import SpoolWriter, spool_path
 from prism_rr.intercept import dispatch
@@ -35,17 +35,29 @@ def current() -> Recording | None:
     return _current
 
 
-# Records made by position (codec.maker): the recorder makes two per call, and the
-# dataclasses' keyword __init__ costs microseconds each.
-_compute = maker(Compute, ("start_ns", "end_ns", "step", "mem_alloc", "mem_peak"))
-_collective = maker(Collective, (
+# Records made by position, as rows (codec.row_maker): the recorder makes two per call,
+# and the dataclasses' keyword __init__ costs microseconds each.
+_compute = row_maker(Compute, ("start_ns", "end_ns", "step", "mem_alloc", "mem_peak"))
+_collective = row_maker(Collective, (
     "start_ns", "end_ns", "step", "op", "group", "seq", "in_shapes", "in_dtypes", "in_bytes", "out_shapes",
     "out_dtypes", "out_bytes", "reduce_op", "root", "async_op", "issued_ns", "digest_in", "digest_out",
     "blob_in", "blob_out", "mem_alloc", "mem_peak", "stack"))
-_point_to_point = maker(PointToPoint, (
+_point_to_point = row_maker(PointToPoint, (
     "start_ns", "end_ns", "step", "op", "group", "seq", "peer", "tag", "shapes", "dtypes", "nbytes",
     "async_op", "issued_ns", "digest", "blob", "mem_alloc", "mem_peak", "stack"))
 _NO_MEM = (None, None)
+
+
+_DONE: list = []
+
+
+def _done_work():
+    """A Work that is complete (one for all: its wait() returns at once, its result is empty)."""
+    if not _DONE:
+        from prism_rr.intercept.group import completed_work
+
+        _DONE.append(completed_work())
+    return _DONE[0]
 
 
 class Call:
@@ -346,10 +358,21 @@ class Recording:
     def enter(self, op, gid, seq, ins, outs, *, reduce_op=None, root=None, peer=None, tag=0,
               async_op=False, p2p=False, receives=False) -> Call | None:
         """Note a call's entry; None when recording is off or fails."""
+        # frames: caller_stack, _enter, enter, the observer's enter, the group's _run
+        return self._enter(op, gid, seq, ins, outs, reduce_op, root, peer, tag, async_op, p2p, receives, 4)
+
+    def _enter(self, op, gid, seq, ins, outs, reduce_op, root, peer, tag, async_op, p2p, receives,
+               skip: int) -> Call | None:
+        """enter(), by position; `skip`: the frames from caller_stack's to the group's."""
         try:
             if self.open or self.finished:
                 self.reap()
-            self._in_backward()
+                self._in_backward()
+            elif async_op or p2p:
+                # A blocking collective is complete when it returns: with nothing open,
+                # there is nothing to reap at the end of a backward pass. A later call
+                # that stays open asks for the reap itself.
+                self._in_backward()
             start = monotonic_ns()
             call = Call(op, gid, seq, start, self.step, ins, outs, p2p, receives, reduce_op, root, peer, tag,
                         async_op)
@@ -357,7 +380,7 @@ class Recording:
             if not receives and (self.digest or self.full):
                 call.digest_in, call.blob_in = self.outside(self._payload_of, ins)
             if self.stack_depth:
-                call.stack = caller_stack(self.stack_depth, 3)
+                call.stack = caller_stack(self.stack_depth, skip)
             if self.cuda or self.cpu_memory is not None:
                 call.mem = self.memory()
             last = self.last_return
@@ -372,13 +395,19 @@ class Recording:
             self.fail(exc)
             return None
 
-    def blocking(self, gid, op, seq, ins, outs, fn, args, reduce_op, root):
-        """A blocking collective (torch waits for it as soon as it returns), forwarded to the
-        real backend as RecordingPolicy does: enter, issue, wait here, and write its record,
-        in one call on the program's thread. What enter, track and complete do for any call,
-        without a Call object of the group's or their round trips: most of a step's calls
-        are these (the cost per call, bench/call_overhead.py). Returns the real Work, done."""
-        call = self.enter(op, gid, seq, ins, outs, reduce_op=reduce_op, root=root)
+    def blocking(self, gid, op, seq, ins, outs, fn, args, reduce_op, root, peer, tag, receives):
+        """A blocking call (a collective, or torch's send or recv: torch waits for its Work as
+        soon as it has it), forwarded to the real backend as RecordingPolicy does: enter,
+        issue, wait here, and write its record, in one call on the program's thread. What
+        enter, track and complete do for any call, without a Call object of the group's or
+        their round trips: most of a step's calls are these (the cost per call,
+        bench/call_overhead.py). Returns a Work that is done: a collective's real one; for a
+        send or recv, whose gloo Work would wait for another message at a second wait(), a
+        completed one."""
+        p2p = peer is not None
+        # frames: caller_stack, _enter, blocking, the group's _collective or _p2p, its method
+        # (ours too)
+        call = self._enter(op, gid, seq, ins, outs, reduce_op, root, peer, tag, False, p2p, receives, 5)
         mode = self.ops_mode
         if call is None:
             return fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
@@ -409,7 +438,7 @@ class Recording:
                 self.fail(exc)
         call.written = True
         self.settle(call)
-        return work
+        return _done_work() if p2p else work
 
     def reap(self) -> None:
         """On the program's thread: write the calls a backend thread saw complete, and
