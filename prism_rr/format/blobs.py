@@ -1,9 +1,15 @@
-"""Content-addressed payload blobs: a spool directory keeps them as one file each."""
+"""Content-addressed payload blobs in a spool directory: a large one a file of its own
+(ranks that make the same bytes share it), small ones appended to their writer's pack
+file (a file each would cost the writer five system calls for a few bytes: a `digest`
+recording keeps the payload of every call of at most 1 KiB)."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -11,7 +17,7 @@ from pathlib import Path
 
 from prism_rr.format import codec, layout
 
-__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "write_blob"]
+__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "pack_entries", "write_blob"]
 
 
 # A `digest` recording keeps the payload of calls this small (in bytes, all tensors of
@@ -25,6 +31,14 @@ KEEP_SMALL = 1024
 # 10% at level 3, at a third of the speed).
 FAST_BLOB = 1 << 20
 FAST_LEVEL = -1
+
+
+# Blobs at most this large go to their writer's pack file: spool_dir/blobs/*.pack, each
+# entry a header (magic, id, stored length, CRC-32 of the stored bytes) and the zstd frame.
+PACK_LIMIT = 64 << 10
+PACK_MAGIC = b"PRBP"
+PACK_HEAD = struct.Struct("<4s16sII")
+PACK_SUFFIX = ".pack"
 
 
 def blob_level(size: int) -> int:
@@ -74,6 +88,30 @@ def _store(spool_dir, ident: bytes, data) -> None:
         raise
 
 
+def pack_name(n: int) -> str:
+    """This process's n-th pack file name: host and process, so no other writer's (on this
+    node or another sharing the directory) is ever the same."""
+    host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64] or "host"
+    return f"{host}-{os.getpid()}-{n}{PACK_SUFFIX}"
+
+
+def pack_entries(path: Path):
+    """(id, stored zstd frame) of each entry of a pack file, in order, up to its end or to
+    the first entry that is torn or does not check out (a writer killed mid-write)."""
+    data = path.read_bytes()
+    at = 0
+    while at + PACK_HEAD.size <= len(data):
+        magic, ident, n, crc = PACK_HEAD.unpack_from(data, at)
+        stored = data[at + PACK_HEAD.size: at + PACK_HEAD.size + n]
+        if magic != PACK_MAGIC or len(stored) != n or layout.crc32(stored) != crc:
+            return
+        yield ident, stored
+        at += PACK_HEAD.size + n
+
+
+_packs = itertools.count()
+
+
 class BlobWriter:
     """Stores blobs from a thread of its own: the caller hands over a copy of the bytes
     and gets the id at once; compression and the write happen beside it.
@@ -97,8 +135,10 @@ class BlobWriter:
         # ident -> whether a blob stored before is still safe to name (a flight ring lets
         # old blobs go: its sink says, as `sink.holds`); None: a blob once stored stays
         self._held = held if held is not None else getattr(sink, "holds", None)
-        # (ident, data) -> None: where a blob goes; a file under spool_dir/blobs unless given
-        self._sink = sink if sink is not None else (lambda ident, data: _store(self.spool_dir, ident, data))
+        # (ident, data) -> None: where a blob goes; under spool_dir/blobs unless given
+        self._sink = sink if sink is not None else self._store
+        self._pack: int | None = None  # the pack file's descriptor, once opened
+        self._pack_lock = threading.Lock()  # `put` may store a blob itself, beside the thread
         self.max_pending = max_pending
         self.max_delay_s = max_delay_s
         self.rate = 200e6  # bytes a second the thread stores, as last measured
@@ -141,6 +181,22 @@ class BlobWriter:
                 raise
         return ident
 
+    def _store(self, ident: bytes, data) -> None:
+        if len(data) > PACK_LIMIT:
+            _store(self.spool_dir, ident, data)
+            return
+        stored = codec.compress(bytes(data), blob_level(len(data)))
+        entry = PACK_HEAD.pack(PACK_MAGIC, ident, len(stored), layout.crc32(stored)) + stored
+        with self._pack_lock:
+            if self._pack is None:
+                where = self.spool_dir / "blobs"
+                where.mkdir(parents=True, exist_ok=True)
+                self._pack = os.open(where / pack_name(next(_packs)),
+                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            written = os.write(self._pack, entry)
+        if written != len(entry):  # a full disk: the entry is torn, and readers stop before it
+            raise OSError(f"prism-rr: wrote {written} of a payload's {len(entry)} bytes")
+
     def wait_stored(self, mark: int, timeout: float) -> bool:
         """Wait (at most `timeout`) until the first `mark` queued blobs are written;
         True when they are."""
@@ -161,6 +217,10 @@ class BlobWriter:
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
+        with self._pack_lock:
+            if self._pack is not None and (thread is None or not thread.is_alive()):
+                os.close(self._pack)
+                self._pack = None
 
     def _run(self) -> None:
         while True:

@@ -30,7 +30,7 @@ import msgpack
 from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import codec, layout
-from prism_rr.format.blobs import blob_id
+from prism_rr.format.blobs import PACK_SUFFIX, blob_id, pack_entries
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, still_open
 
 if TYPE_CHECKING:
@@ -426,16 +426,25 @@ def _copy_blobs(dirs: list[Path], f, blobs_at: int) -> tuple[list[bytes], int]:
     crc = 0
     seen: set[bytes] = set()
     found = [p for d in dirs if (d / "blobs").is_dir() for p in (d / "blobs").glob("*/*.zst")]
-    for path in sorted(found, key=lambda p: p.name):
-        try:
-            ident = bytes.fromhex(path.name[: -len(".zst")])
-        except ValueError:
-            continue
+    packs = sorted(p for d in dirs if (d / "blobs").is_dir() for p in (d / "blobs").glob(f"*{PACK_SUFFIX}"))
+
+    def named():
+        for path in sorted(found, key=lambda p: p.name):
+            try:
+                ident = bytes.fromhex(path.name[: -len(".zst")])
+            except ValueError:
+                continue
+            yield ident, path.name, path.read_bytes
+        for path in packs:
+            for ident, stored in pack_entries(path):
+                yield ident, f"{path.name}, {ident.hex()}", lambda stored=stored: stored
+
+    for ident, name, read in named():
         if len(ident) != layout.BLOB_ID_LEN or ident in seen:
             continue
         seen.add(ident)
-        stored = path.read_bytes()
-        where = f"blob {path.name}"
+        stored = read()
+        where = f"blob {name}"
         raw = codec.decompress(stored, layout.MAX_BLOB_RAW, where)
         if blob_id(raw) != ident:
             raise FormatError(f"{where}: content does not match its id")

@@ -6,12 +6,25 @@ import threading
 
 import pytest
 
-from prism_rr.format import codec, layout
-from prism_rr.format.blobs import BlobWriter, blob_id, blob_path
+from prism_rr.errors import FormatError
+from prism_rr.format import codec, layout, open_bundle, pack
+from prism_rr.format.blobs import PACK_LIMIT, BlobWriter, blob_id, blob_path, pack_entries
+
+
+def _all_stored(spool_dir) -> dict:
+    """id -> stored frame of every blob under spool_dir: files and pack entries."""
+    out = {bytes.fromhex(p.name[:-4]): p.read_bytes() for p in (spool_dir / "blobs").glob("*/*.zst")}
+    for p in (spool_dir / "blobs").glob("*.pack"):
+        out.update(pack_entries(p))
+    return out
 
 
 def _stored(spool_dir, ident) -> bytes:
-    return codec.decompress(blob_path(spool_dir, ident).read_bytes(), layout.MAX_BLOB_RAW, "test")
+    return codec.decompress(_all_stored(spool_dir)[ident], layout.MAX_BLOB_RAW, "test")
+
+
+def _has(spool_dir, ident) -> bool:
+    return (spool_dir / "blobs").is_dir() and ident in _all_stored(spool_dir)
 
 
 @pytest.mark.timeout(30)
@@ -28,41 +41,79 @@ def test_put_returns_the_id_and_close_writes_everything(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_past_the_bound_the_caller_stores_itself(tmp_path, monkeypatch):
-    import prism_rr.format.blobs as blobs
+def test_small_blobs_share_a_pack_file_and_reach_the_bundle(tmp_path):
+    """A `digest` recording keeps a blob of every small call: they go to one pack file
+    (appended, not a file each); a large one to a file of its own. pack takes both, each
+    id once, and stops a torn pack file (a writer killed mid-write) before its torn entry."""
+    from prism_rr.format.records import Marker
+    from prism_rr.format.spool import SpoolWriter, spool_path
 
+    w = BlobWriter(tmp_path)
+    small = [os.urandom(100) for _ in range(50)]
+    large = os.urandom(PACK_LIMIT + 1)
+    ids = [w.put(d) for d in small] + [w.put(large)]
+    w.close()
+    packs = list((tmp_path / "blobs").glob("*.pack"))
+    files = list((tmp_path / "blobs").glob("*/*.zst"))
+    assert len(packs) == 1 and files == [blob_path(tmp_path, ids[-1])]
+    assert [_stored(tmp_path, i) for i in ids] == small + [large]
+    # another writer of the same directory (another rank) stores some of the same bytes
+    other = BlobWriter(tmp_path)
+    other.put(small[0])
+    extra = other.put(os.urandom(10))
+    other.close()
+    # a third is killed in the middle of an entry
+    torn = BlobWriter(tmp_path)
+    kept = torn.put(os.urandom(10))
+    lost = torn.put(os.urandom(200))
+    torn.close()
+    third = [p for p in (tmp_path / "blobs").glob("*.pack") if p not in packs and extra not in dict(pack_entries(p))]
+    assert len(third) == 1
+    third[0].write_bytes(third[0].read_bytes()[:-5])
+    sw = SpoolWriter(spool_path(tmp_path, 0), 0)
+    sw.append(Marker(start_ns=1, end_ns=1, step=0, name="m"))
+    sw.close()
+    result = pack(tmp_path, tmp_path / "b.prism")
+    assert result.blobs == len(ids) + 2  # small[0] once; `lost` not at all
+    with open_bundle(tmp_path / "b.prism") as b:
+        assert [b.blob(i) for i in ids] == small + [large]
+        assert len(b.blob(kept)) == 10
+        with pytest.raises(FormatError):
+            b.blob(lost)
+
+
+@pytest.mark.timeout(30)
+def test_past_the_bound_the_caller_stores_itself(tmp_path, monkeypatch):
     gate = threading.Event()
-    real = blobs._store
+    real = BlobWriter._store
     stored_on = []
 
-    def slow(spool_dir, ident, data):
+    def slow(self, ident, data):
         stored_on.append(threading.get_ident())
         if threading.get_ident() != me:
             gate.wait(10)
-        real(spool_dir, ident, data)
+        real(self, ident, data)
 
     me = threading.get_ident()
-    monkeypatch.setattr(blobs, "_store", slow)
+    monkeypatch.setattr(BlobWriter, "_store", slow)
     w = BlobWriter(tmp_path, max_pending=250_000)
     a, b, c = (os.urandom(100_000) for _ in range(3))
     w.put(a)
     w.put(b)
     assert w.pending <= 250_000
     w.put(c)  # would pass the bound: stored by the caller, now
-    assert blob_path(tmp_path, blob_id(c)).exists() and me in stored_on
+    assert _has(tmp_path, blob_id(c)) and me in stored_on
     gate.set()
     w.close()
-    assert all(blob_path(tmp_path, blob_id(x)).exists() for x in (a, b, c))
+    assert all(_has(tmp_path, blob_id(x)) for x in (a, b, c))
 
 
 @pytest.mark.timeout(30)
 def test_an_error_is_kept_and_raised_at_the_next_put(tmp_path, monkeypatch):
-    import prism_rr.format.blobs as blobs
-
-    def full(spool_dir, ident, data):
+    def full(self, ident, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(blobs, "_store", full)
+    monkeypatch.setattr(BlobWriter, "_store", full)
     w = BlobWriter(tmp_path)
     w.put(os.urandom(1000))
     w.close()
@@ -77,18 +128,17 @@ def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
     so a death in between never leaves a record that names a missing blob."""
     import time
 
-    import prism_rr.format.blobs as blobs
     from prism_rr.format.records import Marker
     from prism_rr.format.spool import SpoolWriter, read_spool, spool_path
 
     gate = threading.Event()
-    real = blobs._store
+    real = BlobWriter._store
 
-    def slow(spool_dir, ident, data):
+    def slow(self, ident, data):
         gate.wait(10)
-        real(spool_dir, ident, data)
+        real(self, ident, data)
 
-    monkeypatch.setattr(blobs, "_store", slow)
+    monkeypatch.setattr(BlobWriter, "_store", slow)
     w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.01)
     w.blobs = b = BlobWriter(tmp_path)
     data = os.urandom(1000)
@@ -100,11 +150,11 @@ def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
     def events():
         return sum(f.kind == layout.FRAME_EVENTS for f in read_spool(spool_path(tmp_path, 0)).frames)
 
-    assert events() == 0 and not blob_path(tmp_path, ident).exists()
+    assert events() == 0 and not _has(tmp_path, ident)
     gate.set()
     deadline = time.monotonic() + 5
     while events() == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert events() == 1 and blob_path(tmp_path, ident).exists()
+    assert events() == 1 and _has(tmp_path, ident)
     b.close()
     w.close()
