@@ -17,7 +17,8 @@ from pathlib import Path
 
 from prism_rr.format import codec, layout
 
-__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "pack_entries", "write_blob"]
+__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "pack_entries", "spool_blobs",
+           "write_blob"]
 
 
 # A `digest` recording keeps the payload of calls this small (in bytes, all tensors of
@@ -107,6 +108,24 @@ def pack_entries(path: Path):
             return
         yield ident, stored
         at += PACK_HEAD.size + n
+
+
+def spool_blobs(spool_dir: str | os.PathLike):
+    """(id, where, read) of every blob a spool directory holds, files first, then pack
+    entries (an id may come more than once: ranks that made the same bytes); `read()`
+    gives its stored zstd frame."""
+    where = Path(spool_dir) / "blobs"
+    if not where.is_dir():
+        return
+    for path in sorted(where.glob("*/*.zst"), key=lambda p: p.name):
+        try:
+            ident = bytes.fromhex(path.name[: -len(".zst")])
+        except ValueError:
+            continue
+        yield ident, path.name, path.read_bytes
+    for path in sorted(where.glob(f"*{PACK_SUFFIX}")):
+        for ident, stored in pack_entries(path):
+            yield ident, f"{path.name}, {ident.hex()}", lambda stored=stored: stored
 
 
 _packs = itertools.count()

@@ -30,7 +30,7 @@ import msgpack
 from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import codec, layout
-from prism_rr.format.blobs import PACK_SUFFIX, blob_id, pack_entries
+from prism_rr.format.blobs import blob_id, spool_blobs
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, still_open
 
 if TYPE_CHECKING:
@@ -425,21 +425,7 @@ def _copy_blobs(dirs: list[Path], f, blobs_at: int) -> tuple[list[bytes], int]:
     rows: list[bytes] = []
     crc = 0
     seen: set[bytes] = set()
-    found = [p for d in dirs if (d / "blobs").is_dir() for p in (d / "blobs").glob("*/*.zst")]
-    packs = sorted(p for d in dirs if (d / "blobs").is_dir() for p in (d / "blobs").glob(f"*{PACK_SUFFIX}"))
-
-    def named():
-        for path in sorted(found, key=lambda p: p.name):
-            try:
-                ident = bytes.fromhex(path.name[: -len(".zst")])
-            except ValueError:
-                continue
-            yield ident, path.name, path.read_bytes
-        for path in packs:
-            for ident, stored in pack_entries(path):
-                yield ident, f"{path.name}, {ident.hex()}", lambda stored=stored: stored
-
-    for ident, name, read in named():
+    for ident, name, read in (blob for d in dirs for blob in spool_blobs(d)):
         if len(ident) != layout.BLOB_ID_LEN or ident in seen:
             continue
         seen.add(ident)

@@ -8,15 +8,12 @@ import pytest
 
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout, open_bundle, pack
-from prism_rr.format.blobs import PACK_LIMIT, BlobWriter, blob_id, blob_path, pack_entries
+from prism_rr.format.blobs import PACK_LIMIT, BlobWriter, blob_id, blob_path, pack_entries, spool_blobs
 
 
 def _all_stored(spool_dir) -> dict:
     """id -> stored frame of every blob under spool_dir: files and pack entries."""
-    out = {bytes.fromhex(p.name[:-4]): p.read_bytes() for p in (spool_dir / "blobs").glob("*/*.zst")}
-    for p in (spool_dir / "blobs").glob("*.pack"):
-        out.update(pack_entries(p))
-    return out
+    return {ident: read() for ident, _, read in spool_blobs(spool_dir)}
 
 
 def _stored(spool_dir, ident) -> bytes:
@@ -24,7 +21,7 @@ def _stored(spool_dir, ident) -> bytes:
 
 
 def _has(spool_dir, ident) -> bool:
-    return (spool_dir / "blobs").is_dir() and ident in _all_stored(spool_dir)
+    return ident in _all_stored(spool_dir)
 
 
 @pytest.mark.timeout(30)
