@@ -12,13 +12,18 @@ one-float tensor, plainly and under the recorder in each mode, in interleaved ro
     digest       --payload digest (calls of at most 1 KiB also keep their bytes as a blob)
     flight       --flight 8 --payload none (the in-memory ring; null if it fails to start)
 
+Then one rank alone (world 1) on one core, `--solo-rounds` rounds of every mode, without
+send/recv: its threads (gloo's, the recorder's) share that core and it waits for no peer,
+so what the recorder costs the program shows to about a microsecond, where world 2's wall
+time on a 2-core machine swings by a hundred between rounds.
+
 Each rank process times `--calls` calls per repeat, `--repeats` repeats per op; a mode's
 figure per op is the median over repeats and rounds of microseconds per call, and what
 the recorder adds is that minus plain's. A send/recv round trip counts as two calls.
 Also: the digest function's hashing rate (prism_rr.intercept.payload.digests) on
 `--hash-mib` MiB tensors, in GB/s, on this process's thread.
 
-    python bench/call_overhead.py [--rounds 3] [--repeats 5] [--calls 1000] [--json]
+    python bench/call_overhead.py [--rounds 3] [--repeats 5] [--calls 1000] [--solo-rounds 3] [--json]
 
 Targets (issue 13): none and flight <= 5 us added per call, digest <= 10 us, hashing
 >= 5 GB/s. Prints figures; asserts nothing.
@@ -27,6 +32,7 @@ Targets (issue 13): none and flight <= 5 us added per call, digest <= 10 us, has
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -36,6 +42,7 @@ import time
 from pathlib import Path
 
 OPS = ("all_reduce", "broadcast", "all_gather", "send_recv")
+SOLO_OPS = ("all_reduce", "broadcast", "all_gather")  # world 1: no one to send to
 MODES = ("plain", "intercepted", "none", "digest", "flight")
 TARGETS = {"none": 5.0, "flight": 5.0, "digest": 10.0}
 HASH_TARGET = 5.0
@@ -81,11 +88,15 @@ def _rank_main(out: str, calls: int, repeats: int, warmup: int) -> None:
            "send_recv": (send_recv, 2)}
     result = {}
     i = 0
-    for op in OPS:
+    for op in OPS if dist.get_world_size() > 1 else SOLO_OPS:
         fn, per = fns[op]
         for _ in range(warmup):
             i += 1
             fn(i)
+        # A full collection that start-up's objects have made due comes sooner where a
+        # recorder allocates, then charged to whichever mode it fell in: every mode starts
+        # its timing without one pending.
+        gc.collect()
         wall, thread, proc = [], [], []
         for _ in range(repeats):
             dist.barrier()
@@ -126,7 +137,7 @@ def _env(mode: str, work: Path, n: int) -> dict[str, str]:
     from prism_rr.recorder._options import RecordOptions
     from prism_rr.recorder.launch import hook_env
 
-    spool = work / f"{mode}-{n}.d"
+    spool = work / f"{mode}-{n}-{os.urandom(4).hex()}.d"
     if mode == "intercepted":  # a window that never opens: the group forwards every call
         opts = RecordOptions.make(spool, payload="none", steps="1000000000:")
     elif mode == "flight":
@@ -136,17 +147,17 @@ def _env(mode: str, work: Path, n: int) -> dict[str, str]:
     return hook_env(opts)
 
 
-def _run_mode(mode: str, work: Path, n: int, args) -> dict | None:
+def _run_mode(mode: str, work: Path, n: int, args, world: int = 2) -> dict | None:
     from prism_rr.localrun import run_local
 
-    out = work / f"{mode}-{n}.json"
+    out = work / f"{mode}-{n}-w{world}.json"
     argv = [sys.executable, os.path.abspath(__file__), "--rank", str(out), "--calls", str(args.calls),
             "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
     if args.pin and len(os.sched_getaffinity(0)) >= 2:
         # Each rank on a core of its own, the recorder's threads beside it (as in production).
         argv = ["sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$@"', "sh", *argv]
-    logs = work / f"{mode}-{n}.logs"
-    codes = run_local(argv, 2, env=_env(mode, work, n), timeout=600, log_dir=logs)
+    logs = work / f"{mode}-{n}-w{world}.logs"
+    codes = run_local(argv, world, env=_env(mode, work, n), timeout=600, log_dir=logs)
     if any(codes) or not out.exists():
         err = (logs / "rank0.stderr").read_text(errors="replace")[-2000:]
         print(f"{mode}: ranks exited {codes}; rank 0's stderr ends:\n{err}", file=sys.stderr)
@@ -184,6 +195,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=200, help="untimed calls per op first")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--hash-mib", type=int, default=64)
+    p.add_argument("--solo-rounds", type=int, default=3,
+                   help="rounds of every mode at world 1 on one core (0: none)")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="let ranks float over the cores")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--rank", help=argparse.SUPPRESS)  # internal: run as a rank, write here
@@ -214,6 +227,20 @@ def main() -> None:
                 print(f"round {n + 1}/{args.rounds} {mode:11s} " + "  ".join(
                     f"{op} {statistics.median(r[op]):7.1f} ({statistics.median(r[op + ':thread_cpu']):5.1f} cpu)"
                     for op in OPS) + "  us/call", file=sys.stderr)
+        # One rank on one core: its threads, gloo's and the recorder's, share that core,
+        # and no peer's arrival is waited for: the recorder's own cost, steady to a
+        # microsecond where world 2's wall time on a small machine swings by a hundred.
+        solo: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+        for n in range(args.solo_rounds):
+            for mode in modes:
+                if mode in failed:
+                    continue
+                r = _run_mode(mode, work, n, args, world=1)
+                if r is None:
+                    continue
+                for op in SOLO_OPS:
+                    for k in (op, op + ":thread_cpu"):
+                        solo[mode].setdefault(k, []).extend(r[k])
     gb_s = _hash_rate(args.hash_mib, 5)
     if "plain" in failed:
         raise SystemExit("the plain runs failed: nothing to compare with")
@@ -225,6 +252,12 @@ def main() -> None:
         return {m: {op: med[m][op + kind] - med["plain"][op + kind] for op in OPS} for m in recorded}
 
     wall, thread, proc = added(""), added(":thread_cpu"), added(":process_cpu")
+    solo_med = {m: {k: statistics.median(v) for k, v in t.items()} for m, t in solo.items() if t}
+
+    def solo_added(m: str, kind: str) -> float | None:
+        if m not in solo_med or "plain" not in solo_med:
+            return None
+        return statistics.median(solo_med[m][op + kind] - solo_med["plain"][op + kind] for op in SOLO_OPS)
 
     def headline(table, m):
         return statistics.median(table[m].values()) if m in table else None
@@ -242,6 +275,12 @@ def main() -> None:
         "per_op_thread_cpu_us_added": thread,
         "failed": sorted(failed),
         "rounds": args.rounds, "repeats": args.repeats, "calls": args.calls,
+        # world 1, one core: us added per call (median over all_reduce, broadcast, all_gather)
+        "solo_us_per_call": {m: solo_added(m, "") for m in ("intercepted", "none", "digest", "flight")},
+        "solo_thread_cpu_us_per_call": {m: solo_added(m, ":thread_cpu")
+                                        for m in ("intercepted", "none", "digest", "flight")},
+        "solo_plain_us_per_call": {op: solo_med["plain"][op] for op in SOLO_OPS} if "plain" in solo_med else None,
+        "solo_rounds": args.solo_rounds,
     }
     if args.json:
         print(json.dumps(result))
@@ -263,6 +302,16 @@ def main() -> None:
         print(f"  {m:11s} {headline(wall, m):+7.1f} / {headline(thread, m):+6.1f} / {headline(proc, m):+6.1f} us  ("
               + "  ".join(f"{op} {wall[m][op]:+.1f}" for op in OPS) + f")  target {target or '-'} {verdict}",
               file=sys.stderr)
+    if "plain" in solo_med:
+        print(f"\none rank on one core (world 1; {args.solo_rounds} rounds): plain " + "  ".join(
+            f"{op} {solo_med['plain'][op]:.1f}" for op in SOLO_OPS) + " us/call", file=sys.stderr)
+        print("  added per call, median over ops: wall / thread cpu", file=sys.stderr)
+        for m in ("intercepted", "none", "digest", "flight"):
+            w, c = solo_added(m, ""), solo_added(m, ":thread_cpu")
+            if w is not None:
+                target = TARGETS.get(m)
+                verdict = "" if target is None else ("ok" if w <= target else "MISS")
+                print(f"  {m:11s} {w:+7.1f} / {c:+6.1f} us  target {target or '-'} {verdict}", file=sys.stderr)
     print(f"  digest hashing {gb_s:.2f} GB/s on {args.hash_mib} MiB  target {HASH_TARGET} "
           f"{'ok' if gb_s >= HASH_TARGET else 'MISS'}", file=sys.stderr)
 
