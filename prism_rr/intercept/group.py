@@ -58,15 +58,16 @@ def _opts(opts, cls, field=None):
     return o
 
 
-_OP_NAMES: dict = {}  # ReduceOp.RedOpType -> "SUM", ...
+_OP_NAMES: dict = {}  # ReduceOp.RedOpType's value -> "SUM", ... (an int hashes for free; the enum does not)
 
 
 def _op_name(op) -> str:
     try:
         kind = op.op if isinstance(op, ReduceOp) else ReduceOp(op).op
-        name = _OP_NAMES.get(kind)
+        value = kind.value
+        name = _OP_NAMES.get(value)
         if name is None:
-            name = _OP_NAMES[kind] = kind.name
+            name = _OP_NAMES[value] = kind.name
         return name
     except Exception:
         return str(op)
