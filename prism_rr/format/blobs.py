@@ -89,6 +89,11 @@ def _store(spool_dir, ident: bytes, data) -> None:
         raise
 
 
+def _pack_entry(ident: bytes, data) -> bytes:
+    stored = codec.compress(bytes(data), blob_level(len(data)))
+    return PACK_HEAD.pack(PACK_MAGIC, ident, len(stored), layout.crc32(stored)) + stored
+
+
 def pack_name(n: int) -> str:
     """This process's n-th pack file name: host and process, so no other writer's (on this
     node or another sharing the directory) is ever the same."""
@@ -203,9 +208,11 @@ class BlobWriter:
     def _store(self, ident: bytes, data) -> None:
         if len(data) > PACK_LIMIT:
             _store(self.spool_dir, ident, data)
-            return
-        stored = codec.compress(bytes(data), blob_level(len(data)))
-        entry = PACK_HEAD.pack(PACK_MAGIC, ident, len(stored), layout.crc32(stored)) + stored
+        else:
+            self._append_pack(_pack_entry(ident, data))
+
+    def _append_pack(self, entry: bytes) -> None:
+        """Append whole entries to the pack file in one write."""
         with self._pack_lock:
             if self._pack is None:
                 where = self.spool_dir / "blobs"
@@ -213,8 +220,8 @@ class BlobWriter:
                 self._pack = os.open(where / pack_name(next(_packs)),
                                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             written = os.write(self._pack, entry)
-        if written != len(entry):  # a full disk: the entry is torn, and readers stop before it
-            raise OSError(f"prism-rr: wrote {written} of a payload's {len(entry)} bytes")
+        if written != len(entry):  # a full disk: an entry is torn, and readers stop before it
+            raise OSError(f"prism-rr: wrote {written} of {len(entry)} bytes of payloads")
 
     def wait_stored(self, mark: int, timeout: float) -> bool:
         """Wait (at most `timeout`) until the first `mark` queued blobs are written;
@@ -248,17 +255,32 @@ class BlobWriter:
                     self._cond.wait()
                 if not self._queue:
                     return
-                ident, data = self._queue.popleft()
+                # Everything queued, at once: a recording that keeps a payload of every
+                # small call queues them faster than one lock, wake-up and write apiece.
+                batch = list(self._queue)
+                self._queue.clear()
             try:
                 if self.error is None:
-                    t0 = time.perf_counter()
-                    self._sink(ident, data)
-                    if len(data) >= 1 << 20:  # a blob big enough to time
-                        self.rate = 0.5 * self.rate + 0.5 * len(data) / max(time.perf_counter() - t0, 1e-6)
+                    self._store_all(batch)
             except BaseException as exc:
                 self.error = exc
             finally:
                 with self._cond:
-                    self.pending -= len(data)
-                    self.stored += 1
+                    self.pending -= sum(len(data) for _, data in batch)
+                    self.stored += len(batch)
                     self._cond.notify_all()
+
+    def _store_all(self, batch: list) -> None:
+        """Store (ident, data) of each blob in order: small ones to the pack file in one
+        write, where blobs go to the pack file (the sink is this writer's own)."""
+        entries = []
+        for ident, data in batch:
+            if self._sink == self._store and len(data) <= PACK_LIMIT:
+                entries.append(_pack_entry(ident, data))
+                continue
+            t0 = time.perf_counter()
+            self._sink(ident, data)
+            if len(data) >= 1 << 20:  # a blob big enough to time
+                self.rate = 0.5 * self.rate + 0.5 * len(data) / max(time.perf_counter() - t0, 1e-6)
+        if entries:
+            self._append_pack(b"".join(entries))

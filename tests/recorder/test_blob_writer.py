@@ -107,10 +107,10 @@ def test_past_the_bound_the_caller_stores_itself(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_an_error_is_kept_and_raised_at_the_next_put(tmp_path, monkeypatch):
-    def full(self, ident, data):
+    def full(self, entries):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(BlobWriter, "_store", full)
+    monkeypatch.setattr(BlobWriter, "_append_pack", full)  # small blobs: the pack file's write
     w = BlobWriter(tmp_path)
     w.put(os.urandom(1000))
     w.close()
@@ -129,13 +129,13 @@ def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
     from prism_rr.format.spool import SpoolWriter, read_spool, spool_path
 
     gate = threading.Event()
-    real = BlobWriter._store
+    real = BlobWriter._append_pack
 
-    def slow(self, ident, data):
+    def slow(self, entries):
         gate.wait(10)
-        real(self, ident, data)
+        real(self, entries)
 
-    monkeypatch.setattr(BlobWriter, "_store", slow)
+    monkeypatch.setattr(BlobWriter, "_append_pack", slow)  # small blobs: the pack file's write
     w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.01)
     w.blobs = b = BlobWriter(tmp_path)
     data = os.urandom(1000)
