@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import mmap
 import os
 import socket
 import struct
@@ -95,24 +96,33 @@ def _pack_entry(ident: bytes, data) -> bytes:
 
 
 def pack_name(n: int) -> str:
-    """This process's n-th pack file name: host and process, so no other writer's (on this
-    node or another sharing the directory) is ever the same."""
+    """This process's n-th pack file name: host, process and a random token, so no other
+    writer's (on this node or another sharing the directory, or an earlier run's whose
+    process had the same id) is the same."""
     host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64] or "host"
-    return f"{host}-{os.getpid()}-{n}{PACK_SUFFIX}"
+    return f"{host}-{os.getpid()}-{n}{os.urandom(4).hex()}{PACK_SUFFIX}"
 
 
 def pack_entries(path: Path):
     """(id, stored zstd frame) of each entry of a pack file, in order, up to its end or to
-    the first entry that is torn or does not check out (a writer killed mid-write)."""
-    data = path.read_bytes()
-    at = 0
-    while at + PACK_HEAD.size <= len(data):
-        magic, ident, n, crc = PACK_HEAD.unpack_from(data, at)
-        stored = data[at + PACK_HEAD.size: at + PACK_HEAD.size + n]
-        if magic != PACK_MAGIC or len(stored) != n or layout.crc32(stored) != crc:
+    the first entry that is torn or does not check out (a writer killed mid-write). The
+    file is mapped, not read: only the entry at hand is held in memory."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < PACK_HEAD.size:
             return
-        yield ident, stored
-        at += PACK_HEAD.size + n
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            at = 0
+            while at + PACK_HEAD.size <= size:
+                magic, ident, n, crc = PACK_HEAD.unpack_from(data, at)
+                start = at + PACK_HEAD.size
+                if magic != PACK_MAGIC or start + n > size:
+                    return
+                stored = data[start: start + n]
+                if layout.crc32(stored) != crc:
+                    return
+                yield ident, stored
+                at = start + n
 
 
 def spool_blobs(spool_dir: str | os.PathLike):
@@ -212,16 +222,36 @@ class BlobWriter:
             self._append_pack(_pack_entry(ident, data))
 
     def _append_pack(self, entry: bytes) -> None:
-        """Append whole entries to the pack file in one write."""
+        """Append whole entries to the pack file. A write that fails part-way (a full
+        disk) is cut off again: an entry after a torn one would not be read."""
         with self._pack_lock:
             if self._pack is None:
                 where = self.spool_dir / "blobs"
                 where.mkdir(parents=True, exist_ok=True)
-                self._pack = os.open(where / pack_name(next(_packs)),
-                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-            written = os.write(self._pack, entry)
-        if written != len(entry):  # a full disk: an entry is torn, and readers stop before it
-            raise OSError(f"prism-rr: wrote {written} of {len(entry)} bytes of payloads")
+                while True:
+                    try:
+                        self._pack = os.open(where / pack_name(next(_packs)),
+                                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                        break
+                    except FileExistsError:
+                        continue
+            fd = self._pack
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(entry)
+                while view:
+                    view = view[os.write(fd, view):]
+            except BaseException:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass
+                raise
+            finally:
+                thread = self._thread
+                if self._closed and (thread is None or not thread.is_alive()):
+                    os.close(fd)  # a blob its caller stored after close(): no file left open
+                    self._pack = None
 
     def wait_stored(self, mark: int, timeout: float) -> bool:
         """Wait (at most `timeout`) until the first `mark` queued blobs are written;

@@ -47,7 +47,7 @@ def describe(tensors) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int
                 name = _DTYPE_NAMES[dt] = str(dt)[6:]
             if len(_ONE) >= _ONE_MAX:
                 _ONE.clear()
-            desc = _ONE[key] = (tuple(t.shape),), (name,), t.nbytes
+            desc = _ONE[key] = (tuple(t.shape),), (name,), t.numel() * t.element_size()  # nbytes: not sparse
         return desc
     shapes = []
     dtypes = []
@@ -60,7 +60,7 @@ def describe(tensors) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...], int
         if name is None:
             name = names[dt] = str(dt)[6:]  # "torch.float32" -> "float32"
         dtypes.append(name)
-        nbytes += t.nbytes
+        nbytes += t.numel() * t.element_size()
     return tuple(shapes), tuple(dtypes), nbytes
 
 

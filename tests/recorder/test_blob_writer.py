@@ -155,3 +155,48 @@ def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
     assert events() == 1 and _has(tmp_path, ident)
     b.close()
     w.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_pack_file_of_an_earlier_process_with_the_same_id_is_left_alone(tmp_path, monkeypatch):
+    """Pack files are opened exclusively: a name taken (a container whose host name and
+    process id repeat between runs) is passed over, never appended to or an error."""
+    import prism_rr.format.blobs as blobs
+
+    names = iter(["taken.pack", "taken.pack", "mine.pack"])
+    monkeypatch.setattr(blobs, "pack_name", lambda n: next(names))
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "taken.pack").write_bytes(b"an earlier run's")
+    w = BlobWriter(tmp_path)
+    ident = w.put(b"x" * 10)
+    w.close()
+    assert w.error is None
+    assert (tmp_path / "blobs" / "taken.pack").read_bytes() == b"an earlier run's"
+    assert dict(pack_entries(tmp_path / "blobs" / "mine.pack")).keys() == {ident}
+
+
+@pytest.mark.timeout(30)
+def test_a_write_that_fails_part_way_is_cut_off(tmp_path, monkeypatch):
+    """A full disk part-way through an append leaves no torn entry: the blobs stored
+    after it are read."""
+    real_write = os.write
+    calls = []
+
+    def short(fd, data):
+        calls.append(len(data))
+        if len(calls) == 2:  # the second append: half of it, then the disk is full
+            real_write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    w = BlobWriter(tmp_path)
+    monkeypatch.setattr(os, "write", short)
+    a = os.urandom(50)
+    w._store(blob_id(a), a)
+    with pytest.raises(OSError):
+        w._store(blob_id(b"lost"), b"lost")
+    c = os.urandom(60)
+    w._store(blob_id(c), c)
+    monkeypatch.setattr(os, "write", real_write)
+    w.close()
+    assert set(_all_stored(tmp_path)) == {blob_id(a), blob_id(c)}
