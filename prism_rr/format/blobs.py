@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import mmap
 import os
+import re
 import socket
 import struct
 import threading
@@ -18,8 +19,8 @@ from pathlib import Path
 
 from prism_rr.format import codec, layout
 
-__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "pack_entries", "spool_blobs",
-           "write_blob"]
+__all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "host_packs", "pack_entries",
+           "spool_blobs", "write_blob"]
 
 
 # A `digest` recording keeps the payload of calls this small (in bytes, all tensors of
@@ -95,12 +96,22 @@ def _pack_entry(ident: bytes, data) -> bytes:
     return PACK_HEAD.pack(PACK_MAGIC, ident, len(stored), layout.crc32(stored)) + stored
 
 
+def _host() -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64] or "host"
+
+
 def pack_name(n: int) -> str:
     """This process's n-th pack file name: host, process and a random token, so no other
     writer's (on this node or another sharing the directory, or an earlier run's whose
     process had the same id) is the same."""
-    host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64] or "host"
-    return f"{host}-{os.getpid()}-{n}{os.urandom(4).hex()}{PACK_SUFFIX}"
+    return f"{_host()}-{os.getpid()}-{n}{os.urandom(4).hex()}{PACK_SUFFIX}"
+
+
+def host_packs(spool_dir: str | os.PathLike) -> list[Path]:
+    """The pack files this host's writers made in a spool directory (pack_name's; not
+    those of another host, even one whose name starts with this one's)."""
+    name = re.compile(re.escape(_host()) + r"-\d+-\d+[0-9a-f]{8}" + re.escape(PACK_SUFFIX))
+    return [p for p in (Path(spool_dir) / "blobs").glob(f"*{PACK_SUFFIX}") if name.fullmatch(p.name)]
 
 
 def pack_entries(path: Path):
@@ -304,8 +315,9 @@ class BlobWriter:
         """Store (ident, data) of each blob in order: small ones to the pack file in one
         write, where blobs go to the pack file (the sink is this writer's own)."""
         entries = []
+        own = self._sink == self._store
         for ident, data in batch:
-            if self._sink == self._store and len(data) <= PACK_LIMIT:
+            if own and len(data) <= PACK_LIMIT:
                 entries.append(_pack_entry(ident, data))
                 continue
             t0 = time.perf_counter()

@@ -11,7 +11,7 @@ __all__ = ["blocking_p2p", "caller_stack"]
 _LIB_DIRS: tuple[str, ...] = ()
 # Keyed by id(code), not by the code object: a code object's hash is worked out anew at
 # each use, from its constants and names (microseconds for a long function). The code
-# objects are held in _is_user's values, so no id is reused while it is a key here.
+# objects are held in _is_user's values: alive, so no id is reused while it is a key.
 _is_user: dict[int, tuple[object, bool]] = {}  # id(code) -> (code, does it belong to user code)
 _text: dict[tuple[int, int], str] = {}  # (id(code), instruction offset) -> "file:line func"
 
@@ -34,15 +34,12 @@ def _lib_dirs() -> tuple[str, ...]:
 
 def _user(code) -> bool:
     known = _is_user.get(id(code))
-    if known is not None and known[0] is code:
+    if known is not None:
         return known[1]
     name = code.co_filename
     v = name.startswith(_DEMO) or not (
         name.startswith("<") or name.startswith(_lib_dirs()) or "site-packages" in name
     )
-    if known is not None:  # a code object freed (no longer here): its texts go with it
-        for key in [k for k in _text if k[0] == id(code)]:
-            del _text[key]
     _is_user[id(code)] = (code, v)
     return v
 
@@ -62,7 +59,7 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
     while frame is not None and hops < 64:
         code = frame.f_code
         known = is_user.get(id(code))
-        user = known[1] if known is not None and known[0] is code else _user(code)
+        user = known[1] if known is not None else _user(code)
         if user:
             # Keyed by the instruction, not the line: f_lineno is worked out from the
             # code's line table on each read, microseconds in a long function.

@@ -121,9 +121,9 @@ def _clear_old_spools(spool_dir: Path) -> None:
     """Remove an earlier recording's files from this node's own directory (never another's)."""
     for p in spool_dir.glob("rank-*.spool*"):
         p.unlink()
-    from prism_rr.format.blobs import pack_name
+    from prism_rr.format.blobs import host_packs
 
-    for p in spool_dir.glob("blobs/" + pack_name(0).rsplit("-", 2)[0] + "-*.pack"):  # this node's payload packs
+    for p in host_packs(spool_dir):  # this node's payload packs
         p.unlink()
     run = spool_dir / "run.json"
     if run.exists():

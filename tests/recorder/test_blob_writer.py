@@ -200,3 +200,21 @@ def test_a_write_that_fails_part_way_is_cut_off(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "write", real_write)
     w.close()
     assert set(_all_stored(tmp_path)) == {blob_id(a), blob_id(c)}
+
+
+def test_record_clears_only_this_hosts_old_pack_files(tmp_path, monkeypatch):
+    """`prism-rr record` clears an earlier run's packs of its own host from the directory,
+    never another node's: not even one whose host name starts with this one's."""
+    import socket
+
+    from prism_rr.recorder.launch import _clear_old_spools
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node")
+    w = BlobWriter(tmp_path)
+    w.put(b"x" * 10)
+    w.close()
+    others = ["node-b-12-0deadbeef.pack", "nodex-12-0deadbeef.pack", "other-7-1aaaaaaaa.pack"]
+    for name in others:
+        (tmp_path / "blobs" / name).write_bytes(b"")
+    _clear_old_spools(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "blobs").glob("*.pack")) == sorted(others)
