@@ -11,6 +11,7 @@ DATA = Path(__file__).parent / "data"
 BIN = Path(sys.executable).parent
 PRISM = [str(BIN / "prism-rr")] if (BIN / "prism-rr").exists() else [sys.executable, "-m", "prism_rr.cli"]
 DEMO_TIMEOUT = 300  # seconds for one `prism-rr demo`: a world recorded, then rank 0 replayed
+TRAIN_TIMEOUT = 120  # seconds for one plain run of the demo trainer (demo_training)
 # gloo's rare abort as a rank's process tears down, after its program finished (see
 # tests/test_readme.py): the demo is run once more, only for that.
 _TEARDOWN_ABORT = "terminate called without an active exception"
@@ -105,3 +106,44 @@ def make_demo(demo_runs) -> DemoRun:
     replayed). The README's `make demo` line checks its output; the scale-replay test
     scales its bundle."""
     return demo_runs.start()
+
+
+@dataclass
+class TrainRun:
+    """One plain run of the demo trainer (`python -m prism_rr.demo.train`, no recorder)."""
+
+    codes: list
+    dir: Path
+
+    @property
+    def params(self) -> Path:
+        """The prefix of its ranks' saved parameters (`--save-params`): params.rank{R}.pt."""
+        return self.dir / "params"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+
+@pytest.fixture(scope="session")
+def demo_training(tmp_path_factory):
+    """`demo_training(world, args, rep=0)`: the demo trainer run plainly as `world` ranks with
+    `args` and --save-params, each (world, args, rep) once a session. The training tests
+    check each layout trains and is bitwise reproducible (reps 0 and 1); the recorder tests
+    compare a recorded run with rep 0 of the same layout instead of training it again."""
+    from prism_rr.localrun import run_local
+
+    made: dict[tuple, TrainRun] = {}
+
+    def get(world: int, args: list, rep: int = 0) -> TrainRun:
+        key = (world, tuple(map(str, args)), rep)
+        if key not in made:
+            d = tmp_path_factory.mktemp("train")
+            argv = [sys.executable, "-m", "prism_rr.demo.train", *key[1], "--save-params", str(d / "params")]
+            codes = run_local(argv, world, env={"PYTHONWARNINGS": "ignore"}, timeout=TRAIN_TIMEOUT, cwd=d,
+                              log_dir=d / "logs")
+            made[key] = TrainRun(codes, d)
+        return made[key]
+
+    return get
+

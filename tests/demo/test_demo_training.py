@@ -1,7 +1,9 @@
 """The demo trains for real: multi-process gloo runs launched like torchrun.
 
-Each layout runs at most twice per session (a module-scoped cache): once to
-check it trains, twice to check it is bitwise reproducible.
+Each layout runs at most twice per session (the session's `demo_training` runs,
+tests/conftest.py): once to check it trains, twice to check it is bitwise reproducible.
+The recorder's tests (tests/recorder/test_frameworks.py) hold their recorded runs
+against the first of these.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from prism_rr.demo.model import GPT, GPTConfig
 from prism_rr.demo.train import make_batch
 
 STEPS = 3
-LAUNCH_TIMEOUT = 90.0
+TRAIN_ARGS = ["--steps", str(STEPS), "--seed", "7"]  # test_frameworks.py TRAIN: keep them alike
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+) time ")
 
 # name -> (world size, extra train args)
@@ -51,17 +53,14 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def train_run(tmp_path_factory):
+def train_run(demo_training):
     cache: dict[tuple[str, int], Run] = {}
 
     def get(layout: str, rep: int = 0) -> Run:
         if (layout, rep) not in cache:
             world, extra = LAYOUTS[layout]
-            d = tmp_path_factory.mktemp(f"{layout}{rep}")
-            argv = [sys.executable, "-m", "prism_rr.demo.train", "--steps", str(STEPS), "--seed", "7"]
-            argv += [*extra, "--save-params", str(d / "params")]
-            codes = run_local(argv, world, timeout=LAUNCH_TIMEOUT, cwd=d, log_dir=d / "logs")
-            cache[layout, rep] = Run(codes, d / "logs", d / "params", world)
+            run = demo_training(world, [*TRAIN_ARGS, *extra], rep)
+            cache[layout, rep] = Run(run.codes, run.logs, run.params, world)
         return cache[layout, rep]
 
     return get

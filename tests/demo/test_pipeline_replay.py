@@ -10,30 +10,30 @@ answers such a control message the way the handshake does (see ReplayPolicy._ech
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
 import torch
 
-from prism_rr.replayer import replay
+from prism_rr.format import open_bundle
 from prism_rr.replayer._data import write
 from prism_rr.replayer._policy import ReplayPolicy
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "replayer"))
-from replay_helpers import record, stderr_of  # noqa: E402
-
-TRAIN = ["-m", "prism_rr.demo.train", "--steps", "4", "--pp", "2", "--quiet"]
+PP_DEMO = ("--pp", "2", "--world", "2")  # the README's pipeline demo line
 
 
-@pytest.mark.timeout(240)
-def test_windowed_pipeline_replays_its_first_stage(tmp_path):
-    bundle = record(tmp_path, TRAIN, 2, payload="digest", steps="1:4", timeout=120)
-    result = replay(bundle, ranks=(0,), cmd=[sys.executable, *TRAIN], timeout=120, log_dir=tmp_path / "logs")
-    assert result.exit_code == 0, stderr_of(result, 0)
-    rep = result.report
-    assert rep["diverged"] is False
-    assert [s["step"] for s in rep["steps"]][-3:] == [1, 2, 3]
+@pytest.mark.timeout(400)
+def test_windowed_pipeline_replays_its_first_stage(demo_runs):
+    """`prism-rr demo --pp 2 --world 2` records the trainer's steps 1-3 of 4 with digests
+    and replays rank 0, the first stage: the session's run (conftest.demo_runs), which the
+    README test and the attribution test read too."""
+    run = demo_runs.start(*PP_DEMO)
+    out = run.result()
+    assert out.returncode == 0, out.stderr[-3000:]  # a replay that stopped early exits 6
+    assert "prism-rr replay · 1 real rank(s) [0], 1 virtual" in out.stderr, out.stderr[-3000:]
+    assert "diverged: no" in out.stderr and "stopped early" not in out.stderr, out.stderr[-3000:]
+    with open_bundle(run.bundle) as b:
+        assert list(b.steps) == [1, 2, 3] and b.world_size == 2  # the window: no data for step 0's vote
 
 
 def test_received_data_keeps_the_programs_strides():

@@ -6,13 +6,17 @@ from collections import Counter
 import pytest
 import torch
 
-from prism_rr.localrun import free_port, run_local
+from prism_rr.localrun import free_port
 from prism_rr.format.records import Collective, PointToPoint, Step
 from prism_rr.recorder.launch import record_command
 
 from recorder_helpers import Spools, assert_unbroken_seqs, run_recorded
 
 DEMO = ["-m", "prism_rr.demo.train", "--quiet"]
+# The session's plain runs of the demo trainer (conftest.demo_training) are trained with these
+# (tests/demo/test_demo_training.py checks them): a recorded run of the same layout is held
+# against that run instead of training it again here.
+TRAIN = ["--steps", "3", "--seed", "7"]
 
 
 def _params_equal(a_prefix, b_prefix, world):
@@ -24,10 +28,11 @@ def _params_equal(a_prefix, b_prefix, world):
             assert torch.equal(a[k], b[k]), (r, k)
 
 
-def _plain(tmp_path, world, args):
-    codes = run_local([sys.executable, *DEMO, *args], world, env={"PYTHONWARNINGS": "ignore"},
-                      timeout=120, cwd=tmp_path)
-    assert codes == [0] * world
+def _plain(demo_training, world, args):
+    """The session's plain run of the demo trainer with `args`: its parameters' prefix."""
+    run = demo_training(world, [*TRAIN, *args])
+    assert run.codes == [0] * world, run.codes
+    return run.params
 
 
 def _groups_agree(spools):
@@ -40,11 +45,10 @@ def _groups_agree(spools):
 
 
 @pytest.mark.timeout(150)
-def test_ddp_bitwise_identical_and_recorded(tmp_path):
-    args = ["--dp-mode", "ddp", "--steps", "3"]
-    spools, _ = run_recorded(tmp_path, [*DEMO, *args, "--save-params", tmp_path / "rec"], 2, timeout=120)
-    _plain(tmp_path, 2, [*args, "--save-params", tmp_path / "plain"])
-    _params_equal(tmp_path / "rec", tmp_path / "plain", 2)
+def test_ddp_bitwise_identical_and_recorded(tmp_path, demo_training):
+    args = ["--dp-mode", "ddp"]
+    spools, _ = run_recorded(tmp_path, [*DEMO, *TRAIN, *args, "--save-params", tmp_path / "rec"], 2, timeout=120)
+    _params_equal(tmp_path / "rec", _plain(demo_training, 2, args), 2)
     assert_unbroken_seqs(spools)
     _groups_agree(spools)
     for r in range(2):
@@ -60,11 +64,10 @@ def test_ddp_bitwise_identical_and_recorded(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_fsdp2_tensor_parallel_bitwise_identical_and_recorded(tmp_path):
-    args = ["--tp", "2", "--steps", "2"]
-    spools, _ = run_recorded(tmp_path, [*DEMO, *args, "--save-params", tmp_path / "rec"], 4, timeout=120)
-    _plain(tmp_path, 4, [*args, "--save-params", tmp_path / "plain"])
-    _params_equal(tmp_path / "rec", tmp_path / "plain", 4)
+def test_fsdp2_tensor_parallel_bitwise_identical_and_recorded(tmp_path, demo_training):
+    args = ["--tp", "2"]
+    spools, _ = run_recorded(tmp_path, [*DEMO, *TRAIN, *args, "--save-params", tmp_path / "rec"], 4, timeout=120)
+    _params_equal(tmp_path / "rec", _plain(demo_training, 4, args), 4)
     assert_unbroken_seqs(spools)
     _groups_agree(spools)
     for r in range(4):
