@@ -1,6 +1,8 @@
 import os
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,3 +149,60 @@ def demo_training(tmp_path_factory):
 
     return get
 
+
+@dataclass
+class CrashRun:
+    """Two recorded gloo ranks of tests/recorder/scripts/crashy.py that die hard."""
+
+    codes: list
+    dir: Path  # the ranks' marker files and logs (rank{R}.log)
+
+    @property
+    def bundle(self) -> Path:
+        return self.dir / "run.prism"
+
+    def log(self, rank: int) -> str:
+        return (self.dir / f"rank{rank}.log").read_text()[-2000:]
+
+
+@pytest.fixture(scope="session")
+def crashy_runs(tmp_path_factory):
+    """`crashy_runs(mode)`: crashy.py MODE run once a session as 2 recording gloo ranks
+    (default options, started by hand: no launcher kills the survivor), then packed. The
+    recorder's crash-safety tests read its records, the diagnosis tests its findings."""
+    from prism_rr.format import pack
+    from prism_rr.localrun import free_port, rank_env
+    from prism_rr.recorder import RecordOptions
+    from prism_rr.recorder.launch import hook_env, spool_dir_for
+
+    script = Path(__file__).parent / "recorder" / "scripts" / "crashy.py"
+    made: dict[str, CrashRun] = {}
+
+    def get(mode: str) -> CrashRun:
+        if mode not in made:
+            d = tmp_path_factory.mktemp(f"crashy-{mode}")
+            out = d / "run.prism"
+            env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+            env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
+            port, procs = free_port(), []
+            for rank in range(2):
+                with open(d / f"rank{rank}.log", "wb") as log:
+                    procs.append(subprocess.Popen([sys.executable, str(script), mode, str(d)],
+                                                  env=dict(env, **rank_env(rank, 2, port, f"crashy-{mode}")),
+                                                  stdout=log, stderr=log, start_new_session=True))
+            deadline = time.monotonic() + 60
+            for p in procs:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.send_signal(signal.SIGTERM)  # the recorder flushes on SIGTERM
+                    try:
+                        p.wait(10)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+            pack(spool_dir_for(out), out)
+            made[mode] = CrashRun([p.returncode for p in procs], d)
+        return made[mode]
+
+    return get

@@ -66,6 +66,14 @@ def _record(tmp_path, script, *args, kill_after=None):
     return [p.returncode for p in procs], findings
 
 
+def _crashed(crashy_runs, mode):
+    """The session's recording of crashy.py MODE (conftest.crashy_runs, which the recorder's
+    crash-safety test reads too): exit codes and findings."""
+    run = crashy_runs(mode)
+    with open_bundle(run.bundle) as b:
+        return run.codes, diagnosed(b)
+
+
 def _text(findings):
     return [f"[{f.kind}] {f.message}" for f in findings]
 
@@ -76,8 +84,8 @@ def _no_never_for(findings, rank):
 
 
 @pytest.mark.timeout(90)
-def test_gloo_abort_is_a_crash_and_later_calls_are_unknown(tmp_path):
-    codes, findings = _record(tmp_path, "crashy.py", "abort")
+def test_gloo_abort_is_a_crash_and_later_calls_are_unknown(crashy_runs):
+    codes, findings = _crashed(crashy_runs, "abort")
     assert -signal.SIGABRT in codes, codes
     dead = codes.index(-signal.SIGABRT)
     first = findings[0]
@@ -96,8 +104,8 @@ def test_gloo_abort_is_a_crash_and_later_calls_are_unknown(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_segfault_is_a_crash_with_its_line(tmp_path):
-    codes, findings = _record(tmp_path, "crashy.py", "segv")
+def test_segfault_is_a_crash_with_its_line(crashy_runs):
+    codes, findings = _crashed(crashy_runs, "segv")
     assert codes[1] == -signal.SIGSEGV, codes
     first = findings[0]
     assert (first.kind, first.ranks) == ("crashed", (1,)), _text(findings)

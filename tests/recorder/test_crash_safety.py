@@ -58,6 +58,10 @@ def _finish(procs, timeout):
 
 def _calls(out):
     pack(spool_dir_for(out), out)
+    return _read(out)
+
+
+def _read(out):
     with open_bundle(out) as b:
         calls = {r: [e for e in b.events(r) if type(e) is Collective] for r in b.recorded_ranks}
         info = {r: b.rank_info(r) for r in b.recorded_ranks}
@@ -145,13 +149,15 @@ def _dead_rank_holds_survivors_older_calls(calls, dead, death_ns):
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode,sig", [("abort", signal.SIGABRT), ("segv", signal.SIGSEGV)])
-def test_abort_and_segfault_keep_records_and_the_stack(tmp_path, mode, sig):
-    out, procs = _start(tmp_path, mode)
-    codes = _finish(procs, 60)
+def test_abort_and_segfault_keep_records_and_the_stack(crashy_runs, mode, sig):
+    # The session's run of crashy.py MODE (conftest.crashy_runs), which
+    # tests/analysis/test_diagnose_crashes.py diagnoses too.
+    run = crashy_runs(mode)
+    codes = run.codes
     # gloo aborts the rank that finds the sizes differ (either); the segfault is rank 1's
-    assert -sig in codes, (codes, (tmp_path / "rank1.log").read_text()[-2000:])
+    assert -sig in codes, (codes, run.log(1))
     dead = codes.index(-sig)
-    calls, info = _calls(out)
+    calls, info = _read(run.bundle)
     # the death is after the 300 ms sleep that follows step 2's all_reduces; the dead
     # rank's records hold every call before it (the survivor's are the reference)
     before = [c for c in calls[1 - dead] if c.step < 2 or (c.step == 2 and c.seq < 6)]
