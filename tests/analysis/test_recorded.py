@@ -25,8 +25,9 @@ _TEARDOWN_ABORT = "terminate called without an active exception"
 
 def _diagnose(tmp_path, mode, capfd=None):
     out = tmp_path / "run.prism"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-           str(SCRIPT), mode]
+    # prism_rr.localrun starts the ranks as torchrun would, without an agent that imports
+    # torch (torchrun's own path is recorded in tests/recorder/test_frameworks.py)
+    cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(WORLD), "--", sys.executable, str(SCRIPT), mode]
     code = record_command(cmd, out, timeout=90)
     if code != 0 and capfd is not None and _TEARDOWN_ABORT in capfd.readouterr().err:
         out = tmp_path / "again" / "run.prism"
