@@ -626,6 +626,9 @@ def run_case(data: bytes, scratch: Path, what: str = "", case: int = 0) -> Outco
     the case (VmHWM reset before it: it counts C allocations too, and costs nothing),
     or tracemalloc's peak where that reset is not allowed."""
     path = scratch / "case.prism"
+    # a new file each case: ext4 flushes a file truncated and rewritten in place to disk
+    # as it is closed (auto_da_alloc), a few ms a case
+    path.unlink(missing_ok=True)
     path.write_bytes(data)
     error = where = None
     rss = _reset_peak()

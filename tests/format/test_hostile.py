@@ -19,6 +19,13 @@ GOLDEN = Path(__file__).parent.parent / "data" / "golden-v1.prism"
 SCALE = int(os.environ.get("PRISM_RR_FUZZ", "1"))
 
 
+def write_case(path, data: bytes) -> None:
+    """`path` holds `data`, in a new file: ext4 flushes a file truncated and rewritten in
+    place to disk as it is closed (auto_da_alloc), a few ms a case."""
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+
+
 def read_everything(path):
     """Everything a user's command could touch, without verify's extra checks."""
     with open_bundle(path) as b:
@@ -48,7 +55,7 @@ def test_truncated_at_every_offset(tmp_path):
     data = GOLDEN.read_bytes()
     path = tmp_path / "cut.prism"
     for n in range(len(data)):
-        path.write_bytes(data[:n])
+        write_case(path, data[:n])
         with pytest.raises(FormatError):
             read_everything(path)
 
@@ -61,7 +68,7 @@ def test_bit_flips_anywhere(tmp_path):
         buf = bytearray(data)
         at = rng.randrange(len(buf))
         buf[at] ^= 1 << rng.randrange(8)
-        path.write_bytes(bytes(buf))
+        write_case(path, bytes(buf))
         assert_only_format_error(path)
 
 
@@ -107,7 +114,7 @@ def test_damaged_indexes_behind_valid_checksums(tmp_path, sid):
                 at = rng.randrange(len(b))
                 b[at] = rng.randrange(256)
             return bytes(b)
-        path.write_bytes(_resealed(data, sid, mutate))
+        write_case(path, _resealed(data, sid, mutate))
         assert_only_format_error(path, must_fail=False)
 
 
@@ -128,7 +135,7 @@ def test_hostile_manifests_behind_valid_checksums(tmp_path):
         codec.compress(msgpack.packb({1: 2, (1,): 3}, strict_types=False) if False else msgpack.packb({**good, "features_required": [7]})),
     ]
     for case in cases:
-        path.write_bytes(_resealed(data, layout.SEC_MANIFEST, lambda _b: case))
+        write_case(path, _resealed(data, layout.SEC_MANIFEST, lambda _b: case))
         with pytest.raises(FormatError):
             read_everything(path)
 
@@ -141,7 +148,7 @@ def test_hostile_groups_behind_valid_checksums(tmp_path):
         [{"id": "x", "ranks": [0]}],
         {"not": "a list"},
     ):
-        path.write_bytes(_resealed(GOLDEN.read_bytes(), layout.SEC_GROUPS, lambda _b: codec.compress(msgpack.packb(case))))
+        write_case(path, _resealed(GOLDEN.read_bytes(), layout.SEC_GROUPS, lambda _b: codec.compress(msgpack.packb(case))))
         with pytest.raises(FormatError):
             read_everything(path)
 
@@ -212,7 +219,7 @@ def test_decompression_bomb_is_refused():
 def test_not_a_bundle(tmp_path):
     for content in (b"", b"hello", b"\x89PRISM\r\n" + b"\0" * 100, os.urandom(5000)):
         path = tmp_path / "x.prism"
-        path.write_bytes(content)
+        write_case(path, content)
         with pytest.raises(FormatError):
             open_bundle(path)
 
@@ -330,7 +337,7 @@ def test_bytes_in_the_manifest_are_refused(tmp_path):
     for extra in ({"tool": b"prism-rr"}, {"run": {"host": b"\xff\xfe"}}, {"run": {"x": float("nan")}},
                   {"run": {(1, 2): 3}}):
         path = tmp_path / "bytes.prism"
-        path.write_bytes(_with_section(layout.SEC_MANIFEST, _manifest(**extra)))
+        write_case(path, _with_section(layout.SEC_MANIFEST, _manifest(**extra)))
         with pytest.raises(FormatError):
             open_bundle(path)
     _assert_refused(path, "info")
@@ -345,7 +352,7 @@ def test_summary_fields_of_the_wrong_type_are_refused(tmp_path):
         s = {"ranks": {r: dict(v) for r, v in good["ranks"].items()}, "steps": good["steps"]}
         s["ranks"][0][key] = bad
         path = tmp_path / "sum.prism"
-        path.write_bytes(_with_section(layout.SEC_SUMMARIES, s))
+        write_case(path, _with_section(layout.SEC_SUMMARIES, s))
         with open_bundle(path) as b, pytest.raises(FormatError):
             b.summaries
     _assert_refused(path, "info", "diagnose", "tui")
