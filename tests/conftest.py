@@ -112,10 +112,12 @@ def make_demo(demo_runs) -> DemoRun:
 
 @dataclass
 class TrainRun:
-    """One plain run of the demo trainer (`python -m prism_rr.demo.train`, no recorder)."""
+    """One run of the demo trainer (`python -m prism_rr.demo.train`): plain, or under the
+    recorder."""
 
     codes: list
     dir: Path
+    recorded: bool
 
     @property
     def params(self) -> Path:
@@ -126,14 +128,23 @@ class TrainRun:
     def logs(self) -> Path:
         return self.dir / "logs"
 
+    @property
+    def spool_dir(self) -> Path:
+        """A recorded run's spools (unpacked)."""
+        return self.dir / "run.prism.d"
+
 
 @pytest.fixture(scope="session")
 def demo_training(tmp_path_factory):
-    """`demo_training(world, args, rep=0)`: the demo trainer run plainly as `world` ranks with
-    `args` and --save-params, each (world, args, rep) once a session. The training tests
-    check each layout trains and is bitwise reproducible (reps 0 and 1); the recorder tests
-    compare a recorded run with rep 0 of the same layout instead of training it again."""
+    """`demo_training(world, args, rep=0)`: the demo trainer run as `world` ranks with `args`
+    and --save-params, each (world, args, rep) once a session. Rep 0 runs plainly; rep 1
+    runs under the recorder (default options, spools left unpacked), so one comparison
+    serves two tests: the training tests check rep 1 trains bitwise as rep 0 did (the demo
+    is reproducible), the recorder's tests (tests/recorder/test_frameworks.py) check the
+    same of a recorded run, and read its records."""
     from prism_rr.localrun import run_local
+    from prism_rr.recorder import RecordOptions
+    from prism_rr.recorder.launch import hook_env
 
     made: dict[tuple, TrainRun] = {}
 
@@ -142,13 +153,14 @@ def demo_training(tmp_path_factory):
         if key not in made:
             d = tmp_path_factory.mktemp("train")
             argv = [sys.executable, "-m", "prism_rr.demo.train", *key[1], "--save-params", str(d / "params")]
-            codes = run_local(argv, world, env={"PYTHONWARNINGS": "ignore"}, timeout=TRAIN_TIMEOUT, cwd=d,
-                              log_dir=d / "logs")
-            made[key] = TrainRun(codes, d)
+            env = {"PYTHONWARNINGS": "ignore"}
+            if rep:
+                env.update(hook_env(RecordOptions.make(d / "run.prism.d")))
+            codes = run_local(argv, world, env=env, timeout=TRAIN_TIMEOUT, cwd=d, log_dir=d / "logs")
+            made[key] = TrainRun(codes, d, bool(rep))
         return made[key]
 
     return get
-
 
 @dataclass
 class CrashRun:

@@ -1,9 +1,9 @@
 """The demo trains for real: multi-process gloo runs launched like torchrun.
 
 Each layout runs at most twice per session (the session's `demo_training` runs,
-tests/conftest.py): once to check it trains, twice to check it is bitwise reproducible.
-The recorder's tests (tests/recorder/test_frameworks.py) hold their recorded runs
-against the first of these.
+tests/conftest.py): once plainly to check it trains, and once more, under the recorder,
+to check it is bitwise reproducible. The recorder's tests (tests/recorder/test_frameworks.py)
+read that second run's records and hold it against the first as well.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from prism_rr.demo.train import make_batch
 
 STEPS = 3
 TRAIN_ARGS = ["--steps", str(STEPS), "--seed", "7"]  # test_frameworks.py TRAIN: keep them alike
+# rep 0 runs plainly, rep 1 under the recorder (conftest.demo_training)
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+) time ")
 
 # name -> (world size, extra train args)

@@ -10,12 +10,13 @@ from prism_rr.localrun import free_port
 from prism_rr.format.records import Collective, PointToPoint, Step
 from prism_rr.recorder.launch import record_command
 
-from recorder_helpers import Spools, assert_unbroken_seqs, run_recorded
+from recorder_helpers import Spools, assert_unbroken_seqs
 
 DEMO = ["-m", "prism_rr.demo.train", "--quiet"]
-# The session's plain runs of the demo trainer (conftest.demo_training) are trained with these
-# (tests/demo/test_demo_training.py checks them): a recorded run of the same layout is held
-# against that run instead of training it again here.
+# The demo trainer's layouts are run once a session plainly and once recorded (default
+# options) by conftest.demo_training, with these arguments: tests/demo/test_demo_training.py
+# checks both train alike (the demo is reproducible); here the recorded run is held
+# against the plain one and its records are read.
 TRAIN = ["--steps", "3", "--seed", "7"]
 
 
@@ -28,11 +29,15 @@ def _params_equal(a_prefix, b_prefix, world):
             assert torch.equal(a[k], b[k]), (r, k)
 
 
-def _plain(demo_training, world, args):
-    """The session's plain run of the demo trainer with `args`: its parameters' prefix."""
-    run = demo_training(world, [*TRAIN, *args])
-    assert run.codes == [0] * world, run.codes
-    return run.params
+def _recorded_and_plain(demo_training, world, args):
+    """The session's recorded run of the demo trainer with `args` (its spools) and the
+    prefixes of its and the plain run's saved parameters."""
+    rec, plain = demo_training(world, [*TRAIN, *args], 1), demo_training(world, [*TRAIN, *args], 0)
+    assert rec.recorded and not plain.recorded
+    for run in (rec, plain):
+        assert run.codes == [0] * world, "".join((run.logs / f"rank{r}.stderr").read_text()[-3000:]
+                                                 for r in range(world))
+    return Spools(rec.spool_dir), rec.params, plain.params
 
 
 def _groups_agree(spools):
@@ -45,10 +50,9 @@ def _groups_agree(spools):
 
 
 @pytest.mark.timeout(150)
-def test_ddp_bitwise_identical_and_recorded(tmp_path, demo_training):
-    args = ["--dp-mode", "ddp"]
-    spools, _ = run_recorded(tmp_path, [*DEMO, *TRAIN, *args, "--save-params", tmp_path / "rec"], 2, timeout=120)
-    _params_equal(tmp_path / "rec", _plain(demo_training, 2, args), 2)
+def test_ddp_bitwise_identical_and_recorded(demo_training):
+    spools, rec, plain = _recorded_and_plain(demo_training, 2, ["--dp-mode", "ddp"])
+    _params_equal(rec, plain, 2)
     assert_unbroken_seqs(spools)
     _groups_agree(spools)
     for r in range(2):
@@ -64,10 +68,9 @@ def test_ddp_bitwise_identical_and_recorded(tmp_path, demo_training):
 
 
 @pytest.mark.timeout(150)
-def test_fsdp2_tensor_parallel_bitwise_identical_and_recorded(tmp_path, demo_training):
-    args = ["--tp", "2"]
-    spools, _ = run_recorded(tmp_path, [*DEMO, *TRAIN, *args, "--save-params", tmp_path / "rec"], 4, timeout=120)
-    _params_equal(tmp_path / "rec", _plain(demo_training, 4, args), 4)
+def test_fsdp2_tensor_parallel_bitwise_identical_and_recorded(demo_training):
+    spools, rec, plain = _recorded_and_plain(demo_training, 4, ["--tp", "2"])
+    _params_equal(rec, plain, 4)
     assert_unbroken_seqs(spools)
     _groups_agree(spools)
     for r in range(4):
