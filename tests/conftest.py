@@ -177,44 +177,87 @@ class CrashRun:
         return (self.dir / f"rank{rank}.log").read_text()[-2000:]
 
 
-@pytest.fixture(scope="session")
-def crashy_runs(tmp_path_factory):
-    """`crashy_runs(mode)`: crashy.py MODE run once a session as 2 recording gloo ranks
-    (default options, started by hand: no launcher kills the survivor), then packed. The
-    recorder's crash-safety tests read its records, the diagnosis tests its findings."""
-    from prism_rr.format import pack
+def _start_recording_pair(script: Path, mode: str, d: Path) -> list:
+    """Two recording gloo ranks of `script MODE d` (default options) started by hand: no
+    launcher kills the survivor of a rank that dies. Each logs to d/rank{R}.log."""
     from prism_rr.localrun import free_port, rank_env
     from prism_rr.recorder import RecordOptions
-    from prism_rr.recorder.launch import hook_env, spool_dir_for
+    from prism_rr.recorder.launch import hook_env
 
-    script = Path(__file__).parent / "recorder" / "scripts" / "crashy.py"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.update(hook_env(RecordOptions.make(d / "run.prism.d")))
+    port, procs = free_port(), []
+    for rank in range(2):
+        with open(d / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, str(script), mode, str(d)],
+                                          env=dict(env, **rank_env(rank, 2, port, f"{script.stem}-{mode}")),
+                                          stdout=log, stderr=log, start_new_session=True))
+    return procs
+
+
+def _wait_all(procs: list, timeout: float) -> list:
+    """The exit codes, once every process ended; past `timeout` SIGTERM (the recorder
+    flushes on it), then SIGKILL."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    return [p.returncode for p in procs]
+
+
+RECORDER_SCRIPTS = Path(__file__).parent / "recorder" / "scripts"
+
+
+@pytest.fixture(scope="session")
+def crashy_runs(tmp_path_factory):
+    """`crashy_runs(mode)`: crashy.py MODE run once a session as 2 recording gloo ranks,
+    then packed. The recorder's crash-safety tests read its records, the diagnosis tests
+    its findings."""
+    from prism_rr.format import pack
+
     made: dict[str, CrashRun] = {}
 
     def get(mode: str) -> CrashRun:
         if mode not in made:
             d = tmp_path_factory.mktemp(f"crashy-{mode}")
-            out = d / "run.prism"
-            env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-            env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
-            port, procs = free_port(), []
-            for rank in range(2):
-                with open(d / f"rank{rank}.log", "wb") as log:
-                    procs.append(subprocess.Popen([sys.executable, str(script), mode, str(d)],
-                                                  env=dict(env, **rank_env(rank, 2, port, f"crashy-{mode}")),
-                                                  stdout=log, stderr=log, start_new_session=True))
-            deadline = time.monotonic() + 60
-            for p in procs:
-                try:
-                    p.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.send_signal(signal.SIGTERM)  # the recorder flushes on SIGTERM
-                    try:
-                        p.wait(10)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        p.wait()
-            pack(spool_dir_for(out), out)
-            made[mode] = CrashRun([p.returncode for p in procs], d)
+            codes = _wait_all(_start_recording_pair(RECORDER_SCRIPTS / "crashy.py", mode, d), 60)
+            pack(d / "run.prism.d", d / "run.prism")
+            made[mode] = CrashRun(codes, d)
         return made[mode]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def killed_peer(tmp_path_factory) -> CrashRun:
+    """hang.py kill, once a session: rank 1 SIGKILLs itself where rank 0 waits for it in
+    an all_reduce; rank 0, if still there 0.5 s later, is stopped with SIGTERM. Packed, the
+    spools kept: tests/recorder/test_failures.py reads the spools, the diagnosis tests the
+    findings."""
+    from prism_rr.format import pack
+
+    d = tmp_path_factory.mktemp("killed-peer")
+    procs = _start_recording_pair(RECORDER_SCRIPTS / "hang.py", "kill", d)
+    deadline = time.monotonic() + 60
+    while not all((d / f"stuck-{r}").exists() for r in range(2)):
+        if time.monotonic() > deadline:
+            _wait_all(procs, 0.1)
+            pytest.fail("ranks never reached the planted failure: " + (d / "rank1.log").read_text()[-2000:])
+        time.sleep(0.05)
+    try:
+        procs[1].wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    time.sleep(0.5)
+    if procs[0].poll() is None:
+        procs[0].send_signal(signal.SIGTERM)
+    codes = _wait_all(procs, 15)
+    pack(d / "run.prism.d", d / "run.prism")
+    return CrashRun(codes, d)

@@ -36,9 +36,8 @@ ABORT_AT = _line_of("torch.ones(5) if rank == world - 1")  # the all_reduce of a
 SEGV_AT = _line_of("ctypes.string_at(0)")
 
 
-def _record(tmp_path, script, *args, kill_after=None):
-    """Run `script` as 2 recorded gloo ranks; with `kill_after` (a marker file name),
-    SIGKILL rank 1 once both ranks touched it. Returns exit codes and findings."""
+def _record(tmp_path, script, *args):
+    """Run `script` as 2 recorded gloo ranks. Returns exit codes and findings."""
     out = tmp_path / "run.prism"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.update(hook_env(RecordOptions.make(spool_dir_for(out))))
@@ -47,11 +46,6 @@ def _record(tmp_path, script, *args, kill_after=None):
                               env=dict(env, **rank_env(r, WORLD, port, "diag")), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True) for r in range(WORLD)]
     try:
-        if kill_after:
-            deadline = time.monotonic() + 60
-            while not all((tmp_path / f"{kill_after}-{r}").exists() for r in range(WORLD)):
-                assert time.monotonic() < deadline, "the ranks never got there"
-                time.sleep(0.02)
         deadline = time.monotonic() + 60
         for p in procs:
             p.wait(max(0.1, deadline - time.monotonic()))
@@ -118,8 +112,12 @@ def test_segfault_is_a_crash_with_its_line(crashy_runs):
 
 
 @pytest.mark.timeout(90)
-def test_sigkilled_rank_is_unknown_after_its_records(tmp_path):
-    codes, findings = _record(tmp_path, "hang.py", "kill", kill_after="stuck")
+def test_sigkilled_rank_is_unknown_after_its_records(killed_peer):
+    # The session's run of hang.py kill (conftest.killed_peer), whose spools
+    # tests/recorder/test_failures.py reads.
+    codes = killed_peer.codes
+    with open_bundle(killed_peer.bundle) as b:
+        findings = diagnosed(b)
     assert codes[1] == -signal.SIGKILL, codes
     assert not any(f.kind == "crashed" for f in findings)  # SIGKILL leaves no crash file
     _no_never_for(findings, 1)

@@ -60,14 +60,11 @@ def test_hang_shows_as_open_call(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_killed_rank_leaves_readable_spools(tmp_path):
-    out, procs = _start(tmp_path, "kill")
-    _wait_for([tmp_path / "stuck-0", tmp_path / "stuck-1"], procs, 60)
-    procs[1].wait(10)
-    assert procs[1].returncode == -signal.SIGKILL
-    time.sleep(0.5)
-    _stop(procs)
-    spools = Spools(spool_dir_for(out))
+def test_killed_rank_leaves_readable_spools(killed_peer):
+    # The session's run of hang.py kill (conftest.killed_peer; rank 0 stopped 0.5 s after
+    # rank 1's death), which tests/analysis/test_diagnose_crashes.py diagnoses too.
+    assert killed_peer.codes[1] == -signal.SIGKILL, killed_peer.log(1)
+    spools = Spools(killed_peer.dir / "run.prism.d")
     # The killed rank's spool holds everything up to its last flush before death.
     dead = spools.collectives(1)
     assert [c.seq for c in sorted(dead, key=lambda c: c.seq)] == list(range(6))
