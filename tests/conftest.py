@@ -112,8 +112,7 @@ def make_demo(demo_runs) -> DemoRun:
 
 @dataclass
 class TrainRun:
-    """One run of the demo trainer (`python -m prism_rr.demo.train`): plain, or under the
-    recorder."""
+    """One run of the demo trainer (`python -m prism_rr.demo.train`): plain, or recorded."""
 
     codes: list
     dir: Path
@@ -130,18 +129,25 @@ class TrainRun:
 
     @property
     def spool_dir(self) -> Path:
-        """A recorded run's spools (unpacked)."""
+        """A recorded run's spools (kept after packing)."""
         return self.dir / "run.prism.d"
+
+    @property
+    def bundle(self) -> Path:
+        """A recorded run's bundle, packed from its spools once every rank exited 0."""
+        return self.dir / "run.prism"
 
 
 @pytest.fixture(scope="session")
 def demo_training(tmp_path_factory):
     """`demo_training(world, args, rep=0)`: the demo trainer run as `world` ranks with `args`
     and --save-params, each (world, args, rep) once a session. Rep 0 runs plainly; rep 1
-    runs under the recorder (default options, spools left unpacked), so one comparison
-    serves two tests: the training tests check rep 1 trains bitwise as rep 0 did (the demo
-    is reproducible), the recorder's tests (tests/recorder/test_frameworks.py) check the
-    same of a recorded run, and read its records."""
+    runs under the recorder with full payloads and the memory tracker, and is packed. One
+    such pair serves three tests: the training tests check rep 1 trains bitwise as rep 0
+    did (the demo is reproducible), the recorder's tests (tests/recorder/test_frameworks.py)
+    check the same of a recorded run and read its records, and the replayer's
+    (tests/replayer/test_replay_parallel.py) replay it bitwise."""
+    from prism_rr.format import pack
     from prism_rr.localrun import run_local
     from prism_rr.recorder import RecordOptions
     from prism_rr.recorder.launch import hook_env
@@ -152,12 +158,15 @@ def demo_training(tmp_path_factory):
         key = (world, tuple(map(str, args)), rep)
         if key not in made:
             d = tmp_path_factory.mktemp("train")
-            argv = [sys.executable, "-m", "prism_rr.demo.train", *key[1], "--save-params", str(d / "params")]
+            run = TrainRun([], d, bool(rep))
+            argv = [sys.executable, "-m", "prism_rr.demo.train", *key[1], "--save-params", str(run.params)]
             env = {"PYTHONWARNINGS": "ignore"}
             if rep:
-                env.update(hook_env(RecordOptions.make(d / "run.prism.d")))
-            codes = run_local(argv, world, env=env, timeout=TRAIN_TIMEOUT, cwd=d, log_dir=d / "logs")
-            made[key] = TrainRun(codes, d, bool(rep))
+                env.update(hook_env(RecordOptions.make(run.spool_dir, payload="full", memory=True)))
+            run.codes = run_local(argv, world, env=env, timeout=TRAIN_TIMEOUT, cwd=d, log_dir=run.logs)
+            if rep and run.codes == [0] * world:
+                pack(run.spool_dir, run.bundle)
+            made[key] = run
         return made[key]
 
     return get

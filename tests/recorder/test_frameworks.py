@@ -13,10 +13,10 @@ from prism_rr.recorder.launch import record_command
 from recorder_helpers import Spools, assert_unbroken_seqs
 
 DEMO = ["-m", "prism_rr.demo.train", "--quiet"]
-# The demo trainer's layouts are run once a session plainly and once recorded (default
-# options) by conftest.demo_training, with these arguments: tests/demo/test_demo_training.py
-# checks both train alike (the demo is reproducible); here the recorded run is held
-# against the plain one and its records are read.
+# The demo trainer's layouts are run once a session plainly and once recorded (full
+# payloads, memory tracker) by conftest.demo_training, with these arguments:
+# tests/demo/test_demo_training.py checks both train alike (the demo is reproducible);
+# here the recorded run is held against the plain one and its records are read.
 TRAIN = ["--steps", "3", "--seed", "7"]
 
 
@@ -64,7 +64,10 @@ def test_ddp_bitwise_identical_and_recorded(demo_training):
         # Each step's gradient all_reduce finished before that step's boundary.
         for c, s in zip(grads, steps):
             assert s.start_ns <= c.start_ns and c.end_ns <= s.end_ns
-    assert spools.collectives(0)[-1].digest_out == spools.collectives(1)[-1].digest_out
+    # The last gradient all_reduce's results are the same on both ranks (blob ids are
+    # content hashes; the closing barrier, the last call, has none).
+    last = [[c for c in spools.collectives(r) if c.op == "all_reduce"][-1].blob_out for r in (0, 1)]
+    assert last[0] and last[0] == last[1], last
 
 
 @pytest.mark.timeout(150)
@@ -84,9 +87,9 @@ def test_fsdp2_tensor_parallel_bitwise_identical_and_recorded(demo_training):
         assert by_group[(dp, "all_gather_into_tensor")] > 0 and by_group[(dp, "reduce_scatter_tensor")] > 0
         assert by_group[(tp, "all_reduce")] > 0  # the TP activations and gradients
     # The TP all_reduces of one tp group have the same results on both members.
-    a = [c.digest_out for c in spools.collectives(0) if c.op == "all_reduce"]
-    b = [c.digest_out for c in spools.collectives(1) if c.op == "all_reduce"]
-    assert a == b
+    a = [c.blob_out for c in spools.collectives(0) if c.op == "all_reduce"]
+    b = [c.blob_out for c in spools.collectives(1) if c.op == "all_reduce"]
+    assert a and all(a) and a == b  # blob ids are content hashes
 
 
 @pytest.mark.timeout(150)

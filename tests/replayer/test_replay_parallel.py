@@ -1,5 +1,8 @@
 """The demo's parallel layouts, recorded once with full payloads, replayed with one and with
-two real ranks: each real rank's final parameters are bitwise those of the recorded run."""
+two real ranks: each real rank's final parameters are bitwise those of the recorded run.
+
+The recordings are the session's (conftest.demo_training, rep 1: full payloads and the
+memory tracker), which the training and recorder tests check too."""
 
 import sys
 
@@ -8,9 +11,9 @@ import torch
 
 from prism_rr.replayer import replay
 
-from replay_helpers import record, stderr_of
+from replay_helpers import stderr_of
 
-STEPS = ["--steps", "3", "--quiet"]
+TRAIN = ["--steps", "3", "--seed", "7"]  # as conftest.demo_training's runs are made
 LAYOUTS = {
     "fsdp_tp": (4, ["--tp", "2"]),  # FSDP2 over dp=2 x DTensor TP over tp=2
     "pp": (2, ["--pp", "2"]),  # pipelining, 1F1B over two stages
@@ -19,23 +22,23 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def recordings(tmp_path_factory):
+def recordings(tmp_path_factory, demo_training):
     made = {}
 
     def get(name):
         if name not in made:
             world, extra = LAYOUTS[name]
-            tmp = tmp_path_factory.mktemp(name)
-            argv = ["-m", "prism_rr.demo.train", *STEPS, *extra]
-            bundle = record(tmp, [*argv, "--save-params", tmp / "rec"], world, payload="full", memory=True)
-            made[name] = (tmp, bundle, argv)
+            run = demo_training(world, [*TRAIN, *extra], 1)
+            assert run.codes == [0] * world, run.codes
+            argv = ["-m", "prism_rr.demo.train", *TRAIN, *extra]
+            made[name] = (tmp_path_factory.mktemp(name), run.bundle, argv, run.params)
         return made[name]
 
     return get
 
 
 def _replayed_bitwise(recordings, name, ranks):
-    tmp, bundle, argv = recordings(name)
+    tmp, bundle, argv, recorded = recordings(name)
     tag = "rep" + "".join(map(str, ranks))
     cmd = [sys.executable, *argv, "--save-params", str(tmp / tag)]
     result = replay(bundle, ranks=ranks, cmd=cmd, timeout=150, log_dir=tmp / f"logs-{tag}")
@@ -45,7 +48,7 @@ def _replayed_bitwise(recordings, name, ranks):
         if r not in ranks:
             assert not (tmp / f"{tag}.rank{r}.pt").exists()  # a virtual rank runs nothing
             continue
-        rec = torch.load(tmp / f"rec.rank{r}.pt")
+        rec = torch.load(f"{recorded}.rank{r}.pt")
         got = torch.load(tmp / f"{tag}.rank{r}.pt")
         assert rec.keys() == got.keys()
         assert [k for k in rec if not torch.equal(rec[k], got[k])] == [], f"rank {r}"
