@@ -73,7 +73,10 @@ def alive(tensors) -> bool:
             continue
         try:
             st = t.untyped_storage()
-            last = t.storage_offset() + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+            if t.is_contiguous():  # most calls' tensors: no walk over the strides
+                last = t.storage_offset() + n
+            else:
+                last = t.storage_offset() + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
             if st.nbytes() < last * t.element_size() or st.data_ptr() == 0:
                 return False
         except (RuntimeError, NotImplementedError):
@@ -96,13 +99,20 @@ def _small_bytes(t: torch.Tensor) -> bytes:
     """bytes(host_bytes(t)) of a small tensor (a copy of its bytes): read straight from
     memory for a plain contiguous CPU tensor whose storage holds all of it, four times
     faster than through torch's views and numpy."""
-    if type(t) is torch.Tensor and t.device.type == "cpu" and t.layout is torch.strided and t.is_contiguous():
-        n = t.numel() * t.element_size()
+    # (is_cpu, nbytes and the storage's own pointer: each a few hundred ns cheaper than
+    # device.type, numel x element_size and the tensor's data_ptr; a call reads two)
+    if type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and t.is_contiguous():
+        n = t.nbytes
         if n:
             st = t.untyped_storage()
-            if st.data_ptr() and st.nbytes() >= t.storage_offset() * t.element_size() + n:
-                return ctypes.string_at(t.data_ptr(), n)
+            ptr = st.data_ptr()
+            offset = t.storage_offset() * t.element_size()
+            if ptr and st.nbytes() >= offset + n:
+                return _string_at(ptr + offset, n)
     return bytes(host_bytes(t))
+
+
+_string_at = ctypes.string_at
 
 
 def _digest(t: torch.Tensor) -> int:
