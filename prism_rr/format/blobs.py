@@ -183,6 +183,11 @@ class BlobWriter:
     BATCH_BLOBS = 512
     BATCH_BYTES = 256 << 10
     BATCH_S = 0.02
+    # The ids stored, to store each content once: at most this many (about 100 bytes
+    # each), then forgotten all at once. A long recording whose small calls carry new
+    # values (a loss, a step counter) grew it by two a call; a blob stored again after
+    # is written twice and read once (`pack` takes each id once).
+    KNOWN_MAX = 1 << 16
 
     def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03,
                  sink=None, held=None):
@@ -215,7 +220,10 @@ class BlobWriter:
             return ident
         if self.error is not None:
             raise self.error
-        self._known.add(ident)
+        known = self._known
+        if len(known) >= self.KNOWN_MAX:
+            known.clear()
+        known.add(ident)
         with self._cond:
             after = self.pending + len(data)
             if self._closed or after > self.max_pending or after > self.rate * self.max_delay_s:

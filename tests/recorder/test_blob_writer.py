@@ -268,3 +268,34 @@ def test_small_blobs_are_stored_in_batches_and_at_once_when_waited_for(tmp_path,
         time.sleep(0.005)
     assert w.stored == 1 and _stored(tmp_path / "alone", blob_id(b"lone")) == b"lone"
     w.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_ids_kept_to_store_each_content_once_are_bounded(tmp_path, monkeypatch):
+    """A long digest recording keeps a blob of every small call, most with new bytes: the
+    writer's memory of what it stored stays bounded, and a content stored again after it
+    forgot is still one blob of the bundle."""
+    monkeypatch.setattr(BlobWriter, "KNOWN_MAX", 100)
+    w = BlobWriter(tmp_path)
+    datas = [i.to_bytes(4, "little") for i in range(1000)]
+    ids = [w.put(d) for d in datas]
+    assert len(w._known) <= 100
+    assert w.put(datas[0]) == ids[0]  # forgotten: queued again, same id
+    w.close()
+    assert w.error is None
+    stored = [ident for ident, _, _ in spool_blobs(tmp_path)]
+    assert set(stored) == set(ids) and stored.count(ids[0]) == 2  # written twice
+    assert [_stored(tmp_path, i) for i in ids] == datas
+    # the bundle holds it once
+    from prism_rr.format.records import Collective
+    from prism_rr.format.spool import SpoolWriter, spool_path
+
+    s = SpoolWriter(spool_path(tmp_path, 0), 0, info={"world_size": 1})
+    s.append(Collective(start_ns=1, end_ns=2, step=0, op="all_reduce", group=0, seq=0, blob_in=(ids[0],)))
+    s.close()
+    out = tmp_path.parent / "bounded.prism"
+    pack(tmp_path, out)
+    with open_bundle(out) as b:
+        assert b.blob(ids[0], expected=4) == datas[0]
+        index = b.sections[layout.SEC_BLOB_INDEX]
+        assert index.length == len(ids) * layout.BLOB_ENTRY.size  # every id, each once
