@@ -186,42 +186,17 @@ class CrashRun:
         return (self.dir / f"rank{rank}.log").read_text()[-2000:]
 
 
-def _start_recording_pair(script: Path, mode: str, d: Path) -> list:
-    """Two recording gloo ranks of `script MODE d` (default options) started by hand: no
-    launcher kills the survivor of a rank that dies. Each logs to d/rank{R}.log."""
-    from prism_rr.localrun import free_port, rank_env
-    from prism_rr.recorder import RecordOptions
-    from prism_rr.recorder.launch import hook_env
+def _recorder_helpers():
+    """tests/recorder/recorder_helpers.py (start_ranks, finish), which the recorder's tests
+    import by name: the session's crash runs start and stop their ranks as those tests do."""
+    where = str(Path(__file__).parent / "recorder")
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    import recorder_helpers
 
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env.update(hook_env(RecordOptions.make(d / "run.prism.d")))
-    port, procs = free_port(), []
-    for rank in range(2):
-        with open(d / f"rank{rank}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, str(script), mode, str(d)],
-                                          env=dict(env, **rank_env(rank, 2, port, f"{script.stem}-{mode}")),
-                                          stdout=log, stderr=log, start_new_session=True))
-    return procs
+    return recorder_helpers
 
 
-def _wait_all(procs: list, timeout: float) -> list:
-    """The exit codes, once every process ended; past `timeout` SIGTERM (the recorder
-    flushes on it), then SIGKILL."""
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    return [p.returncode for p in procs]
-
-
-RECORDER_SCRIPTS = Path(__file__).parent / "recorder" / "scripts"
 
 
 @pytest.fixture(scope="session")
@@ -230,14 +205,17 @@ def crashy_runs(tmp_path_factory):
     then packed. The recorder's crash-safety tests read its records, the diagnosis tests
     its findings."""
     from prism_rr.format import pack
+    from prism_rr.recorder.launch import spool_dir_for
 
+    helpers = _recorder_helpers()
     made: dict[str, CrashRun] = {}
 
     def get(mode: str) -> CrashRun:
         if mode not in made:
             d = tmp_path_factory.mktemp(f"crashy-{mode}")
-            codes = _wait_all(_start_recording_pair(RECORDER_SCRIPTS / "crashy.py", mode, d), 60)
-            pack(d / "run.prism.d", d / "run.prism")
+            out, procs = helpers.start_ranks(d, "crashy.py", mode, 2, f"crashy-{mode}")
+            codes = helpers.finish(procs, 60)
+            pack(spool_dir_for(out), out)
             made[mode] = CrashRun(codes, d)
         return made[mode]
 
@@ -251,13 +229,15 @@ def killed_peer(tmp_path_factory) -> CrashRun:
     spools kept: tests/recorder/test_failures.py reads the spools, the diagnosis tests the
     findings."""
     from prism_rr.format import pack
+    from prism_rr.recorder.launch import spool_dir_for
 
+    helpers = _recorder_helpers()
     d = tmp_path_factory.mktemp("killed-peer")
-    procs = _start_recording_pair(RECORDER_SCRIPTS / "hang.py", "kill", d)
+    out, procs = helpers.start_ranks(d, "hang.py", "kill", 2, "hang-kill")
     deadline = time.monotonic() + 60
     while not all((d / f"stuck-{r}").exists() for r in range(2)):
         if time.monotonic() > deadline:
-            _wait_all(procs, 0.1)
+            helpers.finish(procs, 0.1)
             pytest.fail("ranks never reached the planted failure: " + (d / "rank1.log").read_text()[-2000:])
         time.sleep(0.05)
     try:
@@ -267,6 +247,6 @@ def killed_peer(tmp_path_factory) -> CrashRun:
     time.sleep(0.5)
     if procs[0].poll() is None:
         procs[0].send_signal(signal.SIGTERM)
-    codes = _wait_all(procs, 15)
-    pack(d / "run.prism.d", d / "run.prism")
+    codes = helpers.finish(procs, 15)
+    pack(spool_dir_for(out), out)
     return CrashRun(codes, d)

@@ -1,8 +1,10 @@
 """Helpers for recorder tests: run a script as N gloo ranks under the hook, read spools."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -96,7 +98,24 @@ def start_ranks(workdir: Path, script: str, mode: str, world: int, run_id: str, 
     procs = []
     for rank in range(world):
         e = dict(env, **rank_env(rank, world, port, run_id))
-        log = open(workdir / f"rank{rank}.log", "wb")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), mode, str(workdir)],
-                                      env=e, stdout=log, stderr=log, start_new_session=True))
+        with open(workdir / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), mode, str(workdir)],
+                                          env=e, stdout=log, stderr=log, start_new_session=True))
     return out, procs
+
+
+def finish(procs: list, timeout: float) -> list:
+    """The exit codes, once every process ended; past `timeout` SIGTERM (the recorder
+    flushes on it), then SIGKILL."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    return [p.returncode for p in procs]

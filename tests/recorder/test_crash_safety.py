@@ -19,7 +19,7 @@ from prism_rr.localrun import free_port, rank_env
 from prism_rr.recorder import RecordOptions
 from prism_rr.recorder.launch import hook_env, spool_dir_for
 
-from recorder_helpers import SCRIPTS, start_ranks
+from recorder_helpers import SCRIPTS, finish, start_ranks
 
 WORLD = 2
 MARGIN_NS = 100_000_000  # what a death may lose
@@ -39,21 +39,6 @@ def _kill_delays(n: int, span_s: float) -> list[float]:
 def _start(workdir, mode, **options):
     workdir.mkdir(parents=True, exist_ok=True)
     return start_ranks(workdir, "crashy.py", mode, WORLD, "crash", **options)
-
-
-def _finish(procs, timeout):
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.send_signal(signal.SIGTERM)  # the recorder flushes on SIGTERM
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    return [p.returncode for p in procs]
 
 
 def _calls(out):
@@ -82,7 +67,7 @@ def _kill_once(workdir, delay_s, mode="loop", **options):
     deadline = time.monotonic() + 60
     while not all(p.exists() for p in ready):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            _finish(procs, 1)
+            finish(procs, 1)
             pytest.fail("ranks never reached their loop: " + (workdir / "rank1.log").read_text()[-2000:])
         time.sleep(0.02)
     time.sleep(delay_s)
@@ -92,7 +77,7 @@ def _kill_once(workdir, delay_s, mode="loop", **options):
     # timeout: SIGTERM ends it sooner, its recorder flushing every call it made first.
     time.sleep(0.5)
     procs[0].send_signal(signal.SIGTERM)
-    codes = _finish(procs, 8)
+    codes = finish(procs, 8)
     assert codes[1] == -signal.SIGKILL
     calls, _ = _calls(out)
     return calls, death, out
@@ -185,13 +170,13 @@ def test_sigkilled_rank_shows_the_call_it_was_in(tmp_path):
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"stuck-{r}").exists() for r in range(WORLD)):
         if time.monotonic() > deadline:
-            _finish(procs, 0.1)
+            finish(procs, 0.1)
             pytest.fail("ranks never reached the planted hang")
         time.sleep(0.05)
     time.sleep(0.3)  # rank 0 is in the all_reduce: for longer than 100 ms
     procs[0].send_signal(signal.SIGKILL)
     procs[1].send_signal(signal.SIGTERM)
-    codes = _finish(procs, 10)
+    codes = finish(procs, 10)
     assert codes[0] == -signal.SIGKILL
     calls, _ = _calls(out)
     last = max(calls[0], key=lambda c: c.seq)
