@@ -22,6 +22,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "collectives.py"
 
 
 PP_DEMO = ("--pp", "2", "--world", "2")  # the README's pipeline demo line
+# gloo's rare abort as a rank's process tears down, after its program finished (see
+# tests/test_readme.py): that recording is made once more, only for that.
+_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +34,18 @@ def recorded(tmp_path_factory, demo_runs):
     demo_runs.start()
     demo_runs.start(*PP_DEMO)
     d = tmp_path_factory.mktemp("diff")
-    runs = {name: subprocess.Popen([sys.executable, "-m", "prism_rr.cli", "record", "-o", str(d / f"{name}.prism"), "--nproc", "2", "--",
-                                    sys.executable, str(SCRIPT), *args],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=d)
-            for name, args in (("a", []), ("b", ["changed"]))}
-    for name, proc in runs.items():
+
+    def start(name, args):
+        return subprocess.Popen([sys.executable, "-m", "prism_rr.cli", "record", "-o", str(d / f"{name}.prism"),
+                                 "--nproc", "2", "--", sys.executable, str(SCRIPT), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=d)
+
+    runs = {name: (start(name, args), args) for name, args in (("a", []), ("b", ["changed"]))}
+    for name, (proc, args) in runs.items():
         _, err = proc.communicate(timeout=150)
+        if proc.returncode != 0 and _TEARDOWN_ABORT in err:  # gloo's rare abort at teardown: once more
+            proc = start(name, args)
+            _, err = proc.communicate(timeout=150)
         assert proc.returncode == 0, err
     return d / "a.prism", d / "b.prism"
 
