@@ -6,8 +6,9 @@ replay policy) build on this package; so do the tensor facts they share (payload
 the caller's stack, the per-operator dispatch mode, the CPU memory tracker).
 
 Modules: `hook` (on_import), `creation` (GroupCreation), `group` (InterceptGroup, Call,
-Policy), `payload`, `stack`, `dispatch`, `memory`, `steps` (OptimizerSteps). Importing this package imports no
-torch; the names below load their module on first use.
+Policy), `payload`, `stack`, `dispatch`, `memory`, `steps` (OptimizerSteps), `teardown`
+(settle: torch's threads get the GIL they wait for before the interpreter ends). Importing
+this package imports no torch; the names below load their module on first use.
 """
 
 from __future__ import annotations

@@ -111,6 +111,9 @@ def installed_options() -> RecordOptions | None:
 
 def install(options: RecordOptions) -> None:
     """Register the backend and patch group creation (idempotent)."""
+    from prism_rr.intercept import teardown
+
+    teardown.register()  # torch's gloo threads must not abort the process after its last line
     _recorder.options = options
     _creation.install()
 
@@ -123,6 +126,9 @@ def uninstall() -> None:
 
 def arm() -> None:
     """From the start-up hook: read PRISM_RR_RECORD and wait for torch.distributed."""
+    from prism_rr.intercept import teardown
+
+    teardown.register()  # first of all atexit functions, so it runs last (install's is a no-op then)
     options = RecordOptions.from_json(os.environ[ENV_VAR])
 
     def install_now(_module):

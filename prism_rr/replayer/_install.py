@@ -116,6 +116,9 @@ def arm() -> None:
 
     Under a launcher, first make a worker's environment the recorded world's (before the
     program reads it); torchrun's own process arms nothing."""
+    from prism_rr.intercept import teardown
+
+    teardown.register()  # torch's gloo threads must not abort the process after its last line
     _replayer.armed_ns = monotonic_ns()
     options = ReplayOptions.from_json(os.environ[ENV_VAR])
     if options.launcher:
