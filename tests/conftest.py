@@ -14,9 +14,6 @@ BIN = Path(sys.executable).parent
 PRISM = [str(BIN / "prism-rr")] if (BIN / "prism-rr").exists() else [sys.executable, "-m", "prism_rr.cli"]
 DEMO_TIMEOUT = 300  # seconds for one `prism-rr demo`: a world recorded, then rank 0 replayed
 TRAIN_TIMEOUT = 120  # seconds for one plain run of the demo trainer (demo_training)
-# gloo's rare abort as a rank's process tears down, after its program finished (see
-# tests/test_readme.py): the demo is run once more, only for that.
-_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,13 +59,8 @@ class DemoRun:
 
 
 def _run_demo(argv: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    def once():
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=DEMO_TIMEOUT, stdin=subprocess.DEVNULL)
-    out = once()
-    if out.returncode != 0 and _TEARDOWN_ABORT in out.stderr:
-        out = once()
-    return out
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT,
+                          stdin=subprocess.DEVNULL)
 
 
 class DemoRuns:

@@ -79,8 +79,6 @@ TRAIN = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
-_TEARDOWN_ABORT = "terminate called without an active exception"
-
 PRISM = [str(BIN / "prism-rr")] if (BIN / "prism-rr").exists() else [sys.executable, "-m", "prism_rr.cli"]
 TORCHRUN = BIN / "torchrun"
 
@@ -299,16 +297,8 @@ class Walkthrough:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, argv, timeout=TIMEOUT, cwd=None) -> subprocess.CompletedProcess:
-        def once():
-            return subprocess.run([str(a) for a in argv], cwd=cwd or self.work, env=self.env,
-                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        out = once()
-        # gloo's rare abort as a rank's process tears down, after its program finished
-        # (root cause not found; seen once in a full run on a loaded 2-core machine, not
-        # in 6 runs of the same command): the command is run once more, only for that.
-        if out.returncode != 0 and _TEARDOWN_ABORT in out.stderr:
-            out = once()
-        return out
+        return subprocess.run([str(a) for a in argv], cwd=cwd or self.work, env=self.env,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def _make(self, name: str) -> None:
         how = PLACEHOLDERS[name]
