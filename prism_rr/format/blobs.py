@@ -172,8 +172,17 @@ class BlobWriter:
     order: a spool writer notes `queued` when it takes records and waits for `stored` to
     reach it before writing them (`wait_stored`), so no record on disk names a blob that
     is not (a rank killed in between loses the records, not their payloads).
+
+    The thread gathers small blobs into batches: it takes what is queued once
+    `BATCH_BLOBS` blobs or `BATCH_BYTES` bytes wait, `BATCH_S` after the first of them,
+    or at once when a spool writer waits for them or the writer closes. A recording that
+    keeps a payload of every small call (`digest`) would otherwise wake the thread, take
+    the GIL from the program and make a system call for every call.
     """
 
+    BATCH_BLOBS = 512
+    BATCH_BYTES = 256 << 10
+    BATCH_S = 0.02
     # The ids stored, to store each content once: at most this many (about 100 bytes
     # each), then forgotten all at once. A long recording whose small calls carry new
     # values (a loss, a step counter) grew it by two a call; a blob stored again after
@@ -201,6 +210,7 @@ class BlobWriter:
         self._known: set[bytes] = set()  # ids stored or queued by this writer
         self._cond = threading.Condition()
         self._closed = False
+        self._urgent = False  # a spool writer waits for what is queued: no batching
         self._thread: threading.Thread | None = None
 
     def put(self, data: bytes) -> bytes:
@@ -220,13 +230,18 @@ class BlobWriter:
                 inline = True
             else:
                 inline = False
-                self._queue.append((ident, data))
+                queue = self._queue
+                queue.append((ident, data))
                 self.pending += len(data)
                 self.queued += 1
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="prism-rr-blobs", daemon=True)
                     self._thread.start()
-                self._cond.notify_all()
+                # the first of a batch starts the thread's wait for more; a full one ends
+                # it (all: a spool writer's wait_stored may be waiting too)
+                n = len(queue)
+                if n == 1 or n == self.BATCH_BLOBS or self.pending >= self.BATCH_BYTES:
+                    self._cond.notify_all()
         if inline:
             try:
                 self._sink(ident, data)
@@ -282,6 +297,9 @@ class BlobWriter:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
+                if not self._urgent:
+                    self._urgent = True  # the thread stops gathering a batch
+                    self._cond.notify_all()
                 self._cond.wait(left)
         return True
 
@@ -303,12 +321,14 @@ class BlobWriter:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
+                self._gather()
                 if not self._queue:
                     return
                 # Everything queued, at once: a recording that keeps a payload of every
                 # small call queues them faster than one lock, wake-up and write apiece.
                 batch = list(self._queue)
                 self._queue.clear()
+                self._urgent = False
             try:
                 if self.error is None:
                     self._store_all(batch)
@@ -319,6 +339,19 @@ class BlobWriter:
                     self.pending -= sum(len(data) for _, data in batch)
                     self.stored += len(batch)
                     self._cond.notify_all()
+
+    def _gather(self) -> None:
+        """With the condition held and blobs queued: wait (at most BATCH_S) for a batch."""
+        deadline = None
+        queue = self._queue
+        while (queue and not self._closed and not self._urgent and len(queue) < self.BATCH_BLOBS
+               and self.pending < self.BATCH_BYTES):
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.BATCH_S
+            elif now >= deadline:
+                return
+            self._cond.wait(deadline - now)
 
     def _store_all(self, batch: list) -> None:
         """Store (ident, data) of each blob in order: small ones to the pack file in one

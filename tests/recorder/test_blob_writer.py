@@ -221,6 +221,56 @@ def test_record_clears_only_this_hosts_old_pack_files(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(60)
+def test_small_blobs_are_stored_in_batches_and_at_once_when_waited_for(tmp_path, monkeypatch):
+    """The thread gathers what a `digest` recording queues call after call into one
+    write, instead of a wake-up, the GIL and a system call per blob; a spool writer
+    waiting for its records' blobs (wait_stored) ends the gathering at once, and what
+    no one waits for is stored within BATCH_S."""
+    import time
+
+    writes = []
+    real_write = os.write
+
+    def counting_write(fd, data):
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counting_write)
+    monkeypatch.setattr(BlobWriter, "BATCH_S", 60.0)  # nothing but a waiter or a full batch ends it
+    w = BlobWriter(tmp_path)
+    small = [os.urandom(4) for _ in range(200)]
+    for d in small:
+        w.put(d)
+    time.sleep(0.2)
+    assert w.stored == 0 and writes == []  # gathering: nothing written yet
+    t0 = time.monotonic()
+    assert w.wait_stored(w.queued, timeout=30)
+    assert time.monotonic() - t0 < 10  # not the 60 s of BATCH_S
+    assert len(writes) == 1 and w.stored == 200  # one write for the 200
+    # a full batch goes without a waiter
+    more = [os.urandom(4) for _ in range(BlobWriter.BATCH_BLOBS)]
+    for d in more:
+        w.put(d)
+    deadline = time.monotonic() + 20
+    while w.stored < 200 + len(more) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.stored == 200 + len(more) and len(writes) == 2
+    w.close()
+    assert w.error is None
+    assert [_stored(tmp_path, blob_id(d)) for d in small + more] == small + more
+
+    # with the default BATCH_S, a lone blob no one waits for is stored soon after all
+    monkeypatch.undo()
+    w = BlobWriter(tmp_path / "alone")
+    w.put(b"lone")
+    deadline = time.monotonic() + 20
+    while w.stored < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert w.stored == 1 and _stored(tmp_path / "alone", blob_id(b"lone")) == b"lone"
+    w.close()
+
+
+@pytest.mark.timeout(60)
 def test_the_ids_kept_to_store_each_content_once_are_bounded(tmp_path, monkeypatch):
     """A long digest recording keeps a blob of every small call, most with new bytes: the
     writer's memory of what it stored stays bounded, and a content stored again after it
