@@ -1,6 +1,7 @@
 """A recorded or replayed process ends with its program's exit code, not with an abort from
 torch's own threads after the last line (prism_rr/intercept/teardown.py)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +28,6 @@ def test_a_gloo_thread_waiting_for_the_gil_at_exit_gets_it_before_the_interprete
 
 
 def test_the_recorder_settles_every_process_it_records(tmp_path):
-    import os
-
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     env.update(hook_env(RecordOptions.make(spool_dir_for(tmp_path / "run.prism"), payload="none")))
     p = _run(env=env)
