@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism_rr.errors import UsageError
+from prism_rr.localrun import describe_exit
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.specs import parse_bandwidth, parse_ranks, step_window
 
@@ -134,7 +135,7 @@ def record(
         return RecordResult(output=output, spool_dir=spool_dir, exit_code=None, error=exc,
                             spools_left=spools_left(), warnings=tuple(warnings))
     if code != 0:
-        warning(f"the command exited with code {code}"
+        warning(f"the command exited with code {describe_exit(code)}"
                 + ("; packing what was recorded" if name is None else ""))
     if flight:
         return _flight_result(output, spool_dir, code, warnings, options["flight"])

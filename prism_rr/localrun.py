@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["free_port", "kill_ranks", "main", "rank_env", "run_local"]
+__all__ = ["describe_exit", "exit_code", "free_port", "kill_ranks", "main", "rank_env", "run_local"]
 
 _POLL_S = 0.02
 _TERM_GRACE_S = 3.0
@@ -137,6 +137,29 @@ def run_local(
             f.close()
 
 
+def exit_code(codes: Sequence[int]) -> int:
+    """The ranks' exit codes as one, a shell's way (128 + N for signal N): that of the
+    first rank that failed on its own. A rank that exited non-zero comes first; then one
+    ended by a signal the launcher does not send (SIGABRT, SIGSEGV, ...), then SIGKILL (the
+    launcher sends it only to a rank that outlived SIGTERM's grace), then SIGTERM."""
+    for c in codes:
+        if c > 0:
+            return c
+    killed_by_us = {-signal.SIGTERM: 2, -signal.SIGKILL: 1}
+    died = sorted((killed_by_us.get(c, 0), rank) for rank, c in enumerate(codes) if c < 0)
+    return 128 - codes[died[0][1]] if died else 0
+
+
+def describe_exit(code: int) -> str:
+    """An exit code as a person reads it: '134 (SIGABRT)' for 128 + a signal's number."""
+    if code > 128:
+        try:
+            return f"{code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return str(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m prism_rr.localrun --nproc N [--timeout S] -- CMD...`: torchrun's
     environment for N local ranks, without torchrun's agent (faster to start).
@@ -167,8 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"prism-rr launch: {exc}", file=sys.stderr)
         return 124
     # A rank that failed on its own says more than the ranks killed because of it.
-    bad = [c for c in codes if c > 0] or [128 - c for c in codes if c < 0]
-    return bad[0] if bad else 0
+    return exit_code(codes)
 
 
 if __name__ == "__main__":
