@@ -247,7 +247,7 @@ def replay(
     so each node's report covers them all (those that did not arrive within a bounded wait
     are in the report's `unreported`). A node's workers have one exit code, torchrun's.
     """
-    from prism_rr.localrun import kill_ranks, free_port, rank_env
+    from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
 
     bundle_path = Path(bundle_path).resolve()
     real = parse_ranks(ranks) or ()
@@ -406,7 +406,7 @@ def replay(
     elif stopped:
         code = DIVERGED
     else:
-        code = next((c if c > 0 else 128 - c for c in codes.values() if c != 0), 0)
+        code = exit_code(list(codes.values()))  # the rank that failed on its own, as localrun's
         if not code and rep["stopped_early"]:
             code = INCOMPLETE
     rep["exit_code"] = code
