@@ -93,12 +93,15 @@ def test_sigkill_at_random_moments_loses_at_most_100ms(tmp_path):
         assert not old, f"kill {i} at +{delay:.3f}s: calls older than 100 ms are missing: {old}"
         survivor = [c for c in calls[0] if c.end_ns is not None and c.end_ns < death]
         assert len(survivor) > 10  # the loop ran
-        # whatever rank 1 recorded last is at most 100 ms older than its death
-        last = max(c.start_ns if c.end_ns is None else c.end_ns for c in calls[1])
-        report.append((len(lost), max((a for _, a in lost), default=0) / 1e6, (death - last) / 1e6))
+        # How long before its death rank 1 recorded last. A kill in the loop's first
+        # 100 ms may find none of its calls on disk yet: the check above (nothing older
+        # than 100 ms is missing) is the whole contract then.
+        last = max((c.start_ns if c.end_ns is None else c.end_ns for c in calls[1]), default=None)
+        report.append((len(lost), max((a for _, a in lost), default=0) / 1e6,
+                       "-" if last is None else "%.1f" % ((death - last) / 1e6)))
     print("\nkills: lost calls, oldest lost (ms), last record before death (ms):")
     for row in report:
-        print("  %d  %.1f  %.1f" % row)
+        print("  %d  %.1f  %s" % row)
     counts = sorted(r[0] for r in report)
     print(f"lost calls per kill: max {counts[-1]}, median {counts[len(counts) // 2]}")
 
