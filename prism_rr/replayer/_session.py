@@ -72,6 +72,10 @@ class _Alarm:
                     continue
                 heapq.heappop(self._heap)
             fn()
+            # Let go of it now: a Work's _fire holds its tensors, which a real backend's
+            # thread drops once the call completes. Kept until the next alarm, they would
+            # be live, for the memory tracker, into a later step.
+            del fn
 
 
 def sleep_until(t_ns: int) -> None:
