@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The tests run on TEST_JOBS workers (pytest-xdist), a file's tests on one worker, so a
+# module's recordings are made once (a session's shared runs, tests/conftest.py, once a
+# worker). 2 fills CI's two cores; TEST_JOBS=0 runs them in one process, one by one.
+TEST_JOBS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # gpu-check runs the machine's own CUDA build of torch, with the interpreter that has it
 # (PYTHON; tests/gpu/gpu_setup.py says more). PIP_ARGS reaches pip where a dependency is
