@@ -166,6 +166,7 @@ def demo_training(tmp_path_factory):
 
     return get
 
+
 def _aborted_at_exit(run: TrainRun, world: int) -> bool:
     """Torch 2.13's own abort after a program's last line, in a run without prism-rr: a gloo
     worker thread that still drops a tensor once the interpreter is finalizing dies in
