@@ -141,7 +141,7 @@ def _env(mode: str, work: Path, n: int) -> dict[str, str]:
     if mode == "intercepted":  # a window that never opens: the group forwards every call
         opts = RecordOptions.make(spool, payload="none", steps="1000000000:")
     elif mode == "flight":
-        opts = RecordOptions(spool_dir=str(spool), payload="none", flight=8)
+        opts = RecordOptions(spool_dir=str(spool), flight=8)  # its default payload (small)
     else:
         opts = RecordOptions.make(spool, payload=mode)
     return hook_env(opts)

@@ -70,7 +70,7 @@ def record(
     *,
     steps=None,
     ranks=None,
-    payload: str = "digest",
+    payload: str | None = None,
     ops: bool = False,
     memory: bool = False,
     nproc: int = 0,

@@ -221,7 +221,7 @@ def record(
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write; spools go to OUTPUT.d/."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Record only steps A:B (B excluded), e.g. 1:4."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Record only these ranks, e.g. 0,2,4-7."),
-    payload: str = typer.Option("digest", "--payload", help="none: metadata only · digest: a hash of each tensor, and calls of at most 1 KiB whole (control data: sizes, flags, losses) · full: the tensors themselves."),
+    payload: Optional[str] = typer.Option(None, "--payload", help="none: metadata only · small: calls of at most 1 KiB whole (control data: sizes, flags, losses), nothing of larger ones (the default with --flight) · digest: that, and a hash of each larger tensor (the default) · full: the tensors themselves."),
     ops: bool = typer.Option(False, "--ops", help="Also record every operator (name, shapes, duration)."),
     memory: bool = typer.Option(False, "--memory", help="Track live tensor memory on CPU (CUDA statistics are always read)."),
     nproc: int = typer.Option(0, "--nproc", help="Start this many local ranks with torchrun's environment (0: CMD starts its own ranks, e.g. torchrun)."),

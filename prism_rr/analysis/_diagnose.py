@@ -583,6 +583,16 @@ def _end_text(g: "_Run", rank: int) -> tuple[str, dict]:
 # --- crashes --------------------------------------------------------------------------
 
 
+def _crashed_in(g: "_Run", rank: int) -> tuple[int, int] | None:
+    """(group, seq) of the call a rank was in when its process crashed (its crash file
+    names the signal; its records show the call it never left), or None."""
+    trace = g.traces.get(rank)
+    if trace is None or trace.crash is None or (trace.ended and not trace.truncated) or not trace.open_calls:
+        return None
+    _, group, seq, _ = max(trace.open_calls, key=lambda c: c[3].enter_ns)
+    return group, seq
+
+
 def _crashes(g: "_Run") -> list[Finding]:
     """A rank whose process died of a fatal signal its crash file names."""
     out = []
@@ -627,6 +637,8 @@ def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P
         if missing:
             runs.setdefault(("hang", call.group, missing), []).append(call)
         elif call.incomplete and not call.missing:
+            if all(_crashed_in(g, r) == (call.group, call.seq) for r in call.incomplete):
+                continue  # they died in it: the crash says so (and a mismatch, if there was one, why)
             runs.setdefault(("incomplete", call.group, call.incomplete), []).append(call)
     for (kind, group, ranks), calls in runs.items():
         calls.sort(key=lambda c: c.seq)
@@ -958,6 +970,18 @@ def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
                 parts.append(f"{_ranks_text(ranks)} {verb} {name} {a} where {_ranks_text(ref_ranks)} passed {b}")
         details = {"op": ref_sig[0], "differences": fields, "later": [], "later_count": 0,
                    "expected_ranks": sorted(ref_ranks)}
+        # every side's shapes and dtypes, whichever field differed first
+        sides = sorted(counts.items(), key=lambda kv: min(m.rank for m in kv[1]))
+        details["members"] = {str(m.rank): {"shapes": [list(x) for x in sig[1]], "dtypes": list(sig[2])}
+                              for sig, ms in sides for m in ms}
+        parts[-1] += " (" + "; ".join(f"{_ranks_text([m.rank for m in ms])}: {_fmt_shapes(sig[1])} "
+                                       f"{', '.join(sig[2]) or 'no tensors'}" for sig, ms in sides) + ")"
+        crashed = {m.rank: g.traces[m.rank].crash for m in call.members
+                   if _crashed_in(g, m.rank) == (call.group, call.seq)}
+        if crashed:
+            details["crashed"] = {str(r): {"signal": c.signal, "where": c.where} for r, c in sorted(crashed.items())}
+            for r, c in sorted(crashed.items()):
+                parts.append(f"rank {r} died in it ({c.signal}{f' at {c.where}' if c.where else ''})")
         failed = failures.take(call.group, call.seq)
         if failed:
             details["failed"] = {str(r): t for r, t in sorted(failed.items())}

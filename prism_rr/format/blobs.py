@@ -250,6 +250,29 @@ class BlobWriter:
                 raise
         return ident
 
+    def store_now(self, items) -> int:
+        """Store (id, bytes) pairs on the caller's thread, each content once: the small
+        payloads a compactor found in a call log, whose ids it made. How many were new."""
+        if self.error is not None:
+            raise self.error
+        entries = []
+        known = self._known
+        new = 0
+        for ident, data in items:
+            if ident in known:
+                continue
+            if len(known) >= self.KNOWN_MAX:
+                known.clear()
+            known.add(ident)
+            new += 1
+            if self._sink != self._store or len(data) > PACK_LIMIT:
+                self._sink(ident, data)
+            else:
+                entries.append(_pack_entry(ident, data))
+        if entries:
+            self._append_pack(b"".join(entries))
+        return new
+
     def _store(self, ident: bytes, data) -> None:
         if len(data) > PACK_LIMIT:
             _store(self.spool_dir, ident, data)

@@ -321,6 +321,19 @@ def _row_reader(cls) -> Callable[[Any], tuple]:
 _ROW_OF = {cls: _row_reader(cls) for cls in RECORD_TYPES.values()}
 
 
+def as_row(record) -> tuple:
+    """A record as a row (its kind, then its fields in wire order); a row as it is."""
+    if type(record) is tuple:
+        return record
+    return _ROW_OF[type(record)](record)
+
+
+def row_record(row) -> Record:
+    """The record a row stands for."""
+    cls = RECORD_TYPES[row[0]]
+    return _builder(cls, tuple(name for name, _ in cls.WIRE), ())(*row[1:])
+
+
 def row_start(r) -> tuple[int, int]:
     """(start_ns, step) of a record or a row."""
     if type(r) is tuple:

@@ -7,9 +7,12 @@ bundle: each rank once, blobs from every directory, every directory's run facts 
 (manifest `nodes`), and a summary of how well the ranks' clocks were aligned (`clock`).
 
 Chunks are copied byte for byte: packing reads frame headers and summaries and
-decompresses no events payload, so its cost is the copy. The one exception is small: a
-rank whose spool holds open-call snapshots gets one more chunk, of the last snapshot's
-calls that no later record completed (what a killed rank was in when it died).
+decompresses no events payload, so its cost is the copy. A rank that died left its call
+log beside its spool (format/calllog.py): what it holds past the compactor's last batch,
+the call the rank died in included, is read where it lies and packed as more chunks
+(compactor.log_frames); pack writes nothing into the directories it reads.
+Spools of earlier versions may hold open-call snapshots: the last one's calls that no later
+record completed make one more chunk.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import msgpack
 from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import codec, layout
-from prism_rr.format.blobs import blob_id, spool_blobs
-from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, still_open
+from prism_rr.format.blobs import blob_id, blob_level, spool_blobs
+from prism_rr.format.compactor import log_frames, open_log
+from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, spool_header, still_open
 
 if TYPE_CHECKING:
     from prism_rr.format.summaries import StepRows
@@ -55,7 +59,7 @@ def _is_spool(name: str) -> bool:
 
 
 def _has_spools(spool_dir: Path) -> bool:
-    return any(map(_is_spool, os.listdir(spool_dir)))
+    return any(_is_spool(n) or _is_log(n) for n in os.listdir(spool_dir))
 
 
 _SPOOL_NAME = re.compile(r"rank-(\d+)\.spool")
@@ -129,7 +133,10 @@ def pack(
     for d in dirs:
         names = os.listdir(d)  # one listing, not a glob and a probe for each rank's crash file
         crashes = {n for n in names if n.endswith(".crash")}
-        for name in filter(_is_spool, names):
+        spools = set(filter(_is_spool, names))
+        # a rank that died before its spool was made left only its call log
+        spools |= {n[: -len(".log")] + ".spool" for n in names if _is_log(n)} - spools
+        for name in sorted(spools):
             m = _SPOOL_NAME.fullmatch(name)
             rank = int(m.group(1)) if m else 1 << 40
             path = os.path.join(d, name)
@@ -144,6 +151,15 @@ def pack(
     where: dict[int, str] = {}  # rank -> its spool, by header
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
+    known_blobs: set | None = None
+
+    def have_blob(ident: bytes) -> bool:
+        nonlocal known_blobs
+        if known_blobs is None:
+            known_blobs = {i for d in dirs for i, _, _ in spool_blobs(d)}
+        return ident in known_blobs
+
+    log_blobs: dict[bytes, bytes] = {}  # small payloads found in the call logs of dead ranks
     rank_info: dict[int, dict] = {}
     rank_sums: dict[int, dict] = {}
     from prism_rr.format import summaries  # (numpy: packing only, not reading a 1.0 bundle)
@@ -160,9 +176,10 @@ def pack(
         pending: list = []  # chunks not yet written: a write of a few MiB, not one a chunk
         pending_bytes = 0
         for i, (_, path, spool_dir, has_crash) in enumerate(paths):
-            data = _read(path)
+            data, problem_before = _read_rank(Path(path), have_blob, log_blobs)
             name = os.path.basename(path)
             rank, frames, good_bytes, problem = scan_spool(data, f"spool {name}")
+            problem = problem or problem_before
             if rank in rank_sums:
                 raise FormatError(f"rank {rank} is in two places: {where[rank]} and {path} (by their headers)")
             where[rank] = path
@@ -210,7 +227,7 @@ def pack(
         chunks_len = pos - chunks_at
 
         blobs_at = f.tell()
-        blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at)
+        blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at, log_blobs)
         blobs_len = f.tell() - blobs_at
 
         ranks = sorted(rank_sums)
@@ -305,6 +322,37 @@ def _no_gc():
     finally:
         if was:
             gc.enable()
+
+
+def _is_log(name: str) -> bool:
+    return name.startswith("rank-") and name.endswith(".log")
+
+
+def _read_rank(spool: Path, have_blob, log_blobs: dict) -> tuple[bytes, str | None]:
+    """A rank's spool as pack reads it: with what the call log it left beside it holds (a
+    rank that died: format/compactor.py) as more frames after the spool's good part.
+    Nothing is written to the directory. The second value: why the spool alone was cut
+    short, when the log made up for it (None then), or a log that cannot be read."""
+    contents = None
+    problem = None
+    try:
+        contents = open_log(spool)
+    except FormatError as exc:
+        problem = f"its call log cannot be read ({exc})"
+    data = _read(str(spool)) if spool.exists() else b""
+    if contents is None:
+        if not data:
+            raise FormatError(f"{spool.name}: no spool, and no call log to read instead")
+        return data, problem
+    if data:
+        _, frames, good, _ = scan_spool(data, f"spool {spool.name}")
+        data = data[:good]
+        index = max((f.index for f in frames), default=-1) + 1
+    else:
+        data, index = spool_header(contents.rank), 0
+    more, blobs, _ = log_frames(contents, index, have_blob)
+    log_blobs.update(blobs)
+    return data + more, problem
 
 
 def _read(path: str) -> bytes:
@@ -420,11 +468,20 @@ def clock_summary(rank_info: dict[int, dict], ranks: list[int]) -> dict:
     }
 
 
-def _copy_blobs(dirs: list[Path], f, blobs_at: int) -> tuple[list[bytes], int]:
-    """Every blob of every directory, once (an id names its content)."""
+def _copy_blobs(dirs: list[Path], f, blobs_at: int, raw_blobs: dict | None = None) -> tuple[list[bytes], int]:
+    """Every blob of every directory, once (an id names its content), and `raw_blobs`
+    (id -> bytes, not yet compressed: payloads from call logs)."""
     rows: list[bytes] = []
     crc = 0
     seen: set[bytes] = set()
+    for ident, raw in (raw_blobs or {}).items():
+        if ident in seen:
+            continue
+        seen.add(ident)
+        stored = codec.compress(raw, blob_level(len(raw)))
+        rows.append(layout.BLOB_ENTRY.pack(ident, f.tell() - blobs_at, len(stored), len(raw), layout.crc32(stored)))
+        f.write(stored)
+        crc = zlib.crc32(stored, crc)
     for ident, name, read in (blob for d in dirs for blob in spool_blobs(d)):
         if len(ident) != layout.BLOB_ID_LEN or ident in seen:
             continue

@@ -7,16 +7,16 @@ direction and peer for point-to-point, counted here and nowhere else), inputs, o
 reduce op, root, peer, tag, and the real backend's function and arguments. A `Policy`
 turns the call into a Work: the recorder's forwards it to the real backend, the
 replayer's checks it against a bundle and builds its results. An observer (the
-recording), when there is one, sees every call whichever policy runs it:
+recording), when there is one, sees every call whichever policy runs it, as the same
+`Call` object (it keeps its own notes in the call's observer slots):
 
     observer.live  # False: it looks away from every call now (outside a step window)
-    observer.enter(call) -> token, or None to look away from this call
-    observer.failed(token, exc)  # the policy raised
-    observer.track(token, work, group) -> the Work the program gets
-    observer.blocking  # optional: (gid, op, seq, ins, outs, fn, args, reduce_op, root, peer,
-                       # tag, receives) -> Work; runs a blocking call of a forwarding policy
-                       # whole (a collective, or torch's blocking send or recv: the common
-                       # calls), made with no Call object and no enter/track round trip
+    observer.enter(call) -> bool  # False: it looks away from this call
+    observer.failed(call, exc)  # the policy raised
+    observer.track(call, work, group) -> the Work the program gets
+    observer.blocking(call) -> Work  # optional: a blocking call of a forwarding policy
+                                     # (a collective, or torch's blocking send or recv),
+                                     # entered, run and completed in one step
 """
 
 from __future__ import annotations
@@ -191,27 +191,36 @@ def completed_work(value=None):
 
 
 class Call:
-    """One call of the program on a group, as every entry point is normalised."""
+    """One call of the program on a group, as every entry point is normalised.
 
-    __slots__ = ("op", "gid", "seq", "ins", "outs", "reduce_op", "root", "peer", "tag", "async_op",
-                 "p2p", "receives", "fn", "args")
+    The slots after `args` are the observer's: where it wrote the call (`cid`), when it
+    was entered, issued and completed, and what completion brought."""
 
-    def __init__(self, op: str, gid: int, seq: int, ins, outs, fn, args, *, reduce_op=None, root=None,
-                 peer=None, tag=0, async_op=False, p2p=False, receives=False):
+    __slots__ = ("op", "gid", "seq", "ins", "outs", "fn", "args", "reduce_op", "root", "peer", "tag", "async_op",
+                 "p2p", "receives",
+                 "cid", "start", "step", "issued", "end", "done", "error", "future", "out_later")
+
+    def __init__(self, op: str, gid: int, seq: int, ins, outs, fn, args, reduce_op=None, root=None, peer=None,
+                 tag=0, async_op=False, p2p=False, receives=False):
         self.op = op  # the name the recorder writes (format/ops.py)
         self.gid = gid
         self.seq = seq  # -1: a receive from any source, counted once its sender is known
         self.ins = ins
         self.outs = outs
-        self.reduce_op = reduce_op
+        self.fn = fn  # the real backend's method, and its arguments
+        self.args = args
+        self.reduce_op = reduce_op  # its name ("SUM"), or None
         self.root = root  # global rank
         self.peer = peer  # global rank; None: any source
         self.tag = tag
         self.async_op = async_op
         self.p2p = p2p
         self.receives = receives  # a point-to-point receive
-        self.fn = fn  # the real backend's method, and its arguments
-        self.args = args
+        self.cid = -1  # the observer's id of the call; -1: not observed
+        self.done = False
+        self.future = None  # the real Work's future, polled for completion
+        self.out_later = False  # completed on a backend thread: its outputs are read later
+        self.error = None
 
 
 class Policy:
@@ -400,31 +409,29 @@ class InterceptGroup(ProcessGroup):
 
     def _run(self, call: Call):
         observer = self.observer
-        token = observer.enter(call) if observer is not None else None
-        if token is None:
+        if observer is None or not observer.enter(call):
             return self.policy.run(self, call)
         try:
             work = self.policy.run(self, call)
         except BaseException as exc:
-            observer.failed(token, exc)
+            observer.failed(call, exc)
             raise
-        return observer.track(token, work, self)
+        return observer.track(call, work, self)
 
     def _collective(self, op, ins, outs, fn, args, *, reduce_op=None, root=None, async_op=False):
         seq = self._seq
         self._seq = seq + 1
+        observer = self.observer
         policy = self.policy
         if policy.forwards:
-            observer = self.observer
             if observer is None or not observer.live:
                 return policy.forward(fn, args)
             if not async_op and self._blocking is not None:
-                return self._blocking(self.gid, op, seq, ins, outs, fn, args,
-                                      None if reduce_op is None else _op_name(reduce_op), root, None, 0, False)
+                return self._blocking(Call(op, self.gid, seq, ins, outs, fn, args,
+                                           None if reduce_op is None else _op_name(reduce_op), root))
         # `reduce_op`: the options' ReduceOp, named only for a call that is built
         return self._run(Call(op, self.gid, seq, ins, outs, fn, args,
-                              reduce_op=None if reduce_op is None else _op_name(reduce_op), root=root,
-                              async_op=async_op))
+                              None if reduce_op is None else _op_name(reduce_op), root, async_op=async_op))
 
     def _p2p(self, receives, tensors, group_peer, tag, fn, args):
         """`send`, `recv` and a receive whose sender is known: called by them (the frame
@@ -440,12 +447,11 @@ class InterceptGroup(ProcessGroup):
         else:
             async_op = not blocking_p2p(3)
             op = ("irecv" if async_op else "recv") if receives else ("isend" if async_op else "send")
+            call = Call(op, self.gid, seq, tensors, tensors, fn, args, None, None, peer, tag, async_op, True, receives)
             if not async_op and policy.forwards and self._blocking is not None and self._coalesced is None:
                 # torch's send or recv, which waits for the Work as soon as it has it
-                return self._blocking(self.gid, op, seq, tensors, tensors, fn, args, None, None, peer, tag,
-                                      receives)
-            work = self._run(Call(op, self.gid, seq, tensors, tensors, fn, args, peer=peer, tag=tag,
-                                  async_op=async_op, p2p=True, receives=receives))
+                return self._blocking(call)
+            work = self._run(call)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -622,8 +628,8 @@ class InterceptGroup(ProcessGroup):
         async_op = not blocking_p2p(2)
         op = "irecv" if async_op else "recv"
         # The peer, and so the per-peer sequence number, is known only at completion (`sourced`).
-        return self._run(Call(op, self.gid, -1, tensors, tensors, real.recv_anysource, (tensors, tag),
-                              tag=tag, async_op=async_op, p2p=True, receives=True))
+        return self._run(Call(op, self.gid, -1, tensors, tensors, real.recv_anysource, (tensors, tag), None, None,
+                              None, tag, async_op, True, True))
 
     # --- coalescing (the old per-call style) ----------------------------------------
 

@@ -19,8 +19,17 @@ import time
 import torch
 
 from prism_rr.format.blobs import KEEP_SMALL, BlobWriter
+from prism_rr.format.calllog import P_BLOBS, P_BYTES, P_DIGEST_BYTES, P_DIGESTS, ONE_BYTES, payload_tail
 
-__all__ = ["KEEP_SMALL", "alive", "blobs", "describe", "digests", "host_bytes", "small"]
+__all__ = ["FULL", "KEEP_SMALL", "MODES", "NONE", "SMALL", "alive", "blobs", "describe", "digests", "host_bytes",
+           "log_payload", "small"]
+
+# Payload modes (`--payload`), as numbers for the recorder's path.
+NONE, SMALL, DIGEST, FULL = 0, 1, 2, 3
+MODES = {"none": NONE, "small": SMALL, "digest": DIGEST, "full": FULL}
+# A `full` recording keeps payloads up to this size in the call log itself (written as the
+# call happens); larger ones go to the blob writer's thread, compressed.
+INLINE_MAX = 64 << 10
 
 _SMALL = 4096  # bytes; below this BLAKE2b on the host bytes is as cheap as a torch call
 _PACK = struct.Struct("<qqQ")
@@ -113,6 +122,50 @@ def _small_bytes(t: torch.Tensor) -> bytes:
 
 
 _string_at = ctypes.string_at
+_Tensor = torch.Tensor
+_strided = torch.strided
+_one_bytes = ONE_BYTES.pack
+
+
+def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: bool = False,
+                inline_max: int = INLINE_MAX):
+    """The call log's payload part (format/calllog.py, PAYLOAD_HEAD) for a call's tensors
+    under payload mode `mode`, or None when it keeps none of them; for one plain CPU
+    tensor, (its address, its length, what) for the log to copy from. Small calls (at most
+    KEEP_SMALL bytes in all) keep their bytes in every mode but none: the compactor makes
+    their blob ids and digests. `checked`: the tensors may have lost their storage since
+    the call (outputs read after the program could free them): read only whole ones.
+    `writer`: where `full` stores payloads above `inline_max` (none: they are not kept)."""
+    if len(tensors) == 1:
+        t = tensors[0]
+        n = t.numel() * t.element_size()
+        if n <= KEEP_SMALL:
+            what = P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES
+            # a plain contiguous CPU tensor: its address, for the call log to copy its bytes
+            if not checked and type(t) is _Tensor and t.is_cpu and t.layout is _strided and t.is_contiguous():
+                return t.data_ptr(), n, what
+            data = _small_bytes(t)
+            return _one_bytes(1, what, 0, n, n) + data
+    elif not tensors:  # a barrier: digest and full say so, with nothing in it
+        if mode == DIGEST:
+            return payload_tail(0, P_DIGESTS, digests=())
+        return payload_tail(0, P_BLOBS, blobs=()) if mode == FULL else None
+    n = len(tensors)
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    total = sum(sizes)
+    if total <= KEEP_SMALL:
+        return payload_tail(n, P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES,
+                            datas=[_small_bytes(t) for t in tensors])
+    if mode == SMALL:
+        return None
+    if mode == DIGEST:
+        return payload_tail(n, P_DIGESTS, digests=digests(tensors))
+    if total <= inline_max:
+        return payload_tail(n, P_BYTES, datas=[_small_bytes(t) if k <= _SMALL else bytes(host_bytes(t))
+                                               for t, k in zip(tensors, sizes)])
+    if writer is None:
+        return None
+    return payload_tail(n, P_BLOBS, blobs=blobs(writer, tensors))
 
 
 def _digest(t: torch.Tensor) -> int:

@@ -8,6 +8,13 @@ import sys
 
 __all__ = ["blocking_p2p", "caller_stack"]
 
+try:  # the walk below in C, from the same caches (prism_rr/_speedups.c); optional
+    if os.environ.get("PRISM_RR_PURE_PYTHON"):
+        raise ImportError("PRISM_RR_PURE_PYTHON is set")
+    from prism_rr._speedups import stack as _fast_stack
+except ImportError:
+    _fast_stack = None
+
 _LIB_DIRS: tuple[str, ...] = ()
 # Keyed by id(code), not by the code object: a code object's hash is worked out anew at
 # each use, from its constants and names (microseconds for a long function). The code
@@ -48,6 +55,10 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
     """Innermost-first "file:line function" of up to `depth` user frames."""
     if depth <= 0:
         return None
+    if _fast_stack is not None:
+        got = _fast_stack(depth, skip, _is_user, _text, _stacks)
+        if got is not False:  # False: a frame or a line not seen before; the walk below learns it
+            return got or None
     try:
         frame = sys._getframe(skip)
     except ValueError:

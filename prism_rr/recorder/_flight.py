@@ -1,9 +1,10 @@
 """Flight mode: every rank keeps its last steps in a ring, and a trigger dumps them all.
 
-`record --flight K` (or `"flight": K` in PRISM_RR_RECORD) records as usual, but records
-and payloads go to the rank's flight ring (format/ring.py: a fixed-size file mapped into
-memory, written with memcpy) instead of a spool. Nothing is written to disk until one of
-these fires on any rank:
+`record --flight K` (or `"flight": K` in PRISM_RR_RECORD) records as usual into the rank's
+call log (format/calllog.py), whose ring then holds the newest records and small payloads
+(the `small` payload by default) and overwrites the oldest: a file of fixed size mapped
+into memory, no spool, no compactor. Nothing else is written until one of these fires on
+any rank:
 
 - hang: a call pending longer than `flight_hang` seconds (a watchdog thread; the
   backend's own timeout, 30 minutes for gloo and NCCL by default, comes much later);
@@ -14,12 +15,13 @@ these fires on any rank:
 
 The rank that sees it sets a key in the job's store (its own connections, cloned from
 torch's default store: one waits for the key, one writes); every rank's listener thread
-wakes and writes its ring's last K steps, with the calls open at that moment, as a spool
-under `flight-<n>/` in its spool directory; rank 0 waits (bounded) for the others and
-packs `flight-<n>/` into the bundle (`OUTPUT`, then `OUTPUT.<n>` stem for later dumps),
-with the trigger in the manifest (`flight`). A rank that died meanwhile (SIGKILL, a crash)
-left its ring file: rank 0 reads that instead. A crash of the whole job, or of rank 0,
-leaves rings that `record` turns into a bundle at the end (`finish_flight`).
+wakes, copies its call log's mapped bytes and writes their last K steps, with the calls
+open at that moment, as a spool under `flight-<n>/` in its spool directory; rank 0 waits
+(bounded) for the others and packs `flight-<n>/` into the bundle (`OUTPUT`, then
+`OUTPUT.<n>` stem for later dumps), with the trigger in the manifest (`flight`). A rank
+that died meanwhile (SIGKILL, a crash) left its call log: rank 0 reads that instead. A
+crash of the whole job, or of rank 0, leaves logs that `record` turns into a bundle at the
+end (`finish_flight`).
 """
 
 from __future__ import annotations
@@ -35,16 +37,12 @@ from collections import deque
 from pathlib import Path
 from statistics import median
 
-import msgpack
-
 from prism_rr.format import codec, layout
-from prism_rr.format.blobs import blob_level
-from prism_rr.format.records import GroupInfo, Marker
-from prism_rr.format.ring import E_BLOB, E_FRAME, E_GROUPS, E_INFO, E_OPEN, Ring, RingContents, newest_step, \
-    read_ring, ring_path, ring_to_spool
-from prism_rr.format.spool import FRAME_OPEN, SpoolWriter, encode_frame
+from prism_rr.format.calllog import decode_log, log_path, read_log
+from prism_rr.format.compactor import log_info, log_to_spool
+from prism_rr.format.records import Marker
 
-__all__ = ["DUMP_FILE", "Flight", "FlightWriter", "dump_bundle_path", "finish_flight", "finish_rings", "flight_bundles",
+__all__ = ["DUMP_FILE", "Flight", "dump_bundle_path", "finish_flight", "finish_logs", "flight_bundles",
            "flight_steps"]
 
 log = logging.getLogger("prism_rr.recorder")
@@ -53,71 +51,6 @@ DUMP_FILE = "dump-now"  # created in the spool directory: every rank dumps
 PACK_WAIT_S = 15.0  # how long rank 0 waits for the other ranks' dumps before packing
 COOLDOWN_S = 5.0  # triggers within this of a dump are the same moment
 LISTEN_S = 1.0  # how often a rank looks for a dump another rank started (as torch's NCCL monitor)
-
-
-class _BlobSink:
-    """A BlobWriter's sink (format/blobs.py): payloads go into the ring beside the
-    records; `holds` says whether a blob stored before is still recent enough to name."""
-
-    def __init__(self, ring: Ring):
-        self.ring = ring
-
-    def __call__(self, ident: bytes, data) -> None:
-        if not self.ring.append(E_BLOB, ident + codec.compress(bytes(data), blob_level(len(data))), meta=ident):
-            raise OSError(f"a payload of {len(data):,} bytes is larger than the flight ring; give a larger --flight-budget")
-
-    def holds(self, ident: bytes) -> bool:
-        return self.ring.holds_recent(ident)
-
-
-class FlightWriter(SpoolWriter):
-    """A SpoolWriter whose frames go to the rank's flight ring, not to a spool file."""
-
-    def __init__(self, spool_dir, rank: int, budget: int, *, info: dict | None = None):
-        self._budget = int(budget)
-        self._info: dict = {}
-        self._groups: list = []
-        self.keep_ring = True  # a death leaves the ring; a clean close removes it (Flight.closing)
-        super().__init__(ring_path(spool_dir, rank), rank, info=info)
-        self.store_blob = _BlobSink(self.ring)
-
-    def _open(self) -> None:
-        self.ring = Ring(self.path, self.rank, self._budget)
-
-    def _close_file(self) -> None:
-        self.ring.close(remove=not self.keep_ring)
-
-    def _write(self, kind: int, records=None, info=None) -> None:
-        ring = self.ring
-        if kind == layout.FRAME_RANK_INFO:
-            self._info.update(info)
-            ring.set_slot(E_INFO, msgpack.packb(self._info, use_bin_type=True))
-            return
-        if kind == FRAME_OPEN:
-            ring.set_slot(E_OPEN, encode_frame(FRAME_OPEN, self.rank, 0, records=records))
-            return
-        groups = [r for r in records if type(r) is GroupInfo]
-        if groups:  # made once, at start: kept whole beside the ring, not in it
-            self._groups += groups
-            ring.set_slot(E_GROUPS, encode_frame(layout.FRAME_EVENTS, self.rank, 0, records=self._groups))
-            records = [r for r in records if type(r) is not GroupInfo]
-        if records:
-            frame = encode_frame(layout.FRAME_EVENTS, self.rank, self._index, records=records)
-            self._index += 1
-            if not ring.append(E_FRAME, frame):
-                self.dropped += len(records)
-
-    def contents(self) -> RingContents:
-        """What the ring holds now (a copy), as read_ring would find it."""
-        out = RingContents(rank=self.rank, info=dict(self._info))
-        if self._groups:
-            out.groups = encode_frame(layout.FRAME_EVENTS, self.rank, 0, records=list(self._groups))
-        for held, payload in self.ring.data_entries():
-            if held.kind == E_FRAME:
-                out.frames.append(payload)
-            elif held.kind == E_BLOB:
-                out.blobs[payload[: layout.BLOB_ID_LEN]] = payload[layout.BLOB_ID_LEN :]
-        return out
 
 
 def dump_bundle_path(output: Path, n: int) -> Path:
@@ -149,6 +82,7 @@ class Flight:
         self._last = -COOLDOWN_S  # monotonic seconds of the last trigger or dump
         self._hung: set = set()  # calls a hang trigger named already
         self._steps: deque = deque(maxlen=64)
+        self.keep_log = True  # a death leaves the log; a clean close removes it (closing)
         self._store = None
         self._prefix = "prism_rr/flight/{}/{}/".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),
                                                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -179,7 +113,6 @@ class Flight:
         every rank at once, without the store); a clean end removes the ring, another
         (a signal) leaves it for `record` to pack should a rank have crashed."""
         self._stop.set()
-        writer = self.rec.writer
         clean = not reason.startswith("SIG")  # a signal's name: the run was stopped
         if clean and self.options.flight_at_exit:
             try:
@@ -188,7 +121,7 @@ class Flight:
                                          "first_step": max(0, self.rec.step - self.options.flight)})
             except BaseException as exc:
                 log.warning("prism-rr: flight dump at exit failed on rank %d: %s", self.rec.rank, exc)
-        writer.keep_ring = not clean
+        self.keep_log = not clean
 
     # --- triggers -----------------------------------------------------------------------
 
@@ -237,14 +170,12 @@ class Flight:
         while not self._stop.wait(poll):
             try:
                 now = time.monotonic_ns()
-                with rec._lock:
-                    pending = [c for c in rec.open.values() if not c.done]
-                late = [c for c in pending if now - c.start >= hang_ns and id(c) not in self._hung]
+                late = [c for c in rec.calls.pending() if now - c[0] >= hang_ns and c[5] not in self._hung]
                 if late:
-                    call = min(late, key=lambda c: c.start)
-                    self._hung.update(id(c) for c in late)
-                    self.trigger("hang", op=call.op, group=call.group, seq=call.seq, call_step=call.step,
-                                 pending_s=round((now - call.start) / 1e9, 3))
+                    start, op, group, seq, step, _ = late[0]
+                    self._hung.update(c[5] for c in late)
+                    self.trigger("hang", op=op, group=group, seq=seq, call_step=step,
+                                 pending_s=round((now - start) / 1e9, 3))
                 if trigger_file.exists():
                     trigger_file.unlink(missing_ok=True)
                     self.trigger("file", path=str(trigger_file))
@@ -317,27 +248,21 @@ class Flight:
                 self._pack(n, facts, out_dir, store)
 
     def _write_dump(self, n, facts: dict) -> Path:
-        """This rank's ring (its last K steps and the calls open now) as a spool in
+        """This rank's call log (its last K steps and the calls open now) as a spool in
         `flight-<n>/`."""
-        from prism_rr.recorder._signals import open_records
-
         rec = self.rec
-        writer = rec.writer
-        writer.sync(1.0)  # records still pending, into the ring
-        if rec.blob_writer is not None:
-            rec.blob_writer.wait_stored(rec.blob_writer.queued, 2.0)
-        open_now = open_records(rec, min_age_ns=0) or []
+        contents = rec.log.snapshot()  # a copy of the mapped bytes, taken under the log's lock
         # This rank's records are whole up to now: the dump is its recording's proper end
         # (analysis then knows it did nothing more, unlike a rank that died).
         t = time.monotonic_ns()
-        open_now.append(Marker(start_ns=t, end_ns=t, step=rec.step, name="recording_end", value=len(open_now),
-                               text=f"flight dump {n}: {facts.get('trigger')} on rank {facts.get('rank')}"))
+        end = Marker(start_ns=t, end_ns=t, step=rec.step, name="recording_end", value=len(rec.calls.pending()),
+                     text=f"flight dump {n}: {facts.get('trigger')} on rank {facts.get('rank')}")
         out_dir = self.spool_dir / f"flight-{n}"
         t0 = time.monotonic()
-        done = ring_to_spool(writer.contents(), out_dir, first_step=facts.get("first_step"),
-                             info_extra={"dump": n, "trigger": facts}, open_records=open_now)
-        log.info("prism-rr: rank %d wrote flight dump %s (%d frames, first step %s) in %.0f ms", rec.rank,
-                 out_dir, done["frames"], done["first_step"], 1000 * (time.monotonic() - t0))
+        done = log_to_spool(contents, out_dir, first_step=facts.get("first_step"),
+                            ring={"dump": n, "trigger": facts}, extra_records=[end])
+        log.info("prism-rr: rank %d wrote flight dump %s (%d records, first step %s) in %.0f ms", rec.rank,
+                 out_dir, done["records"], done["first_step"], 1000 * (time.monotonic() - t0))
         return out_dir
 
     def _pack(self, n: int, facts: dict, out_dir: Path, store) -> None:
@@ -353,7 +278,7 @@ class Flight:
             except Exception:
                 break
             time.sleep(0.05)
-        from_rings = _from_rings(self.spool_dir, out_dir, expected, facts.get("first_step"))
+        from_rings = _from_logs(self.spool_dir, out_dir, expected, facts.get("first_step"))
         output = dump_bundle_path(_output_of(self.options), n)
         _pack_dump(out_dir, output, {**facts, "steps_kept": self.options.flight}, n, expected, from_rings)
 
@@ -365,21 +290,21 @@ def _clone(store):
         return store  # a HashStore or FileStore: safe to share between threads
 
 
-def _from_rings(spool_dir: Path, out_dir: Path, expected, first_step) -> list[int]:
-    """Ranks of `expected` with no spool in `out_dir` whose ring is in `spool_dir` (they
-    died, or are too slow): their rings, as spools."""
+def _from_logs(spool_dir: Path, out_dir: Path, expected, first_step) -> list[int]:
+    """Ranks of `expected` with no spool in `out_dir` whose call log is in `spool_dir` (they
+    died, or are too slow): their logs, as spools."""
     got = []
     for r in expected:
         if (out_dir / f"rank-{r:05d}.spool").exists():
             continue
-        path = ring_path(spool_dir, r)
+        path = log_path(spool_dir, r)
         if not path.exists():
             continue
         try:
-            ring_to_spool(read_ring(path), out_dir, first_step=first_step, info_extra={"from_ring": True})
+            log_to_spool(read_log(path), out_dir, first_step=first_step, ring={"from_ring": True})
             got.append(r)
         except Exception as exc:
-            log.warning("prism-rr: the flight ring of rank %d cannot be read: %s", r, exc)
+            log.warning("prism-rr: the call log of rank %d cannot be read: %s", r, exc)
     return got
 
 
@@ -401,12 +326,12 @@ def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings
     return result
 
 
-def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = None) -> list[Path]:
-    """After a flight run (from `record`): a dump that rank 0 did not
-    pack (it died, or the job ended first) is packed now, with the rings of the ranks
-    missing from it. Rings left behind mean a rank died or was stopped by a signal: if
-    one of them died (its ring has no `recording_end`), the rings are packed as a dump of
-    their own (trigger "crash"). Then the rings are removed. Returns the bundles written."""
+def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = None) -> list[Path]:
+    """After a flight run (from `record`): a dump that rank 0 did not pack (it died, or the
+    job ended first) is packed now, with the logs of the ranks missing from it. Logs left
+    behind mean a rank died or was stopped by a signal: if one of them died (its log has
+    no `recording_end`), the logs are packed as a dump of their own (trigger "crash"). Then
+    the logs are removed. Returns the bundles written."""
     spool_dir = Path(spool_dir)
     output = Path(output)
     written = []
@@ -432,57 +357,51 @@ def finish_rings(spool_dir, output, last_steps: int, world_size: int | None = No
             facts = {}
         ranks = sorted(int(p.name[5:10]) for p in spools)
         expected = range(world_size) if world_size else ranks
-        from_rings = _from_rings(spool_dir, d, expected, first)
+        from_logs = _from_logs(spool_dir, d, expected, first)
         if _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected,
-                      from_rings) is not None:
+                      from_logs) is not None:
             written.append(target)
-    rings = sorted(spool_dir.glob("rank-*.ring"))
-    if rings and _a_rank_died(rings, dumps[-1][1] if dumps else None):
+    logs = sorted(spool_dir.glob("rank-*.log"))
+    decoded = {}
+    for p in logs:
+        try:
+            decoded[p] = decode_log(read_log(p))[1]
+        except Exception as exc:
+            log.warning("prism-rr: the call log %s cannot be read: %s", p, exc)
+    if decoded and _a_rank_died(decoded, dumps[-1][1] if dumps else None):
         # The number after the last dump that became a bundle: a dump that never did (its
-        # rank was killed while writing it) leaves its number, so run.prism is the rings'.
+        # rank was killed while writing it) leaves its number, so run.prism is the logs'.
         n = max((m for m, _ in dumps if dump_bundle_path(output, m).exists()), default=0) + 1
         d = spool_dir / f"flight-{n}"
         if any(d.glob("rank-*.spool")):  # a dump's spools that did not pack: keep them apart
             d = spool_dir / f"flight-{n}-rings"
-        ranks = [int(p.name[5:10]) for p in rings]
-        newest = []
-        for p in rings:
-            try:
-                newest.append(newest_step(read_ring(p)))
-            except Exception:
-                pass
+        ranks = [int(p.name[5:10]) for p in decoded]
+        newest = [max((codec.row_start(r)[1] for r in records), default=None) for records in decoded.values()]
         known = [x for x in newest if x is not None]
         first = max(0, min(known) - last_steps + 1) if known else None
-        from_rings = _from_rings(spool_dir, d, ranks, first)
+        from_logs = _from_logs(spool_dir, d, ranks, first)
         target = dump_bundle_path(output, n)
         if _pack_dump(d, target, {"trigger": "crash", "first_step": first, "steps_kept": last_steps}, n, ranks,
-                      from_rings) is not None:
+                      from_logs) is not None:
             written.append(target)
-    for p in rings:
+    for p in logs:
         p.unlink(missing_ok=True)
     return written
 
 
-def _a_rank_died(rings, last_dump: Path | None) -> bool:
-    """Whether a ring has no `recording_end` marker (its rank did not close) and holds
-    records newer than the last dump has of its rank (a dump read it already, or it
-    died before the dump)."""
-    from prism_rr.format.records import Marker
-    from prism_rr.format.spool import frame_records, parse_frame, read_spool
+def _a_rank_died(decoded: dict, last_dump: Path | None) -> bool:
+    """Whether a log's records end without a `recording_end` marker (its rank did not
+    close) and are newer than the last dump holds of its rank (a dump read it already,
+    or it died before the dump)."""
+    from prism_rr.format.spool import read_spool
 
-    for path in rings:
-        try:
-            contents = read_ring(path)
-            frames = [(parse_frame(raw, 0, len(raw), path.name), raw) for raw in contents.frames]
-        except Exception:
+    for path, records in decoded.items():
+        if not records:
             continue
-        if not frames:
+        if any(type(r) is Marker and r.name == "recording_end" for r in records[-64:]):
             continue
-        frame, raw = frames[-1]
-        if any(type(r) is Marker and r.name == "recording_end" for r in frame_records(raw, frame, path.name)):
-            continue
-        newest = max(f.t_last for f, _ in frames)
-        dumped = last_dump / path.name.replace(".ring", ".spool") if last_dump is not None else None
+        newest = max(codec.row_start(r)[0] for r in records)
+        dumped = last_dump / path.name.replace(".log", ".spool") if last_dump is not None else None
         try:
             held = max((f.t_last for f in read_spool(dumped).frames if f.kind == layout.FRAME_EVENTS), default=0)
         except Exception:
@@ -508,12 +427,11 @@ def end_bundle(spool_dir, output) -> Path:
 
 
 def flight_steps(spool_dir, default: int = 8) -> int:
-    """The K of the flight recording whose rings are in `spool_dir` (from a ring's rank
+    """The K of the flight recording whose logs are in `spool_dir` (from a log's rank
     info), else `default`."""
-    for path in sorted(Path(spool_dir).glob("rank-*.ring")):
+    for path in sorted(Path(spool_dir).glob("rank-*.log")):
         try:
-            flight = read_ring(path).info.get("flight")
-            return int(flight["steps"])
+            return int(log_info(path)["flight"]["steps"])
         except Exception:
             continue
     return default
@@ -526,7 +444,7 @@ def flight_bundles(spool_dir, output) -> list[Path]:
 
 
 def finish_flight(spool_dir, output, steps: int | None = None, world_size: int | None = None) -> list[Path]:
-    """After a flight run of `steps` (K; else read from a ring left behind): pack what the
-    triggers left unpacked (see finish_rings), and return every dump's bundle, oldest first."""
-    finish_rings(spool_dir, output, steps if steps is not None else flight_steps(spool_dir), world_size)
+    """After a flight run of `steps` (K; else read from a log left behind): pack what the
+    triggers left unpacked (see finish_logs), and return every dump's bundle, oldest first."""
+    finish_logs(spool_dir, output, steps if steps is not None else flight_steps(spool_dir), world_size)
     return flight_bundles(spool_dir, output)

@@ -175,11 +175,11 @@ def _start_recording(options: RecordOptions, rank: int, world_size: int, dmap: d
     if device == "cuda":
         import torch
 
-        rec.cuda = torch.cuda.is_available()
+        rec.track_memory(cuda=torch.cuda.is_available())
     elif options.memory:
         from prism_rr.intercept.memory import CpuMemoryTracker
 
-        rec.cpu_memory = CpuMemoryTracker()
+        rec.track_memory(cpu_tracker=CpuMemoryTracker())
     rec.start()
 
 
@@ -200,7 +200,7 @@ def _sync_clock(pg, store, rec) -> None:
                  else measure(*args, prefix=prefix))
         if rec is not None and clock is not None:
             clock["cost_ns"] = monotonic_ns() - t0
-            rec.writer.add_info({"clock_offset": clock})
+            rec.add_info({"clock_offset": clock})
     except Exception as exc:
         log.warning("prism-rr: no clock offset for this rank: %s: %s", type(exc).__name__, exc)
 
@@ -262,7 +262,7 @@ def _note_fsdp_layout(kind: str, fsdp_params, group) -> None:
         key = f"{n}:{size}"
         if key not in layouts:
             layouts[key] = [list(r) for r in rows]
-            rec.writer.add_info({"fsdp_layouts": {k: dict(v) for k, v in rec.fsdp_layouts.items()}})
+            rec.add_info({"fsdp_layouts": {k: dict(v) for k, v in rec.fsdp_layouts.items()}})
     except Exception:  # a newer FSDP: the shapes at scale stay predicted
         pass
 
@@ -282,7 +282,7 @@ def _patch_device_mesh(dm) -> None:
                 info = _manifest.mesh_info(self)
                 if len(info["ranks"]) == rec.world_size and info != rec.mesh:
                     rec.mesh = info  # the root mesh; its slices are not news
-                    rec.writer.add_info({"device_mesh": info})
+                    rec.add_info({"device_mesh": info})
                     if rec.slice_pending:
                         rec.settle_slice(info)
             except Exception:

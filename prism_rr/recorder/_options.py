@@ -12,7 +12,10 @@ from prism_rr.specs import parse_ranks, parse_steps
 __all__ = ["ENV_VAR", "PAYLOADS", "RecordOptions", "spool_dir_for"]
 
 ENV_VAR = "PRISM_RR_RECORD"
-PAYLOADS = ("none", "digest", "full")
+PAYLOADS = ("none", "small", "digest", "full")
+# What a recording keeps of the tensors when no --payload is given: flight mode, always on,
+# keeps what a hang diagnosis and a replay need at the least cost.
+DEFAULT_PAYLOAD, FLIGHT_PAYLOAD = "digest", "small"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,7 +23,7 @@ class RecordOptions:
     """One recording's settings, the same on every rank."""
 
     spool_dir: str
-    payload: str = "digest"
+    payload: str | None = None  # None: DEFAULT_PAYLOAD, or FLIGHT_PAYLOAD in flight mode
     steps: tuple[int | None, int | None] | None = None  # [lo, hi) window; None: every step
     ranks: tuple[int, ...] | None = None  # None: every rank
     ops: bool = False  # per-operator Compute records
@@ -36,9 +39,12 @@ class RecordOptions:
     flight_budget: int = 32 << 20  # bytes of ring per rank
     flight_at_exit: bool = False  # also dump when the run ends
     output: str | None = None  # the bundle a flight dump is packed into (rank 0 packs)
+    ring_size: int = 32 << 20  # bytes of each rank's call log ring (not flight: that is flight_budget)
     extra: dict = field(default_factory=dict)  # unknown keys from a newer launcher
 
     def __post_init__(self):
+        if self.payload is None:
+            object.__setattr__(self, "payload", FLIGHT_PAYLOAD if self.flight is not None else DEFAULT_PAYLOAD)
         if self.payload not in PAYLOADS:
             raise UsageError(f"payload must be one of {', '.join(PAYLOADS)}, not {self.payload!r}")
         if self.slice not in (None, "roles"):
@@ -54,9 +60,11 @@ class RecordOptions:
                 raise UsageError(f"--flight-slow must be a factor above 1, not {self.flight_slow}")
             if self.flight_budget < (1 << 20):
                 raise UsageError(f"--flight-budget must be at least 1 MiB, not {self.flight_budget} bytes")
+        if not (1 << 16) <= self.ring_size <= (1 << 36):
+            raise UsageError(f"the call log's ring must be 64 KiB to 64 GiB, not {self.ring_size} bytes")
 
     @classmethod
-    def make(cls, spool_dir, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, **extra):
+    def make(cls, spool_dir, *, payload=None, steps=None, ranks=None, ops=False, memory=False, **extra):
         return cls(
             spool_dir=str(spool_dir), payload=payload, steps=parse_steps(steps),
             ranks=parse_ranks(ranks), ops=bool(ops), memory=bool(memory), **extra,
@@ -95,11 +103,11 @@ class RecordOptions:
         if not isinstance(d, dict) or "spool_dir" not in d:
             raise UsageError(f"{ENV_VAR} must be a JSON object with a spool_dir")
         known = {"spool_dir", "payload", "steps", "ranks", "ops", "memory", "stack_depth", "slice", "mesh",
-                 "flight", "flight_hang", "flight_slow", "flight_budget", "flight_at_exit", "output"}
+                 "flight", "flight_hang", "flight_slow", "flight_budget", "flight_at_exit", "output", "ring_size"}
         extra = {k: v for k, v in d.items() if k not in known}
         return cls(
             spool_dir=str(d["spool_dir"]),
-            payload=d.get("payload", "digest"),
+            payload=d.get("payload"),
             steps=parse_steps(d.get("steps")),
             ranks=parse_ranks(d.get("ranks")),
             ops=bool(d.get("ops", False)),
@@ -113,6 +121,7 @@ class RecordOptions:
             flight_budget=int(d.get("flight_budget", 32 << 20)),
             flight_at_exit=bool(d.get("flight_at_exit", False)),
             output=d.get("output"),
+            ring_size=int(d.get("ring_size", 32 << 20)),
             extra=extra,
         )
 

@@ -1,11 +1,12 @@
 """The recording policy and the recording observer of an InterceptGroup.
 
 The policy forwards every call unchanged to the real backend (gloo, NCCL). The observer
-records it: it notes the entry; a blocking collective it waits for at once and returns
-completed; any other call's real Work it returns wrapped in a `TimedWork` that notes
-completion at wait() (or at the real future's callback, if sooner; gloo's send, recv and
-reduce_scatter_tensor have no future). A replay that records itself (`replay -o`)
-runs the replay policy with this observer. Outside the step window the observer is not
+records it through the recording's call path (`_calls.CallRecorder`): a blocking call
+whole (`blocking`); any other call entered, then its real Work returned completed (a
+blocking collective of another policy) or wrapped in a `TimedWork` that completes the
+call at wait() (or at the real future's callback, if sooner; gloo's send, recv and
+reduce_scatter_tensor have no future). A replay that records itself (`replay -o`) runs
+the replay policy with this observer. Outside the step window the observer is not
 `live`, and the group forwards a call without building one (InterceptGroup._collective).
 """
 
@@ -28,7 +29,7 @@ class RecordingPolicy(Policy):
         self.rec = rec
 
     def forward(self, fn, args):
-        return aside(self.rec.ops_mode, fn, *args)
+        return aside(self.rec.calls.ops_mode, fn, *args)
 
 
 class RecordingObserver:
@@ -36,92 +37,89 @@ class RecordingObserver:
 
     def __init__(self, rec):
         self.rec = rec
+        self.calls = rec.calls
         self._futureless: set[tuple[int, str]] = set()  # (group, op) whose Works have no future
-        # A blocking collective of the recording policy (which forwards), whole: see
-        # Recording.blocking. A replay that records itself runs its own policy: no.
-        self.blocking = rec.blocking
+        # A blocking call of the recording policy (which forwards), whole. A replay that
+        # records itself runs its own policy: no.
+        self.blocking = rec.calls.blocking
 
     @property
     def live(self) -> bool:
         return self.rec.active
 
-    def enter(self, call):
-        rec = self.rec
-        if not rec.active:
-            return None
-        return rec.enter(call.op, call.gid, call.seq, call.ins, call.outs, reduce_op=call.reduce_op,
-                         root=call.root, peer=call.peer, tag=call.tag, async_op=call.async_op,
-                         p2p=call.p2p, receives=call.receives)
+    def enter(self, call) -> bool:
+        if not self.rec.active:
+            return False
+        # frames: caller_stack, CallRecorder.enter, this, the group's _run, its method
+        return self.calls.enter(call, 4)
 
-    def failed(self, token, exc: BaseException) -> None:
-        self.rec.complete(token, exc)
+    def failed(self, call, exc: BaseException) -> None:
+        self.calls.complete(call, exc)
 
-    def track(self, token, work, group):
-        rec = self.rec
-        rec.issued(token)
+    def track(self, call, work, group):
+        calls = self.calls
+        calls.issued(call)
         if work is None:
             # No Work: NCCL returns none for a blocking call (asyncOp false: it runs in
             # order on the program's stream, seen on torch 2.11 with an H200), nor inside a
             # coalescing block; torch's all_reduce and the others accept that. The call is
             # done as far as the program's CPU thread can tell: its time is the launch's.
-            rec.complete(token, None)
-            rec.settle(token)
+            calls.complete(call)
+            calls.settle(call)
             return None
-        if token.p2p and token.peer is None:  # a receive from any source: its sender comes at wait()
-            return TimedWork(work, rec, token, sourced=group.sourced)
-        if not token.async_op and not token.p2p:
+        if call.p2p and call.peer is None:  # a receive from any source: its sender comes at wait()
+            return TimedWork(work, calls, call, sourced=group.sourced)
+        if not call.async_op and not call.p2p:
             # torch's blocking collectives (async_op=False) call wait() as soon as the call
-            # returns: wait here, and hand back the real Work, completed. No wrapper, no
-            # future, no trip from C++ back into Python for wait(): a call costs the program
-            # less. Not a point-to-point call: gloo's send and recv Works wait for another
-            # message at each wait().
-            _finish(work, rec, token, timedelta(0))
+            # returns: wait here, and hand back the real Work, completed. Not a
+            # point-to-point call: gloo's send and recv Works wait for another message at
+            # each wait().
+            _finish(work, calls, call, timedelta(0))
             return work
-        if not token.async_op:  # torch's blocking send or recv: its wait() comes next
-            return TimedWork(work, rec, token)
+        if not call.async_op:  # torch's blocking send or recv: its wait() comes next
+            return TimedWork(work, calls, call)
         fut = None
-        kind = (token.group, token.op)
+        kind = (call.gid, call.op)
         if kind not in self._futureless:
             try:
                 fut = work.get_future()
             except RuntimeError:  # gloo's send, recv, reduce_scatter_tensor: an exception
                 self._futureless.add(kind)  # from C++ costs ~20 us; ask once per group and op
         if fut is not None:
-            token.work = fut  # a reap completes it if no wait() comes first
-            fut.add_done_callback(lambda f: _done(rec, token, f))
-        return TimedWork(work, rec, token)
+            call.future = fut  # a reap completes it if no wait() comes first
+            fut.add_done_callback(lambda f: _done(calls, call, f))
+        return TimedWork(work, calls, call)
 
     def group_created(self, gid: int, ranks, name: str, desc: str, backend: str) -> None:
         self.rec.group_created(gid, ranks, name, desc, backend)
 
 
 class TimedWork(ForwardingWork):
-    """The real Work, noting completion at wait() (or at its future's callback, if sooner).
+    """The real Work, completing the call at wait() (or at its future's callback, if sooner).
 
     A future callback needs the GIL, which a busy main thread holds for up to the
     switch interval (5 ms), so a blocking call's completion is taken where wait()
-    returns; an async call's at whichever comes first. Either way the record, which
-    reads the outputs, is written here, where the program's wait() returns and its
-    outputs are alive and final (a callback only notes the time).
-    """
+    returns; an async call's at whichever comes first. Either way the outputs are read
+    here, where the program's wait() returns and they are alive and final (a callback
+    reads none)."""
 
-    def __init__(self, inner, rec, call, sourced=None):
+    def __init__(self, inner, calls, call, sourced=None):
         super().__init__(inner)
-        self._rec = rec
+        self._calls = calls
         self._call = call
         self._sourced = sourced  # group rank of the sender -> (global peer, seq)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        return _finish(self._inner, self._rec, self._call, timeout, self._sourced)
+        return _finish(self._inner, self._calls, self._call, timeout, self._sourced)
 
 
-def _finish(work, rec, call, timeout: timedelta, sourced=None) -> bool:
-    """work.wait(timeout), then the call's record, written where the program's wait returns."""
+def _finish(work, calls, call, timeout: timedelta, sourced=None) -> bool:
+    """work.wait(timeout), then the call completed, its outputs read where the program's
+    wait returns."""
     try:
         ok = work.wait(timeout)
     except BaseException as exc:
-        rec.complete(call, exc)
-        rec.write_finished(call)
+        calls.complete(call, exc)
         raise
     if not call.done:
         peer = None
@@ -130,18 +128,18 @@ def _finish(work, rec, call, timeout: timedelta, sourced=None) -> bool:
                 peer, call.seq = sourced(work._source_rank())
             except Exception:
                 peer = None
-        rec.complete(call, None, peer)
-    elif not call.written:
-        rec.write_finished(call)
-    rec.settle(call)
+        calls.complete(call, None, peer)
+    elif call.out_later:
+        calls.write_outputs(call)
+    calls.settle(call)
     return ok
 
 
-def _done(rec, call, fut) -> None:
+def _done(calls, call, fut) -> None:
     """A backend thread's future callback: note when, read no tensor (see complete)."""
     error = None
     try:
         fut.value()
     except BaseException as exc:  # the call failed: still record when
         error = exc
-    rec.complete(call, error, backend=True)
+    calls.complete(call, error, backend=True)

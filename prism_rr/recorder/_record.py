@@ -25,7 +25,7 @@ def step() -> None:
 
 
 @contextmanager
-def record(path, *, payload="digest", steps=None, ranks=None, ops=False, memory=False, pack=True,
+def record(path, *, payload=None, steps=None, ranks=None, ops=False, memory=False, pack=True,
            flight: int | None = None, flight_hang: float = 30.0, flight_slow: float | None = None,
            flight_budget: int = 32 << 20, flight_at_exit: bool = False):
     """Record the process groups this process creates inside the block into `path`.

@@ -1,12 +1,16 @@
-"""Death: SIGTERM/SIGINT flush the spool; other deaths leave what the writer ticked out.
+"""Death: every record is in the call log already; a signal only says why recording ended.
 
-SIGTERM/SIGINT: get the spool onto the disk, then do what the process would have done.
+A rank's records reach its call log, a file mapped into memory, as they happen (format/
+calllog.py): whatever kills the process, the kernel keeps them. SIGTERM/SIGINT end the
+recording with a `recording_end` marker naming the signal, then do what the process would
+have done; SIGSEGV, SIGABRT, SIGBUS, SIGFPE and SIGILL leave every thread's Python stack
+in the rank's crash file (faulthandler).
 
 A hung rank sits in C++ (a gloo or NCCL wait) and Python runs its signal handlers only
 when the main thread comes back to the interpreter, which a hung rank never does. So a
-thread also watches the signal wake-up fd: it flushes the spool, calls still open
-included, and where the previous disposition was the default (terminate) it terminates
-the process itself once the main thread has had a moment to do so.
+thread also watches the signal wake-up fd: it ends the recording, and where the previous
+disposition was the default (terminate) it terminates the process itself once the main
+thread has had a moment to do so.
 """
 
 from __future__ import annotations
@@ -18,9 +22,7 @@ import signal
 import threading
 import time
 
-from prism_rr.format.records import Collective, PointToPoint
-
-__all__ = ["crash_path", "install", "on_usr1", "open_records"]
+__all__ = ["crash_path", "install", "on_usr1"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _previous: dict[int, object] = {}
@@ -30,12 +32,10 @@ _GRACE_S = 1.0
 
 def install(rec) -> None:
     """Install handlers once per process; later recordings reuse them. Also, per
-    recording: the spool writer's source of open calls (written every tick, so a rank
-    killed with SIGKILL still shows the call it was in) and the crash file."""
+    recording: the crash file."""
     global _rec
     _rec = rec
     try:
-        rec.writer.open_calls = lambda: open_records(rec)
         _enable_faulthandler(rec)
     except Exception:  # never let the recorder's own trouble end a training run
         pass
@@ -144,50 +144,6 @@ def _terminate(signum: int) -> None:
         time.sleep(_GRACE_S)
     finally:
         os._exit(128 + signum)
-
-
-# --- calls open now, from the spool writer's thread ---------------------------------
-
-SNAPSHOT_MIN_AGE_NS = 25_000_000
-
-
-def open_records(rec, min_age_ns: int = SNAPSHOT_MIN_AGE_NS) -> list | None:
-    """Records of the calls `rec` has open now (end_ns None), and of those a backend
-    thread saw complete whose record the program's thread has yet to write (end_ns set,
-    no output digests). Runs on the writer thread: reads only what `enter` and
-    `complete` computed (never a tensor), under the recording's lock."""
-    if not rec.on:
-        return None
-    # A call younger than this is left to the next tick (50 ms on): one that lasts 100 ms
-    # is still in a snapshot in time, and a busy rank's short calls make no snapshots.
-    old = time.monotonic_ns() - min_age_ns
-    with rec._lock:
-        calls = [(c, None) for c in rec.open.values() if not c.done and c.start <= old]
-        finished = getattr(rec, "finished", None)
-        if finished:
-            calls += [(c, getattr(c, "end", None)) for c in finished.values()
-                      if not c.written and (getattr(c, "end", None) or 0) <= old]
-    out = []
-    for call, end in calls:
-        in_shapes, in_dtypes, in_bytes = call.in_desc
-        mem_alloc, mem_peak = call.mem
-        if call.p2p:
-            out.append(PointToPoint(
-                start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
-                seq=call.seq, peer=-1 if call.peer is None else call.peer, tag=call.tag,
-                shapes=in_shapes, dtypes=in_dtypes, nbytes=in_bytes, async_op=call.async_op,
-                issued_ns=call.issued, digest=call.digest_in, blob=call.blob_in,
-                mem_alloc=mem_alloc, mem_peak=mem_peak, stack=call.stack))
-        else:
-            same = call.outs is call.ins  # an identity test: no tensor is read
-            out.append(Collective(
-                start_ns=call.start, end_ns=end, step=call.step, op=call.op, group=call.group,
-                seq=call.seq, in_shapes=in_shapes, in_dtypes=in_dtypes, in_bytes=in_bytes,
-                out_shapes=in_shapes if same else (), out_dtypes=in_dtypes if same else (),
-                out_bytes=in_bytes if same else 0, reduce_op=call.reduce_op, root=call.root,
-                async_op=call.async_op, issued_ns=call.issued, digest_in=call.digest_in,
-                blob_in=call.blob_in, mem_alloc=mem_alloc, mem_peak=mem_peak, stack=call.stack))
-    return out
 
 
 # --- crash file ----------------------------------------------------------------------

@@ -119,8 +119,9 @@ def node_spool_dir(out, node: str | None) -> Path:
 
 def _clear_old_spools(spool_dir: Path) -> None:
     """Remove an earlier recording's files from this node's own directory (never another's)."""
-    for p in spool_dir.glob("rank-*.spool*"):
-        p.unlink()
+    for pattern in ("rank-*.spool*", "rank-*.log", "rank-*.crash"):
+        for p in spool_dir.glob(pattern):
+            p.unlink()
     from prism_rr.format.blobs import host_packs
 
     for p in host_packs(spool_dir):  # this node's payload packs
@@ -146,7 +147,7 @@ def record_command(
     *,
     steps=None,
     ranks=None,
-    payload: str = "digest",
+    payload: str | None = None,
     ops: bool = False,
     memory: bool = False,
     slice: str | None = None,
@@ -212,6 +213,11 @@ def record_command(
             _stop(proc)
     code = proc.returncode
     code = 128 - code if code < 0 else code
+    if options.flight is None:
+        # A rank that died left its call log: what it holds joins its spool now.
+        from prism_rr.format.compactor import recover_logs
+
+        recover_logs(spool_dir)
     facts.update(ended_wall_ns=time.time_ns(), exit_code=code, timed_out=timed_out)
     try:
         _write_run(spool_dir, facts)

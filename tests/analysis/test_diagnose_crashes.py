@@ -78,22 +78,29 @@ def _no_never_for(findings, rank):
 
 
 @pytest.mark.timeout(90)
-def test_gloo_abort_is_a_crash_and_later_calls_are_unknown(crashy_runs):
+def test_gloo_abort_is_a_crash_in_the_mismatched_call(crashy_runs):
+    """The last rank all_reduces 5 floats where the other passes 3, and gloo aborts a rank
+    inside that call. Both ranks' records hold the call (written as entered), so the
+    diagnosis is the mismatch, with both sides' shapes and dtypes and who died where; no
+    hang is reported for a call every rank entered."""
     codes, findings = _crashed(crashy_runs, "abort")
     assert -signal.SIGABRT in codes, codes
     dead = codes.index(-signal.SIGABRT)
     first = findings[0]
     assert first.kind == "crashed" and first.ranks == (dead,), _text(findings)
     assert first.details["signal"] == "SIGABRT" and first.details["where"] == ABORT_AT
-    assert f"Rank {dead} crashed (SIGABRT) in all_reduce" in first.message and f"at {ABORT_AT}" in first.message
+    assert f"Rank {dead} crashed (SIGABRT) in all_reduce (group 0, seq 8)" in first.message
+    assert f"at {ABORT_AT}" in first.message
     assert first.stack and any(fr.startswith(ABORT_AT) for fr in first.stack)
     _no_never_for(findings, dead)
-    # the survivor's call that the dead rank's records do not reach
-    hangs = [f for f in findings if f.kind == "hang"]
-    assert hangs and all(f.ranks == (dead,) for f in hangs), _text(findings)
-    assert f"Rank {dead}'s records end at +" in hangs[0].message
-    assert "(process died: SIGABRT); what it did afterwards is unknown" in hangs[0].message
-    assert hangs[0].details["unknown_after"] == [dead]
+    (mismatch,) = [f for f in findings if f.kind == "mismatch"]
+    assert (mismatch.group, mismatch.seq) == (0, 8), _text(findings)
+    assert mismatch.details["members"] == {"0": {"shapes": [[3]], "dtypes": ["float32"]},
+                                           "1": {"shapes": [[5]], "dtypes": ["float32"]}}
+    assert "rank 0: [3] float32; rank 1: [5] float32" in mismatch.message, mismatch.message
+    assert f"rank {dead} died in it (SIGABRT at {ABORT_AT})" in mismatch.message, mismatch.message
+    assert mismatch.details["crashed"] == {str(dead): {"signal": "SIGABRT", "where": ABORT_AT}}
+    assert not [f for f in findings if f.kind in ("hang", "incomplete")], _text(findings)
     assert diagnosis_json(findings)["summary"]["by_kind"]["crashed"] == 1
 
 

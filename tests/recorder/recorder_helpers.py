@@ -13,6 +13,7 @@ import pytest
 from prism_rr.localrun import free_port, rank_env, run_local
 from prism_rr.format import layout
 from prism_rr.format.records import Collective, GroupInfo, PointToPoint
+from prism_rr.format.compactor import recover_logs
 from prism_rr.format.spool import frame_info, frame_records, read_spool
 from prism_rr.recorder import RecordOptions
 from prism_rr.recorder.launch import hook_env, spool_dir_for
@@ -28,6 +29,7 @@ class Spools:
         self.records: dict[int, list] = {}
         self.info: dict[int, dict] = {}
         self.torn: dict[int, str | None] = {}
+        recover_logs(spool_dir)  # a rank that died left its call log
         for path in sorted(spool_dir.glob("rank-*.spool")):
             scan = read_spool(path)
             data = path.read_bytes()

@@ -1,5 +1,5 @@
 """Flight mode in real gloo ranks: nothing written until a trigger, then every rank's
-last K steps in one bundle (recorder/_flight.py, format/ring.py)."""
+last K steps in one bundle (recorder/_flight.py, format/calllog.py)."""
 
 import json
 import os
@@ -79,8 +79,8 @@ def test_a_hang_dumps_every_rank_last_steps_within_the_hang_time(tmp_path):
     try:
         stuck = _stuck_since(tmp_path, steps - 1)
         spool_dir = tmp_path / "run.prism.d"
-        assert sorted(p.suffix for p in spool_dir.iterdir()) == [".crash", ".crash", ".ring", ".ring"], \
-            "flight mode writes nothing but its rings before a trigger"
+        assert sorted(p.suffix for p in spool_dir.iterdir()) == [".crash", ".crash", ".log", ".log"], \
+            "flight mode writes nothing but its call logs before a trigger"
         _wait_for(out, proc, 60)
         after = time.monotonic() - stuck
         assert proc.poll() is None  # the job still hangs: the bundle came from the trigger
@@ -142,14 +142,14 @@ def test_a_slow_step_and_sigusr1_to_one_rank_dump_every_rank(tmp_path):
         steps = {r: {x.step for x in b.events(r) if isinstance(x, Step)} for r in (0, 1)}
         assert steps[0] and min(steps[0]) == min(steps[1]) > 4  # the same last steps on both ranks
     assert proc.returncode == 0
-    assert not list((tmp_path / "run.prism.d").glob("*.ring"))  # a clean end removes the rings
+    assert not list((tmp_path / "run.prism.d").glob("*.log"))  # a clean end removes the rings
 
 
 def test_a_killed_rank_is_read_from_its_ring(tmp_path):
     """SIGKILL leaves no time to dump, and the launcher stops the other ranks at once
-    (SIGTERM, which leaves their rings): what `record` does at the end (finish_rings)
+    (SIGTERM, which leaves their rings): what `record` does at the end (finish_logs)
     packs every rank's ring as a dump of its own."""
-    from prism_rr.recorder._flight import finish_rings
+    from prism_rr.recorder._flight import finish_logs
 
     steps = 8
     proc, out = _start_env_mode(tmp_path, "kill", steps, flight=3, flight_hang=30.0)
@@ -158,7 +158,7 @@ def test_a_killed_rank_is_read_from_its_ring(tmp_path):
     finally:
         _stop(proc)
     spool_dir = tmp_path / "run.prism.d"
-    assert len(list(spool_dir.glob("*.ring"))) >= 1  # rank 1's, at least
+    assert len(list(spool_dir.glob("*.log"))) >= 1  # rank 1's, at least
     # The same rings after a dump that rank 0 began and never wrote (killed while writing
     # it): its number is free, and the rings' dump takes it (it once went to run.2.prism).
     import shutil
@@ -167,14 +167,14 @@ def test_a_killed_rank_is_read_from_its_ring(tmp_path):
     shutil.copytree(spool_dir, begun, ignore=shutil.ignore_patterns("flight-*"))
     (begun / "flight-1").mkdir()
     begun_out = begun.parent / "run.prism"
-    assert finish_rings(begun, begun_out, 3, world_size=2) == [begun_out]
+    assert finish_logs(begun, begun_out, 3, world_size=2) == [begun_out]
     with open_bundle(begun_out) as b:
         assert b.manifest["flight"]["trigger"] == "crash" and 1 in b.manifest["flight"]["ranks_from_ring"]
     # Rank 0 may also be killed (the launcher's SIGKILL after its SIGTERM) with records
     # after its own dump: those rings are then a second moment (run.2.prism).
-    assert set(finish_rings(spool_dir, out, 3, world_size=2)) <= {out, tmp_path / "run.2.prism"}
+    assert set(finish_logs(spool_dir, out, 3, world_size=2)) <= {out, tmp_path / "run.2.prism"}
     assert out.exists()
-    assert not list(spool_dir.glob("*.ring"))
+    assert not list(spool_dir.glob("*.log"))
     with open_bundle(out) as b:
         flight = b.manifest["flight"]
         # Rank 0 either was stopped in the all_reduce ("crash": every ring read after the

@@ -116,6 +116,15 @@ def _recording(tmp_path, payload="full") -> Recording:
     return rec
 
 
+def _enter(rec, op, seq, ins, outs):
+    """An async call of the program, entered (as the group enters one)."""
+    from prism_rr.intercept.group import Call
+
+    call = Call(op, 0, seq, ins, outs, None, (), async_op=True)
+    assert rec.calls.enter(call)
+    return call
+
+
 def _on_thread(fn) -> None:
     t = threading.Thread(target=fn)
     t.start()
@@ -130,20 +139,22 @@ def test_a_backend_thread_reads_no_tensor(tmp_path, monkeypatch, payload):
     from prism_rr.intercept import payload as _payload
 
     rec = _recording(tmp_path, payload)
+    calls = rec.calls
     program = threading.get_ident()
     reads = []
-    for name in ("blobs", "digests", "alive"):
+    for name in ("log_payload", "alive"):
         real = getattr(_payload, name)
-        monkeypatch.setattr(_payload, name, lambda *a, _real=real: (reads.append(threading.get_ident()), _real(*a))[1])
+        monkeypatch.setattr(_payload, name,
+                            lambda *a, _real=real, **k: (reads.append(threading.get_ident()), _real(*a, **k))[1])
     x = torch.arange(8.0)
     out = torch.zeros(8)
-    call = rec.enter("all_gather_into_tensor", 0, 0, [x], [out])
-    rec.issued(call)
+    call = _enter(rec, "all_gather_into_tensor", 0, [x], [out])
+    calls.issued(call)
     out.copy_(x * 2)  # the backend's result
-    _on_thread(lambda: rec.complete(call, backend=True))
-    assert call.done and not call.written and set(reads) == {program}
-    rec.reap()  # the next call, step or exit: on the program's thread
-    assert call.written and set(reads) == {program}
+    _on_thread(lambda: calls.complete(call, backend=True))
+    assert call.done and call.out_later and set(reads) == {program}
+    calls.reap()  # the next call, step or exit: on the program's thread
+    assert not call.out_later and set(reads) == {program}
     rec.close()
     coll = Spools(tmp_path / "spools").collectives(0)
     assert len(coll) == 1 and coll[0].end_ns is not None
@@ -158,16 +169,17 @@ def test_a_storage_freed_before_the_record_is_written_is_said_not_read(tmp_path)
     """FSDP2's resize_(0) before the program's thread wrote the record: no payload for
     the call, a `payload_lost` marker, no crash, and the recording goes on."""
     rec = _recording(tmp_path)
+    calls = rec.calls
     x = torch.arange(8.0)
     out = torch.zeros(16)
-    call = rec.enter("all_gather_into_tensor", 0, 0, [x], [out])
-    rec.issued(call)
-    _on_thread(lambda: rec.complete(call, backend=True))
+    call = _enter(rec, "all_gather_into_tensor", 0, [x], [out])
+    calls.issued(call)
+    _on_thread(lambda: calls.complete(call, backend=True))
     out.untyped_storage().resize_(0)
-    rec.reap()
-    nxt = rec.enter("all_reduce", 0, 1, [x], [x])
-    rec.issued(nxt)
-    rec.complete(nxt)
+    calls.reap()
+    nxt = _enter(rec, "all_reduce", 1, [x], [x])
+    calls.issued(nxt)
+    calls.complete(nxt)
     rec.close()
     spools = Spools(tmp_path / "spools")
     first, second = spools.collectives(0)
@@ -189,14 +201,15 @@ def test_a_wait_writes_the_record_a_callback_left(tmp_path):
             return True
 
     rec = _recording(tmp_path)
+    calls = rec.calls
     x = torch.ones(4)
-    call = rec.enter("all_reduce", 0, 0, [x], [x])
-    rec.issued(call)
-    work = TimedWork(Inner(), rec, call)
-    _on_thread(lambda: rec.complete(call, backend=True))
-    assert not call.written
+    call = _enter(rec, "all_reduce", 0, [x], [x])
+    calls.issued(call)
+    work = TimedWork(Inner(), calls, call)
+    _on_thread(lambda: calls.complete(call, backend=True))
+    assert call.out_later
     work.wait()
-    assert call.written and not rec.finished
+    assert not call.out_later and not calls.finished
     x.fill_(7.0)  # the program's, once its wait() returned
     rec.close()
     (c,) = Spools(tmp_path / "spools").collectives(0)

@@ -1,0 +1,389 @@
+"""The call path of a recording: every call from its entry to its record in the call log.
+
+One path, for every call the program makes on a recorded group (intercept/group.py gives
+each as one `Call`):
+
+    enter(call)      the call's ENTER is in the call log before the backend is entered:
+                     op, group, sequence, peer or root, shapes and dtypes, the stack, the
+                     step, memory, the inputs' payload; False when it is not recorded
+    issued(call)     the backend took it (an async call's Work came back)
+    complete(call)   it finished: its DONE, with the outputs' payload, read here on the
+                     program's thread; from a backend thread (a future's callback) the DONE
+                     says that the outputs come later, and `write_outputs` writes them where
+                     the program's wait() returns, or at its next call or step
+    blocking(call)   enter, run, wait and complete a blocking call in one go (most calls)
+
+Shapes and dtypes, stacks and names are written once to the log's dictionary and named by
+id after. Nothing here encodes or compresses: the compactor does, off the program's path.
+"""
+
+from __future__ import annotations
+
+import threading
+from time import monotonic_ns
+
+from prism_rr.format.calllog import D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E_P2P, E_RECV, E_SAME_OUT, CallLog
+from prism_rr.format.records import Marker
+from prism_rr.intercept import dispatch
+from prism_rr.intercept import payload as _payload
+from prism_rr.intercept.stack import caller_stack
+
+__all__ = ["CallRecorder"]
+
+
+class DictionaryFull(RuntimeError):
+    pass
+
+
+class CallRecorder:
+    """Writes one rank's calls into its call log. `rec` is the Recording (its step, its
+    memory readings, its per-operator mode, its off switch)."""
+
+    def __init__(self, rec, log: CallLog, payload: str, stack_depth: int):
+        self.rec = rec
+        self.log = log
+        self.mode = _payload.MODES[payload]
+        self.stack_depth = stack_depth
+        self.step = 0
+        self.last_return: int | None = None  # when the previous call gave control back
+        self.open: dict[int, object] = {}  # id(call) -> call: entered, not completed
+        # Calls a backend thread saw complete whose outputs the program's thread has yet
+        # to write (their DONE said D_OUT_LATER).
+        self.finished: dict[int, object] = {}
+        self.memory = None  # () -> (allocated, peak), when memory is read at each call
+        self.ops_mode = None  # the per-operator dispatch mode, while it runs
+        self.blob_writer = None  # () -> BlobWriter, for `full` payloads too large for the log
+        self.inline_max = _payload.INLINE_MAX if not log.flight else log.ring_size // 8
+        self._lock = threading.Lock()
+        self._thread = threading.get_ident()  # the program's thread
+        self._ids = 0
+        self._descs: dict = {}  # (shape, dtype) or a tuple of them -> dictionary id
+        self._stacks: dict = {}
+        self._names: dict = {}
+        self._graph_task = None  # torch's current autograd graph task id, once looked up
+        self._queue_callback = None
+        self._task_seen = -1  # the last backward pass that got an end-of-backward reap
+        self._log_enter = log.enter
+        self._log_done = log.done
+
+    # --- the dictionary -------------------------------------------------------------
+
+    def _define(self, table: dict, key, value) -> int:
+        self._ids += 1
+        ident = self._ids
+        if not self.log.define(ident, value):
+            raise DictionaryFull(f"the call log's dictionary is full ({self.log.persist_size:,} bytes)")
+        table[key] = ident
+        return ident
+
+    def _desc(self, tensors) -> int:
+        """The dictionary id of the tensors' shapes, dtypes and bytes."""
+        if len(tensors) == 1:
+            t = tensors[0]
+            key = (t.shape, t.dtype)
+        else:
+            key = tuple([(t.shape, t.dtype) for t in tensors])
+        ident = self._descs.get(key)
+        if ident is None:
+            ident = self._define(self._descs, key, _payload.describe(tensors))
+        return ident
+
+    def _name(self, name) -> int:
+        if name is None:
+            return 0
+        ident = self._names.get(name)
+        if ident is None:
+            ident = self._define(self._names, name, name)
+        return ident
+
+    # --- the path -------------------------------------------------------------------
+
+    def enter(self, call, skip: int = 3) -> bool:
+        """Write the call's ENTER; False when it is not recorded (recording failed).
+        `skip`: frames from here out to the group's method (for the stack)."""
+        try:
+            if self.open or self.finished:
+                self.reap()
+                self._in_backward()
+            elif call.async_op or call.p2p:
+                # A blocking collective is complete when it returns: with nothing open,
+                # there is nothing to reap at the end of a backward pass. A later call
+                # that stays open asks for the reap itself.
+                self._in_backward()
+            start = monotonic_ns()
+            ins = call.ins
+            descs = self._descs
+            if len(ins) == 1:
+                t = ins[0]
+                in_desc = descs.get((t.shape, t.dtype)) or self._desc(ins)
+            else:
+                in_desc = self._desc(ins)
+            if call.p2p:
+                flags = E_P2P | E_RECV if call.receives else E_P2P
+                peer = -1 if call.peer is None else call.peer
+                out_desc = 0
+            else:
+                root = call.root
+                peer = -1 if root is None else root
+                outs = call.outs
+                if outs is ins:
+                    flags = E_SAME_OUT
+                    out_desc = 0
+                else:
+                    flags = 0
+                    out_desc = self._desc(outs)
+            if call.async_op:
+                flags |= E_ASYNC
+            stack = 0
+            if self.stack_depth:
+                frames = caller_stack(self.stack_depth, skip + 1)
+                if frames is not None:
+                    stack = self._stacks.get(frames) or self._define(self._stacks, frames, frames)
+            names = self._names
+            op = names.get(call.op) or self._name(call.op)
+            reduce_op = call.reduce_op
+            if reduce_op is not None:
+                reduce_op = names.get(reduce_op) or self._name(reduce_op)
+            else:
+                reduce_op = 0
+            if self.memory is None:
+                alloc = peak = -1
+            else:
+                alloc, peak = self.memory()
+                alloc = -1 if alloc is None else alloc
+                peak = -1 if peak is None else peak
+            step = self.step
+            call.cid = self._log_enter(flags, start, self.last_return or 0, step, call.gid, call.seq, peer, call.tag,
+                                       in_desc, out_desc, stack, op, reduce_op, alloc, peak,
+                                       self._payload(ins) if self.mode and not call.receives else None)
+            self.last_return = None
+            call.start = start
+            call.step = step
+            call.issued = 0
+            self.open[id(call)] = call
+            return True
+        except BaseException as exc:
+            self.rec.fail(exc)
+            return False
+
+    def _payload(self, tensors, checked: bool = False):
+        mode = self.ops_mode
+        if mode is None:
+            return _payload.log_payload(tensors, self.mode, self._writer(), checked=checked,
+                                        inline_max=self.inline_max)
+        return dispatch.aside(mode, _payload.log_payload, tensors, self.mode, self._writer(), checked,
+                              self.inline_max)
+
+    def _writer(self):
+        make = self.blob_writer
+        return None if make is None or self.mode != _payload.FULL else make()
+
+    def blocking(self, call):
+        """A blocking call (a collective, or torch's send or recv: torch waits for its Work
+        as soon as it has it) forwarded to the real backend: enter, issue, wait, complete,
+        all on the program's thread. Returns a Work that is done: a collective's real one;
+        for a send or recv, whose gloo Work would wait for another message at a second
+        wait(), a completed one."""
+        # frames: caller_stack, enter, blocking, the group's _collective or _p2p, its method
+        recorded = self.enter(call, 4)
+        mode = self.ops_mode
+        fn, args = call.fn, call.args
+        if not recorded:
+            return fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
+        try:
+            work = fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
+            issued = call.issued = self.last_return = monotonic_ns()
+            if work is not None:  # none: NCCL's blocking call, done as far as this thread can tell
+                work.wait()
+        except BaseException as exc:
+            self.complete(call, exc)
+            raise
+        end = monotonic_ns()
+        call.done = True
+        self.open.pop(id(call), None)
+        if self.last_return == issued:
+            self.last_return = end  # the caller was waiting until now: not compute
+        if self.rec.on:
+            try:
+                self._log_done(call.cid, end, issued, 0, -1, -1,
+                               self._payload(call.outs) if self.mode and (not call.p2p or call.receives) else None)
+            except BaseException as exc:
+                self.rec.fail(exc)
+        if self.rec.cpu_memory is not None:
+            self.settle(call)
+        else:
+            call.ins = call.outs = call.fn = call.args = None
+        return _done_work() if call.p2p else work
+
+    def issued(self, call) -> None:
+        t = monotonic_ns()
+        call.issued = t
+        self.last_return = t
+
+    def complete(self, call, error: BaseException | None = None, peer: int | None = None,
+                 *, backend: bool = False) -> None:
+        """The call finished (from a wait(), a reap, inline, or, with `backend`, from a
+        backend thread's future callback).
+
+        A backend thread reads no tensor: the program may free, resize or overwrite the
+        outputs at any moment after its wait() returned (FSDP2 frees unsharded parameters
+        with `untyped_storage().resize_(0)`), and torch wakes waiters before it runs done
+        callbacks. Its DONE says the outputs come later (`write_outputs`, on the program's
+        thread: where its wait() returns, else at the next call, step or exit)."""
+        end = monotonic_ns()
+        with self._lock:
+            if call.done:
+                return
+            call.done = True
+            call.end = end
+            call.error = error
+            self.open.pop(id(call), None)
+        flags = 0
+        sourced_peer = call_seq = -1
+        if peer is not None:
+            call.peer = peer
+            flags |= D_SOURCED
+            sourced_peer, call_seq = peer, call.seq
+        if not call.async_op and self.last_return == call.issued:
+            self.last_return = end  # the caller was waiting until now: not compute
+        if not self.rec.on:
+            return
+        try:
+            payload = None
+            wants = self.mode and error is None and (not call.p2p or call.receives) and call.outs
+            if error is not None:
+                flags |= D_FAILED
+            elif wants and backend:
+                flags |= D_OUT_LATER
+                call.out_later = True
+                with self._lock:
+                    self.finished[id(call)] = call
+            elif wants:
+                payload = self._outputs(call)
+            self.log.done(call.cid, end, call.issued, flags, sourced_peer, call_seq, payload)
+            if error is not None:
+                self.rec.write(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed", value=call.seq,
+                                      text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
+                call.error = None
+        except BaseException as exc:
+            self.rec.fail(exc)
+
+    def _outputs(self, call, checked: bool = True):
+        """The outputs' payload, read on the program's thread; None (and a payload_lost
+        marker) when the program freed or resized a storage before it could be read."""
+        outs = call.outs
+        if checked and not _payload.alive(outs):
+            t = call.end or monotonic_ns()
+            self.rec.write(Marker(start_ns=t, end_ns=t, step=call.step, name="payload_lost", value=call.seq,
+                                  text=f"{call.op}: output storage freed before it was read"))
+            return None
+        return self._payload(outs, checked)
+
+    def write_outputs(self, call) -> None:
+        """On the program's thread, where its wait() for `call` returned (or later): the
+        outputs of a call a backend thread saw complete."""
+        if not call.out_later:
+            return
+        with self._lock:
+            mine = self.finished.pop(id(call), None) is not None
+        if mine:
+            call.out_later = False
+            try:
+                if self.rec.on:
+                    self.log.out(call.cid, self._outputs(call))
+            except BaseException as exc:
+                self.rec.fail(exc)
+
+    def write_finished(self) -> None:
+        with self._lock:
+            calls = list(self.finished.values())
+        for call in calls:
+            self.write_outputs(call)
+            self.settle(call)
+
+    def reap(self) -> None:
+        """On the program's thread: write the outputs of calls a backend thread saw
+        complete, and complete open calls whose future is done (sooner than their callback,
+        which waits for the GIL the main thread holds; the future is marked done first)."""
+        if self.finished:
+            self.write_finished()
+        for call in list(self.open.values()):
+            fut = call.future
+            if fut is not None and not call.done:
+                try:
+                    finished = fut.done()
+                except Exception:
+                    continue
+                if finished:
+                    self.complete(call)
+                    self.settle(call)
+
+    def _in_backward(self) -> None:
+        """A call made inside a backward pass (DDP's bucket all_reduce) may be consumed
+        only through its future, by C++ (DDP's reducer waits for it at the end of the
+        backward pass), and its results changed in place before the program's next call
+        or step (gradient clipping on gradients that are views of the buckets). So, once
+        per backward pass, reap at its very end: an engine callback that queues another,
+        which runs after the ones frameworks queued (DDP's finalize), on the backward
+        pass's thread, before the program has its results."""
+        task = self._graph_task
+        if task is None:
+            import torch
+            from torch.autograd import Variable
+
+            task = self._graph_task = torch._C._current_graph_task_id
+            self._queue_callback = Variable._execution_engine.queue_callback
+        tid = task()
+        if tid != -1 and tid != self._task_seen:
+            self._task_seen = tid
+            self._queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        try:
+            self._queue_callback(self._reap_after_backward)
+        except BaseException:
+            self._reap_after_backward()
+
+    def _reap_after_backward(self) -> None:
+        try:
+            if self.rec.on and (self.open or self.finished):
+                self.reap()
+        except BaseException as exc:
+            self.rec.fail(exc)
+
+    def settle(self, call) -> None:
+        """On the program's thread, once the call completed for it and its outputs are
+        written: its tensors were in use until now (for the memory tracker), and the
+        recorder lets go of them (a buffer the program dropped is freed here and now, not
+        on a backend thread at a racy moment)."""
+        if not call.done or call.out_later:
+            return
+        tracker = self.rec.cpu_memory
+        if tracker is not None and call.ins is not None:
+            try:
+                tracker.touch(call.ins, call.outs)
+            except Exception:
+                pass
+        # The real backend's method holds the backend: a call kept by anyone past the
+        # group's end must not keep it (its destructor, run late, aborts the process).
+        call.ins = call.outs = call.future = call.fn = call.args = None
+
+    def pending(self) -> list[tuple]:
+        """(start_ns, op, group, seq, step, id) of the calls entered and not completed,
+        oldest first (the flight watchdog's; no reference to a call or its tensors)."""
+        with self._lock:
+            calls = [(c.start, c.op, c.gid, c.seq, c.step, id(c)) for c in self.open.values() if not c.done]
+        calls.sort()
+        return calls
+
+
+_DONE: list = []
+
+
+def _done_work():
+    """A Work that is complete (one for all: its wait() returns at once, its result is empty)."""
+    if not _DONE:
+        from prism_rr.intercept.group import completed_work
+
+        _DONE.append(completed_work())
+    return _DONE[0]
