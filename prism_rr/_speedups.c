@@ -295,15 +295,18 @@ Cursor_enter(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(seq);
 }
 
-/* done(cid, end, issued, flags, peer, call_seq[, payload]) -> 0 (payload: as enter's) */
+/* done(cid, end, issued[, flags[, peer[, call_seq[, payload]]]]) -> 0 (payload: as enter's) */
 static PyObject *
 Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "done takes 6 or 7 arguments");
+    if (nargs < 3 || nargs > 7) {
+        PyErr_SetString(PyExc_TypeError, "done takes 3 to 7 arguments");
         return NULL;
     }
-    ARG_LL(0, cid); ARG_LL(1, end); ARG_LL(2, issued); ARG_LL(3, flags); ARG_LL(4, peer); ARG_LL(5, call_seq);
+    ARG_LL(0, cid); ARG_LL(1, end); ARG_LL(2, issued);
+    long long flags = nargs > 3 ? PyLong_AsLongLong(args[3]) : 0;
+    long long peer = nargs > 4 ? PyLong_AsLongLong(args[4]) : -1;
+    long long call_seq = nargs > 5 ? PyLong_AsLongLong(args[5]) : -1;
     if (PyErr_Occurred())
         return NULL;
     Payload p;
@@ -311,7 +314,7 @@ Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
     if (payload_parse(nargs > 6 ? args[6] : NULL, &p, &plen) < 0)
         return NULL;
     long long n = plen < 0 ? DONE_SIZE : ((DONE_BODY + plen + 8 + ALIGN - 1) & ~(long long)(ALIGN - 1));
-    long long at = room(self, n);
+    long long at = cid < 0 ? -1 : room(self, n); /* a call whose ENTER was dropped: the slow path counts it */
     if (at < 0) {
         payload_done(&p);
         if (self->slow_done == NULL || self->slow_done == Py_None)

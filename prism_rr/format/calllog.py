@@ -84,8 +84,9 @@ TYPE_NAMES = {T_PAD: "pad", T_ENTER: "enter", T_DONE: "done", T_OUT: "out", T_RE
 ENTER_BODY = struct.Struct("<IBBHqqQiiqiiIIIHHqq")
 ENTER = struct.Struct("<IBBHqqQiiqiiIIIHHqqQ")
 CID_AT = 24  # the call id's offset in ENTER
-# flags of ENTER
+# flags of ENTER (E_COPY: written again ahead, its aux's high byte counting how often)
 E_ASYNC, E_P2P, E_RECV, E_SAME_OUT, E_COPY = 1, 2, 4, 8, 16
+MAX_CARRIES = 2  # a flight ring lets go of a call open that long (two laps of other entries)
 
 # DONE: the call completed (or failed): call id, end_ns, issued_ns (0: none), peer and call
 # seq learnt at completion (a receive from any source; flag D_SOURCED).
@@ -305,41 +306,59 @@ class CallLog:
 
     def _drop_until(self, new_tail: int) -> None:
         """Flight: forget the oldest entries up to `new_tail`, keeping the ENTER of a call
-        still open to write again ahead (it names the call its DONE completes)."""
+        still open to write again ahead (it names the call its DONE completes), as long as
+        the open calls take at most a quarter of the ring."""
         mm, mask, at0, cur = self._mm, self._mask, self._ring_at, self.cur
         tail, seq = cur.tail, cur.tail_seq
         open_ = self.open
+        carried = self._carried
+        room = self.ring_size // 4 - sum(map(len, carried))  # open calls may fill a quarter, no more
         while tail < new_tail and tail < cur.head:
             off = at0 + (tail & mask)
             length, kind = HEAD.unpack_from(mm, off)[:2]
             if kind == T_ENTER:
                 cid = SEQ.unpack_from(mm, off + CID_AT)[0]
                 if open_.get(cid) == tail:
-                    self._carried.append(bytes(mm[off : off + length]))
+                    aux = HEAD.unpack_from(mm, off)[3]
+                    if length <= room and aux >> 8 < MAX_CARRIES:
+                        carried.append(bytes(mm[off : off + length]))
+                        room -= length
+                    else:  # open for laps, or too many open for this ring: let go
+                        del open_[cid]
             tail += length
             seq += 1
         cur.tail, cur.tail_seq = tail, seq
         self._write_live(None, None)
 
     def _carry(self) -> None:
-        """With the lock held: write the ENTERs that room-making took out, as copies."""
-        carried, self._carried = self._carried, []
+        """With the lock held: write the ENTERs that room-making took out, as copies (at
+        most one round of the open calls: making room for one may take out another; what
+        is left goes after the next entry, which the cursor's `busy` sends here too)."""
         cur = self.cur
-        for raw in carried:
+        carried = self._carried
+        for _ in range(len(self.open) + 1):
+            if not carried:
+                return
+            raw = carried.pop(0)
+            cid = SEQ.unpack_from(raw, CID_AT)[0]
+            if cid not in self.open:
+                continue  # completed meanwhile
             n = len(raw)
             try:
                 pos = self._room(n)
             except LogFull:
+                carried.clear()
                 return
             seq = cur.seq + 1
             off = self._ring_at + (pos & self._mask)
             mm = self._mm
             mm[off : off + n - 8] = raw[: n - 8]
             mm[off + 5] = raw[5] | E_COPY
+            mm[off + 7] = min(255, raw[7] + 1)  # aux's high byte: how many times it was carried
             _SEALS[0](mm, off + n - 8, seq ^ SEQ_KEY)
             cur.seq = seq
             cur.head = pos + n
-            self.open[SEQ.unpack_from(raw, CID_AT)[0]] = pos
+            self.open[cid] = pos
 
     # --- the program's path (the Python twins of the C speedups) ---------------------
 
@@ -386,13 +405,17 @@ class CallLog:
             self.dropped += 1
             return -1
         finally:
-            cur.busy = 0
+            cur.busy = 1 if self._carried else 0
             lock.release()
 
     def _done(self, cid: int, end: int, issued: int, flags: int = 0, peer: int = -1, call_seq: int = -1,
               payload=None) -> int:
         """Write a call's completion (cid: what enter returned); 0. `payload`: the
-        outputs', as enter's."""
+        outputs', as enter's. A call whose ENTER found no room (cid -1) is dropped too."""
+        if cid < 0:
+            with self.lock:
+                self.dropped += 1
+            return 0
         if type(payload) is tuple:
             payload = _one_tensor(*payload)
         if payload is None:
@@ -428,7 +451,7 @@ class CallLog:
             self.dropped += 1
             self.open.pop(cid, None)
         finally:
-            cur.busy = 0
+            cur.busy = 1 if self._carried else 0
             lock.release()
         return 0
 
@@ -476,7 +499,7 @@ class CallLog:
             try:
                 yield
             finally:
-                cur.busy = 0
+                cur.busy = 1 if self._carried or self.closed else 0
 
     # --- the persistent region ---------------------------------------------------------
 
@@ -552,19 +575,6 @@ class CallLog:
             if tail > cur.tail:
                 cur.tail, cur.tail_seq = tail, tail_seq
             self._write_live(persist_done, ring_done)
-
-    def copy_open(self, before: int) -> int:
-        """Write again, ahead, the ENTER of every open call older than ring position
-        `before` (the compactor, when such calls hold the tail back); how many."""
-        with self._exclusive():
-            old = [pos for pos in self.open.values() if pos < before]
-            mm, mask, at0 = self._mm, self._mask, self._ring_at
-            for pos in old:
-                off = at0 + (pos & mask)
-                self._carried.append(bytes(mm[off : off + HEAD.unpack_from(mm, off)[0]]))
-            if self._carried:
-                self._carry()
-            return len(old)
 
     def close(self, remove: bool = False) -> None:
         """Mark the log closed (its records are all in the spool) and unmap it. Writes
@@ -757,6 +767,7 @@ class _Open:
     call_seq: int | None = None
     payload_out: tuple | None = None
     waiting_out: bool = False
+    spilled: bool = False  # in the spool's open-calls snapshot already (the compactor's)
 
 
 @dataclass(slots=True)
@@ -878,6 +889,11 @@ class LogDecoder:
         out = [self._call_record(c) for c in self.pending.values()]
         self.pending.clear()
         return out
+
+    def spilled_records(self) -> list:
+        """Records of the spilled calls still pending, as they stand (see open_records);
+        they stay pending."""
+        return [self._call_record(c) for c in self.pending.values() if c.spilled]
 
     def _blob_ids(self, payload, digest_default: bool):
         digests, blobs, datas, digest_bytes = payload

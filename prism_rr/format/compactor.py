@@ -23,7 +23,7 @@ from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
 from prism_rr.format.calllog import CallLog, LogContents, LogDecoder, decode_log, read_log, ring_entries
 from prism_rr.format.records import Marker
-from prism_rr.format.spool import encode_frame, read_spool, spool_header
+from prism_rr.format.spool import FRAME_OPEN, call_identity, encode_frame, frame_records, read_spool, spool_header
 
 __all__ = ["Compactor", "log_to_spool", "recover_logs", "spool_of_log"]
 
@@ -72,10 +72,12 @@ class Compactor:
         self.path = Path(path)
         self.rank = rank
         self.blobs = None
+        self._own_blobs = None  # one made here, where no one gave one
         self.error: BaseException | None = None
         self.dropped_reported = 0
         self._decoder = LogDecoder(f"call log of rank {rank}")
         self._p_at = 0  # how far the persistent region is read
+        self._read = (0, 1)  # (ring position, seq) of the next entry to read
         self._lock = threading.Lock()  # one batch at a time
         self._wake = threading.Event()
         self._stopped = False
@@ -122,13 +124,18 @@ class Compactor:
                 persist.release()
             ring, tail, tail_seq, head = calls.view()
             last = 0
+            # from where the last batch stopped (the tail may lag behind it: a pending call's
+            # ENTER holds it back)
+            at, at_seq = max(self._read, (tail, tail_seq))
             try:
-                for pos, seq, kind, flags, aux, entry in ring_entries(ring, tail, tail_seq, head):
+                for pos, seq, kind, flags, aux, entry in ring_entries(ring, at, at_seq, head):
                     records += dec.feed(pos, seq, kind, flags, aux, entry)
                     last = seq
                     del entry
             finally:
                 ring.release()
+            if last:
+                self._read = (head, last + 1)
             if calls.dropped > self.dropped_reported:
                 lost = calls.dropped - self.dropped_reported
                 self.dropped_reported = calls.dropped
@@ -136,23 +143,35 @@ class Compactor:
                 records.insert(0, Marker(start_ns=t, end_ns=t, step=step, name="records_dropped", value=lost))
             if final:
                 records += dec.open_records()
+            # The ring's room is free up to the oldest call still pending (its ENTER is
+            # what a reader after a death needs). A call pending for more than a quarter of
+            # the ring is spilled instead: written to the spool as an open-calls snapshot
+            # (which `pack` reads: FORMAT.md, "Spool"), so it holds the ring back no more;
+            # its completion, when it comes, is an ordinary record that supersedes it.
+            pending = dec.pending.values()
+            limit = head - calls.ring_size // 4
+            snapshot = None
+            if not final and any(not c.spilled and c.pos < limit for c in pending):
+                for c in pending:
+                    c.spilled = c.spilled or c.pos < limit
+                snapshot = dec.spilled_records()
             self._store_blobs(dec)
             if info:
                 self._index = _write_info(self._fd, self.rank, self._index, info)
             if records:
                 self._index = _write_frames(self._fd, self.rank, self._index, records)
-            # The ring's room is free up to the oldest call still pending (its ENTER is
-            # what a reader after a death needs): an open call that holds more than half
-            # of the ring back is written again ahead, and its old ENTER let go next time.
-            pending = dec.pending.values()
-            oldest = min(pending, key=lambda c: c.pos, default=None)
-            if oldest is not None and head - oldest.pos > calls.ring_size // 2 and not final:
-                calls.copy_open(oldest.pos + 1)
-            new_tail, new_seq = (head, last + 1) if oldest is None else (oldest.pos, oldest.seq)
+            if snapshot is not None:
+                frame = encode_frame(FRAME_OPEN, self.rank, self._index, records=snapshot)
+                self._index += 1
+                view = memoryview(frame)
+                while view:
+                    view = view[os.write(self._fd, view):]
+            oldest = min((c for c in pending if not c.spilled), key=lambda c: c.pos, default=None)
             if last:
+                new_tail, new_seq = (head, last + 1) if oldest is None else (oldest.pos, oldest.seq)
                 calls.consume(new_tail, new_seq, self._p_at, last)
             else:
-                calls.consume(calls.tail, calls.tail_seq, self._p_at, 0)
+                calls.consume(tail, tail_seq, self._p_at, None)
             return len(records)
 
     def _store_blobs(self, dec: LogDecoder) -> None:
@@ -162,7 +181,9 @@ class Compactor:
         if dec.blobs:
             found, dec.blobs = dec.blobs, {}
             if blobs is None:
-                raise FormatError("payloads in the call log, and no blob writer to store them")
+                from prism_rr.format.blobs import BlobWriter
+
+                blobs = self.blobs = self._own_blobs = BlobWriter(self.path.parent)
             blobs.store_now(found.items())
         if blobs is not None and blobs.queued > blobs.stored:
             blobs.wait_stored(blobs.queued, BLOB_WAIT_S)
@@ -176,6 +197,8 @@ class Compactor:
         written = False
         try:
             self.compact(final=True)
+            if self._own_blobs is not None:
+                self._own_blobs.close()
             written = True
         finally:
             with self._lock:
@@ -307,13 +330,17 @@ def _is_group(r) -> bool:
     return type(r) is not tuple and r.KIND == 7
 
 
-def log_frames(contents: LogContents, index: int, have_blob) -> tuple[bytes, dict, int]:
+def log_frames(contents: LogContents, index: int, have_blob, spilled: frozenset = frozenset()) -> tuple[bytes, dict, int]:
     """What a dead rank's call log adds to its spool: (the frames, as bytes: its rank info
     past what the spool has, then the records past the compactor's last batch and the calls
     still open; the small payloads they name, id -> bytes; how many records). A record
     that names a blob `have_blob` does not know (and the log does not hold) keeps no blob
-    and gets a `payload_lost` marker."""
+    and gets a `payload_lost` marker. `spilled`: the identities (spool.call_identity) of
+    the calls the spool's last open-calls snapshot holds: `pack` reads those from there."""
     dec, records = decode_log(contents, where=f"call log of rank {contents.rank}")
+    if spilled:
+        records = [r for r in records
+                   if call_identity(codec.row_record(r) if type(r) is tuple else r) not in spilled]
     if any(_blob_ids_of(r) for r in records):
         fixed = []
         for r in records:
@@ -331,6 +358,14 @@ def log_frames(contents: LogContents, index: int, have_blob) -> tuple[bytes, dic
         parts.append(encode_frame(layout.FRAME_EVENTS, contents.rank, index, records=records[i : i + CHUNK_RECORDS]))
         index += 1
     return b"".join(parts), dec.blobs, len(records)
+
+
+def snapshot_calls(data, frames, where: str) -> frozenset:
+    """The identities of the calls in a spool's last open-calls snapshot."""
+    last = next((f for f in reversed(frames) if f.kind == FRAME_OPEN), None)
+    if last is None:
+        return frozenset()
+    return frozenset(call_identity(r) for r in frame_records(data, last, where))
 
 
 def open_log(spool: Path) -> LogContents | None:
@@ -371,12 +406,14 @@ def recover_logs(spool_dir) -> list[tuple[int, int]]:
                 if contents.closed:
                     path.unlink(missing_ok=True)
                     continue
-                good, index = 0, 0
+                good, index, spilled = 0, 0, frozenset()
                 if spool.exists():
-                    scan = read_spool(spool)
+                    data = spool.read_bytes()
+                    scan = read_spool(spool, data)
                     good = scan.good_bytes
                     index = max((f.index for f in scan.frames), default=-1) + 1
-                frames, blobs, n = log_frames(contents, index, have_blob)
+                    spilled = snapshot_calls(data, scan.frames, spool.name)
+                frames, blobs, n = log_frames(contents, index, have_blob, spilled)
                 writer.store_now(blobs.items())
                 fd = os.open(spool, os.O_WRONLY | os.O_CREAT, 0o644)
                 try:

@@ -34,7 +34,7 @@ from prism_rr._version import __version__
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id, blob_level, spool_blobs
-from prism_rr.format.compactor import log_frames, open_log
+from prism_rr.format.compactor import log_frames, open_log, snapshot_calls
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, spool_header, still_open
 
 if TYPE_CHECKING:
@@ -344,13 +344,15 @@ def _read_rank(spool: Path, have_blob, log_blobs: dict) -> tuple[bytes, str | No
         if not data:
             raise FormatError(f"{spool.name}: no spool, and no call log to read instead")
         return data, problem
+    spilled = frozenset()
     if data:
         _, frames, good, _ = scan_spool(data, f"spool {spool.name}")
         data = data[:good]
         index = max((f.index for f in frames), default=-1) + 1
+        spilled = snapshot_calls(data, frames, spool.name)
     else:
         data, index = spool_header(contents.rank), 0
-    more, blobs, _ = log_frames(contents, index, have_blob)
+    more, blobs, _ = log_frames(contents, index, have_blob, spilled)
     log_blobs.update(blobs)
     return data + more, problem
 

@@ -1,24 +1,17 @@
 """Spools: one append-only file of checksummed zstd frames per recording rank.
 
-The writer never blocks its caller: records go to a list, full lists go to a bounded
-queue, and a thread compresses and appends them. When the queue is full the records are
-dropped and counted; the next chunk starts with a "records_dropped" marker.
+A recording rank's records reach its call log first (format/calllog.py: written as they
+happen, kept by the kernel whatever kills the process); the compactor
+(format/compactor.py) writes them here as frames. `SpoolWriter` writes a spool directly,
+for tools that make spools of records they already have (tests, synthetic bundles).
 
-Death: every `flush_interval_s` (50 ms) the thread also writes what is pending, however
-little, and, when it changed, a snapshot of the calls entered and not yet completed (an
-"open calls" frame). A write() reaches the kernel, which keeps it when the process dies
-by any signal, so a rank killed at any moment loses at most the last ~100 ms. `pack`
-keeps the last snapshot's calls that no later record completed (FORMAT.md, "Spool").
-Records that name payload blobs are written once those blobs are (`SpoolWriter.blobs`),
-so a death never leaves a record whose payload is missing.
+Spools of earlier versions may hold open-call snapshots (FRAME_OPEN): `pack` keeps the
+last one's calls that no later record names (FORMAT.md, "Spool").
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import threading
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +21,16 @@ import msgpack
 
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
-from prism_rr.format.records import Marker, Record
+from prism_rr.format.records import Record
 
-__all__ = ["Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "scan_spool", "spool_header",
-           "spool_path", "still_open"]
+__all__ = ["FRAME_OPEN", "Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "scan_spool",
+           "spool_header", "spool_path", "still_open"]
 
 
-# A spool frame kind beside layout.FRAME_EVENTS and FRAME_RANK_INFO: the calls open at a
-# moment, as an events chunk whose records have end_ns nil (FORMAT.md, "Spool").
+# A spool frame kind beside layout.FRAME_EVENTS and FRAME_RANK_INFO, in spools of earlier
+# versions: the calls open at a moment, as an events chunk whose records have end_ns nil
+# (FORMAT.md, "Spool").
 FRAME_OPEN = 3
-# The longest a chunk waits for the payload blobs its records name (a BlobWriter queues
-# about 30 ms of compression): past it the records are written without waiting.
-BLOB_WAIT_S = 2.0
 
 
 def spool_path(directory: str | os.PathLike, rank: int) -> Path:
@@ -220,9 +211,6 @@ def repair_spool(path: str | os.PathLike) -> SpoolScan:
     return scan
 
 
-_TICK = object()
-
-
 def call_identity(rec: Record) -> tuple:
     """What names one call in both its open and its completed record."""
     return (type(rec).__name__, rec.start_ns, getattr(rec, "op", None), getattr(rec, "group", None),
@@ -250,182 +238,48 @@ def still_open(buf, frames: list[Frame], where: str) -> list[Record]:
 
 
 class SpoolWriter:
-    """Appends records of one rank to its spool without ever blocking the caller."""
+    """Writes records of one rank to its spool, `chunk_records` to a frame, on the
+    caller's thread (no recorder uses it: a recording rank writes its call log)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        rank: int,
-        *,
-        chunk_records: int = 2048,
-        queue_chunks: int = 64,
-        flush_interval_s: float = 0.05,
-        info: dict[str, Any] | None = None,
-    ):
+    def __init__(self, path: str | os.PathLike, rank: int, *, chunk_records: int = 2048,
+                 info: dict[str, Any] | None = None):
         self.path = Path(path)
         self.rank = rank
         self.chunk_records = chunk_records
-        self.flush_interval_s = flush_interval_s
-        self.dropped = 0  # records dropped in all
-        self.error: BaseException | None = None
-        self._pending: list[Record] = []
-        self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_chunks)
-        self._unreported = 0
+        self._pending: list = []
         self._index = 0
-        self._closed = False
-        # () -> records of the calls open now (end_ns None), or None; called by the
-        # writer thread at each tick (the recorder sets it; see FORMAT.md, open calls)
-        self.open_calls = None
-        # the BlobWriter whose blobs the records name, or None: records are written only
-        # once the blobs queued before them are (see BlobWriter)
-        self.blobs = None
-        self._open_written: frozenset = frozenset()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._open()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.write(self._fd, spool_header(rank))
         if info is not None:
-            self._write(layout.FRAME_RANK_INFO, info=info)
-        self._thread = threading.Thread(target=self._run, name=f"prism-rr-spool-{rank}", daemon=True)
-        self._thread.start()
+            self.add_info(info)
 
     def append(self, record: Record | tuple) -> None:
-        """Queue a record, or a row (codec.row_maker)."""
-        with self._lock:
-            pending = self._pending
-            pending.append(record)
-            if len(pending) < self.chunk_records:
-                return
-            self._pending = []
-        self._hand_off(pending)
+        """A record, or a row (codec.row_maker)."""
+        self._pending.append(record)
+        if len(self._pending) >= self.chunk_records:
+            self.flush()
 
     def add_info(self, info: dict[str, Any]) -> None:
-        """Queue a rank-info frame (argv, versions, clock offset, ...)."""
-        self._offer(("info", info, 0))
+        """A rank-info frame (argv, versions, clock offset, ...): later ones add to earlier ones."""
+        self.flush()
+        self._write(layout.FRAME_RANK_INFO, info=info)
 
     def flush(self) -> None:
-        """Hand the pending records to the writer thread now."""
-        with self._lock:
-            pending, self._pending = self._pending, []
+        pending, self._pending = self._pending, []
         if pending:
-            self._hand_off(pending)
+            self._write(layout.FRAME_EVENTS, records=pending)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Flush everything and wait (at most `timeout`) for it to reach the file."""
-        if self._closed:
+    def close(self) -> None:
+        if self._fd < 0:
             return
         self.flush()
-        self._closed = True
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self._close_file()
-
-    def sync(self, timeout: float = 5.0) -> None:
-        """Flush and wait until the writer thread has written all queued chunks."""
-        self.flush()
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.002)
-
-    def _hand_off(self, records: list[Record]) -> None:
-        if not self._offer(("events", records, self._blob_mark())):
-            self.dropped += len(records)
-            self._unreported += len(records)
-
-    def _blob_mark(self) -> int:
-        blobs = self.blobs
-        return 0 if blobs is None else blobs.queued
-
-    def _blobs_written(self, mark: int) -> None:
-        """Wait until the blobs queued before a chunk's records are on disk: a bounded
-        wait (the BlobWriter's queue is), after which the records go out regardless."""
-        blobs = self.blobs
-        if mark and blobs is not None:
-            blobs.wait_stored(mark, BLOB_WAIT_S)
-
-    def _offer(self, item) -> bool:
-        if self._closed:
-            return False
-        try:
-            self._queue.put_nowait(item)
-            return True
-        except queue.Full:
-            return False
-
-    def _interval(self) -> float:
-        # Records that wait for their payload blobs (BlobWriter: at most ~30 ms of
-        # compression) go out twice as often, so they still reach the kernel in 100 ms.
-        return self.flush_interval_s if self.blobs is None else self.flush_interval_s / 2
-
-    def _run(self) -> None:
-        next_tick = time.monotonic() + self._interval()
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
-            except queue.Empty:
-                item = _TICK
-            if item is not _TICK:
-                try:
-                    if item is None:
-                        return
-                    kind, payload, mark = item  # mark: BlobWriter.queued when taken
-                    if kind == "info":
-                        self._write(layout.FRAME_RANK_INFO, info=payload)
-                    else:
-                        self._blobs_written(mark)
-                        if kind == "open":
-                            self._write(FRAME_OPEN, records=payload)
-                        else:
-                            self._write_events(payload)
-                except BaseException as exc:  # never let the writer die silently
-                    self.error = exc
-                finally:
-                    self._queue.task_done()
-            now = time.monotonic()
-            if now >= next_tick:
-                # however busy or quiet the rank (or hung), what it recorded reaches the
-                # kernel within an interval or two: the queue keeps the order of records
-                next_tick = now + self._interval()
-                self.flush()
-                self._snapshot_open()
-
-    def _snapshot_open(self) -> None:
-        """Queue the calls open now, when they differ from the last snapshot's."""
-        source = self.open_calls
-        if source is None or self._closed:
-            return
-        try:
-            records = source()
-            if records is None:
-                return
-            ids = frozenset((call_identity(r), r.end_ns) for r in records)
-            if ids == self._open_written:
-                return
-            if self._offer(("open", records, self._blob_mark())):
-                self._open_written = ids
-        except BaseException as exc:
-            self.error = exc
-
-    def _write_events(self, records: list[Record]) -> None:
-        if self._unreported:
-            lost, self._unreported = self._unreported, 0
-            t, step = codec.row_start(records[0]) if records else (time.monotonic_ns(), 0)
-            records = [Marker(start_ns=t, end_ns=t, step=step, name="records_dropped", value=lost), *records]
-        self._write(layout.FRAME_EVENTS, records=records)
-
-    # Where frames go: a spool file here; a flight ring in recorder/_flight.FlightWriter.
-
-    def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        os.write(self._fd, spool_header(self.rank))
-
-    def _close_file(self) -> None:
         os.close(self._fd)
+        self._fd = -1
 
     def _write(self, kind: int, records=None, info=None) -> None:
         frame = encode_frame(kind, self.rank, self._index, records=records, info=info)
         self._index += 1
-        os.write(self._fd, frame)
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(self._fd, view):]

@@ -143,46 +143,6 @@ def test_row_makers_give_the_defaults_of_fields_not_named():
         row_maker(Step, ("start_ns", "end_ns", "step"))
 
 
-@pytest.mark.parametrize("as_rows", [False, True])
-def test_writer_never_blocks_and_reports_drops(tmp_path, as_rows):
-    """A full queue drops records and the next chunk says how many."""
-    import threading
-
-    path = spool_path(tmp_path, 0)
-    w = SpoolWriter(path, 0, chunk_records=10, queue_chunks=1)
-    gate = threading.Event()
-    real_write = w._write_events
-    w._write_events = lambda recs: (gate.wait(5), real_write(recs))  # a stalled disk
-    records = list(synthetic_records(0, 2, 400))
-    for rec in records:
-        w.append(_as_row(rec) if as_rows else rec)  # must return at once although nothing is written
-    assert w.dropped > 0
-    gate.set()
-    w.close()
-    pack(tmp_path, tmp_path / "b.prism")
-    with open_bundle(tmp_path / "b.prism") as b:
-        got = list(b.events(0))
-        markers = [r for r in got if isinstance(r, Marker) and r.name == "records_dropped"]
-        assert sum(m.value for m in markers) == w.dropped
-        assert len(got) - len(markers) == len(records) - w.dropped
-        assert b.rank_summary(0)["dropped"] == w.dropped
-
-
-def test_quiet_rank_reaches_disk_without_flush(tmp_path):
-    """A hung rank writes nothing new, yet what it recorded is on disk soon after."""
-    import time
-
-    from prism_rr.format.spool import read_spool
-
-    w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.05)
-    w.append(Marker(start_ns=1, end_ns=1, step=0, name="before-hang"))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and len(read_spool(spool_path(tmp_path, 0)).frames) < 1:
-        time.sleep(0.02)
-    assert sum(f.count for f in read_spool(spool_path(tmp_path, 0)).frames) == 1
-    w.close()
-
-
 @pytest.mark.parametrize("cut", [1, 10, 63, 64, 100, -1])
 def test_torn_tail_is_repaired_keeping_complete_frames(tmp_path, cut):
     from prism_rr.format import read_spool, repair_spool

@@ -121,12 +121,16 @@ def test_an_error_is_kept_and_raised_at_the_next_put(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
-    """The spool writer holds a chunk back until the blobs queued before it are stored,
-    so a death in between never leaves a record that names a missing blob."""
+    """The compactor holds a batch back until the blobs queued before it are stored, so
+    no spool frame ever names a blob that is not on disk (the record itself is in the
+    call log meanwhile)."""
     import time
 
+    from prism_rr.format import codec
+    from prism_rr.format.calllog import CallLog, log_path
+    from prism_rr.format.compactor import Compactor
     from prism_rr.format.records import Marker
-    from prism_rr.format.spool import SpoolWriter, read_spool, spool_path
+    from prism_rr.format.spool import read_spool, spool_path
 
     gate = threading.Event()
     real = BlobWriter._append_pack
@@ -136,25 +140,24 @@ def test_a_record_reaches_the_spool_only_after_its_blobs(tmp_path, monkeypatch):
         real(self, entries)
 
     monkeypatch.setattr(BlobWriter, "_append_pack", slow)  # small blobs: the pack file's write
-    w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.01)
-    w.blobs = b = BlobWriter(tmp_path)
-    data = os.urandom(1000)
-    ident = b.put(data)
-    w.append(Marker(start_ns=1, end_ns=1, step=0, name="names_a_blob", value=0))
-    w.flush()
-    time.sleep(0.2)  # many writer ticks
+    log = CallLog(log_path(tmp_path, 0), 0, ring_size=1 << 16, persist_size=1 << 16)
+    compactor = Compactor(log, spool_path(tmp_path, 0), 0, info={"world_size": 1})
+    compactor.blobs = b = BlobWriter(tmp_path)
+    ident = b.put(os.urandom(1000))
+    log.record(codec.as_row(Marker(start_ns=1, end_ns=1, step=0, name="names_a_blob", value=0)))
+    batch = threading.Thread(target=compactor.compact)
+    batch.start()
+    time.sleep(0.2)
 
     def events():
         return sum(f.kind == layout.FRAME_EVENTS for f in read_spool(spool_path(tmp_path, 0)).frames)
 
     assert events() == 0 and not _has(tmp_path, ident)
     gate.set()
-    deadline = time.monotonic() + 5
-    while events() == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    batch.join(10)
     assert events() == 1 and _has(tmp_path, ident)
     b.close()
-    w.close()
+    compactor.close()
 
 
 @pytest.mark.timeout(30)

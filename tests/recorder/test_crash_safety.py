@@ -189,31 +189,23 @@ def test_sigkilled_rank_shows_the_call_it_was_in(tmp_path):
 
 
 def test_pack_keeps_only_the_last_snapshots_unwritten_calls(tmp_path):
-    """Open-call snapshots in a spool: pack keeps the last one's calls that no later
-    chunk names, and no earlier snapshot's."""
-    from prism_rr.format.spool import SpoolWriter, spool_path
+    """Open-call snapshots in a spool of an earlier version: pack keeps the last one's
+    calls that no later chunk names, and no earlier snapshot's."""
+    from prism_rr.format import layout
+    from prism_rr.format.spool import FRAME_OPEN, encode_frame, spool_header, spool_path
 
     def call(seq, end=None):
         return Collective(start_ns=1000 * (seq + 1), end_ns=end, step=0, op="all_reduce", group=0, seq=seq,
                           in_shapes=((3,),), in_dtypes=("float32",), in_bytes=12)
 
-    state = {"open": [call(0)]}
-    w = SpoolWriter(spool_path(tmp_path, 0), 0, flush_interval_s=0.01, info={"world_size": 1})
-    w.open_calls = lambda: list(state["open"])
-    deadline = time.monotonic() + 5
-
-    def snapshots():
-        from prism_rr.format.spool import FRAME_OPEN, read_spool
-
-        return sum(f.kind == FRAME_OPEN for f in read_spool(spool_path(tmp_path, 0)).frames)
-
-    while snapshots() < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    w.append(call(0, 5000))  # seq 0 completes, and seq 1 and 2 are entered
-    state["open"] = [call(1), call(2, 9000)]  # seq 2: seen complete, record not yet written
-    while snapshots() < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    w.close()  # as if the process died here: no record names seq 1 or 2
+    frames = [
+        encode_frame(layout.FRAME_RANK_INFO, 0, 0, info={"world_size": 1}),
+        encode_frame(FRAME_OPEN, 0, 1, records=[call(0)]),
+        encode_frame(layout.FRAME_EVENTS, 0, 2, records=[call(0, 5000)]),  # seq 0 completes
+        # seq 1 entered, seq 2 seen complete with its record not yet written
+        encode_frame(FRAME_OPEN, 0, 3, records=[call(1), call(2, 9000)]),
+    ]  # as if the process died here: no record names seq 1 or 2
+    spool_path(tmp_path, 0).write_bytes(spool_header(0) + b"".join(frames))
     out = tmp_path / "run.prism"
     pack(tmp_path, out)
     with open_bundle(out) as b:
