@@ -11,7 +11,9 @@ timeout, as a watchdog would end a broken job.
 
 import ctypes
 import datetime
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +74,12 @@ for step in range(5):
             dist.all_reduce(torch.ones(5) if rank == world - 1 else torch.ones(3))
         elif mode == "segv" and rank == 1:
             ctypes.string_at(0)
+        elif mode == "exit":
+            if rank == 0:
+                time.sleep(0.6)
+            else:
+                threading.Timer(0.3, os._exit, (7,)).start()
+            dist.all_reduce(torch.full((7,), float(step)))
     dist.all_reduce(torch.ones(3))
     opt.step()
     opt.zero_grad()
