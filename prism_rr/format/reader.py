@@ -17,6 +17,7 @@ from prism_rr.errors import FormatError, UnsupportedVersionError, UsageError
 from prism_rr.format import codec, layout
 from prism_rr.format.records import Record
 from prism_rr.format.spool import Frame, parse_frame
+from prism_rr.format.text import quoted, shown
 
 __all__ = ["Bundle", "ChunkRef", "open_bundle"]
 
@@ -157,7 +158,7 @@ class Bundle:
         unknown = sorted(set(required) - layout.FEATURES_KNOWN)
         if unknown:
             raise UnsupportedVersionError(
-                f"{self.path.name}: needs features this reader lacks: {', '.join(unknown)} "
+                f"{self.path.name}: needs features this reader lacks: {', '.join(map(quoted, unknown))} "
                 f"(bundle format {fmt[0]}.{fmt[1]}; upgrade prism-rr)"
             )
         world = m.get("world_size")
@@ -243,7 +244,7 @@ class Bundle:
         world = self.world_size
         for rank, info in infos.items():
             if type(rank) is not int or not 0 <= rank < world:
-                raise FormatError(f"{where}: rank info for {rank!r}, which is not a rank below {world}")
+                raise FormatError(f"{where}: rank info for {shown(repr(rank))}, which is not a rank below {world}")
             for key, value in info.items():
                 if type(key) is not str:
                     raise FormatError(f"{where}: rank {rank}: a key is not a string")
@@ -285,7 +286,7 @@ class Bundle:
         ranks = {}
         for rank, rs in s["ranks"].items():
             if type(rank) is not int or not 0 <= rank < world:
-                raise FormatError(f"{where}: a summary for {rank!r}, which is not a rank below {world}")
+                raise FormatError(f"{where}: a summary for {shown(repr(rank))}, which is not a rank below {world}")
             if type(rs) is not dict or type(rs.get("events")) is not int:
                 raise FormatError(f"{where}: summary of rank {rank} is malformed")
             out = {}
@@ -298,7 +299,7 @@ class Bundle:
         steps = {}
         for step, per_rank in s["steps"].items():
             if type(step) is not int or type(per_rank) is not dict:
-                raise FormatError(f"{where}: summary of step {step!r} is malformed")
+                raise FormatError(f"{where}: summary of step {shown(repr(step))} is malformed")
             for rank, v in per_rank.items():
                 if not (type(rank) is int and 0 <= rank < world and type(v) is tuple and len(v) == 3
                         and type(v[0]) is int and (v[1] is None or type(v[1]) is int)
@@ -326,27 +327,11 @@ class Bundle:
         return {r: (v[0], v[1]) for r, v in self.summaries["steps"].get(step, {}).items()}
 
     def facts(self) -> dict:
-        """What `prism-rr info --json` prints: format, world, ranks, groups, steps, events,
-        size, dropped and lost records, and ranks whose recorder turned itself off."""
-        ranks = self.summaries["ranks"]
-        failures = _recorder_failures(self)
-        return {
-            "path": str(self.path),
-            "format_version": self.format_version,
-            "tool": self.manifest.get("tool", "unknown"),
-            "world_size": self.world_size,
-            "recorded_ranks": self.recorded_ranks,
-            "groups": len(self.groups),
-            "steps": self.steps,
-            "event_count": self.event_count,
-            "bytes": self.size,
-            "dropped": sum(int(r.get("dropped", 0) or 0) for r in ranks.values()),
-            "truncated_ranks": sorted(r for r, s in ranks.items() if s.get("truncated")),
-            "open_calls": sum(int(r.get("open", 0) or 0) for r in ranks.values()),
-            "recorder_failed_ranks": [f["rank"] for f in failures],
-            "recorder_failures": failures,
-            "flight": _flight_facts(self.manifest.get("flight")),
-        }
+        """What `prism-rr info --json` prints (see `facts.bundle_facts`): format, world,
+        ranks, groups, steps, events, size, losses, and the manifest's own notes."""
+        from prism_rr.format.facts import bundle_facts
+
+        return bundle_facts(self)
 
     # --- chunks and events ---------------------------------------------------------
 
@@ -513,24 +498,6 @@ class Bundle:
         return f"<Bundle {self.path.name} v{self.format_version} world={self.world_size} ranks={len(self.recorded_ranks)}>"
 
 
-def _recorder_failures(bundle: Bundle) -> list[dict]:
-    """Ranks whose recorder turned itself off: {rank, step, reason}, from the rank info
-    (a rank notes it there as well as in a `recorder_failed` marker), so no chunk is read."""
-    out = []
-    for rank in bundle.recorded_ranks:
-        f = bundle.rank_info(rank).get("recorder_failed")
-        if type(f) is not dict:
-            continue
-        step = f.get("step")
-        reason = f.get("reason")
-        out.append({
-            "rank": rank,
-            "step": step if type(step) is int else None,
-            "reason": reason[:500] if type(reason) is str else "unknown",
-        })
-    return out
-
-
 def _is_str(v) -> bool:
     return type(v) is str
 
@@ -573,25 +540,6 @@ def _opt_map(v) -> bool:
 
 def _kinds(v) -> bool:
     return type(v) is dict and all(type(k) is int and type(n) is int and n >= 0 for k, n in v.items())
-
-
-def _flight_facts(v) -> dict | None:
-    """A flight dump's manifest entry (recorder/_flight.py), as plain facts: what fired,
-    where, when, and which ranks came from where; None for other bundles."""
-    if type(v) is not dict:
-        return None
-    out = {}
-    for key in ("trigger", "rank", "step", "first_step", "steps_kept", "dump", "hostname", "wall_ns"):
-        value = v.get(key)
-        if type(value) in (str, int, float) or value is None:
-            out[key] = value[:200] if type(value) is str else value
-    for key in ("ranks_dumped", "ranks_from_ring", "ranks_missing"):
-        value = v.get(key)
-        out[key] = [int(r) for r in value if type(r) is int][:100_000] if isinstance(value, (list, tuple)) else []
-    details = v.get("details")
-    out["details"] = {str(k)[:100]: (d[:500] if type(d) is str else d) for k, d in details.items()
-                      if type(d) in (str, int, float, bool)} if type(details) is dict else {}
-    return out
 
 
 def _clock_offset(v) -> bool:

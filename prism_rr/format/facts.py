@@ -1,0 +1,201 @@
+"""What a bundle says of itself without reading a chunk: as data, and as lines for people.
+
+`bundle_facts` is `prism-rr info --json`: the manifest's and the rank info's fields
+type-checked here, where they are read, so no caller meets a stranger's wrong type; its
+strings are the bundle's, exact. `info_lines` is `prism-rr info`: the same facts for
+people, every string from the bundle made safe for a terminal (`text.shown`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prism_rr.format.text import shown
+from prism_rr.specs import format_ranks
+
+__all__ = ["bundle_facts", "info_lines"]
+
+_LISTED_NODES = 8  # nodes named on info's line; the rest are counted
+_LISTED_WORDS = 4  # forms and versions of imported dumps named
+
+
+def bundle_facts(bundle) -> dict[str, Any]:
+    """Format, world, ranks, groups, steps, events, size, dropped and lost records, ranks
+    whose recorder turned itself off, and, where the manifest has them, the flight dump,
+    the nodes, the clocks' alignment and what a bundle was imported from."""
+    ranks = bundle.summaries["ranks"]
+    failures = _recorder_failures(bundle)
+    manifest = bundle.manifest
+    return {
+        "path": str(bundle.path),
+        "format_version": bundle.format_version,
+        "tool": manifest.get("tool", "unknown"),
+        "world_size": bundle.world_size,
+        "recorded_ranks": bundle.recorded_ranks,
+        "groups": len(bundle.groups),
+        "steps": bundle.steps,
+        "event_count": bundle.event_count,
+        "bytes": bundle.size,
+        "dropped": sum(int(r.get("dropped", 0) or 0) for r in ranks.values()),
+        "truncated_ranks": sorted(r for r, s in ranks.items() if s.get("truncated")),
+        "open_calls": sum(int(r.get("open", 0) or 0) for r in ranks.values()),
+        "recorder_failed_ranks": [f["rank"] for f in failures],
+        "recorder_failures": failures,
+        "flight": _flight_facts(manifest.get("flight")),
+        "nodes": _node_facts(manifest.get("nodes")),
+        "clock": _clock_facts(manifest.get("clock")),
+        "imported": _imported_facts(manifest.get("imported")),
+    }
+
+
+def info_lines(facts: dict[str, Any]) -> list[str]:
+    """`prism-rr info`'s lines, from `bundle_facts`."""
+    steps = facts["steps"]
+    events = facts["event_count"]
+    lines = [
+        f"bundle          {shown(facts['path'], None)}",
+        f"format          {facts['format_version']} ({shown(facts['tool'])})",
+        f"world size      {facts['world_size']}",
+        f"recorded ranks  {format_ranks(facts['recorded_ranks'])} ({len(facts['recorded_ranks'])})",
+        f"groups          {facts['groups']}",
+        f"steps           {format_ranks(steps) if steps else 'none'}",
+        f"events          {events:,}",
+        f"size            {facts['bytes']:,} bytes" + (f" ({facts['bytes'] / events:.1f} per event)" if events else ""),
+    ]
+    nodes = facts["nodes"]
+    if nodes is not None:
+        parts = [f"{shown(n['node'], 40)} ({shown(n['hostname'], 60)}: ranks "
+                 f"{'?' if n['ranks'] is None else format_ranks(n['ranks'])})" for n in nodes[:_LISTED_NODES]]
+        more = f", +{len(nodes) - _LISTED_NODES} more" if len(nodes) > _LISTED_NODES else ""
+        lines.append(f"nodes           {len(nodes)}: {', '.join(parts)}{more}")
+    clock = facts["clock"]
+    if clock is not None:
+        err = clock["max_error_ns"]
+        err = "error unknown" if err is None else f"within {err / 1e3:,.0f} us"
+        missing = clock["ranks_without_offset"]
+        lines.append(f"clocks          aligned to rank 0 by {shown(clock['method'], 40)}, {err}"
+                     + (f"; {missing} ranks without an offset" if missing else ""))
+    imported = facts["imported"]
+    if imported is not None:
+        lines.append(f"imported        from PyTorch Flight Recorder dumps ({_words(imported['forms'])}, "
+                     f"version {_words(imported['versions'])}): no steps, payloads or command; replay refuses it")
+    lines += _flight_lines(facts["flight"])
+    if facts["dropped"]:
+        lines.append(f"dropped         {facts['dropped']:,} records (the recorder fell behind)")
+    if facts["truncated_ranks"]:
+        lines.append(f"truncated       ranks {format_ranks(facts['truncated_ranks'])} lost the tail of their spool")
+    if facts["open_calls"]:
+        lines.append(f"never completed {facts['open_calls']} calls (a hang or a kill)")
+    for f in facts["recorder_failures"]:
+        step = "?" if f["step"] is None else f["step"]
+        lines.append(f"recorder off    rank {f['rank']} from step {step}: {shown(f['reason'])}")
+    return lines
+
+
+def flight_line(path, flight: dict[str, Any] | None, ranks: int) -> str:
+    """What `record --flight` says of one bundle its triggers wrote (`flight`: the
+    bundle's `bundle_facts()["flight"]`)."""
+    f = flight or {}
+    where = f" on rank {f['rank']}" if f.get("rank") is not None else ""
+    at = f" at step {f['step']}" if f.get("step") is not None else ""
+    return f"flight: wrote {shown(path, None)}: {shown(f.get('trigger', '?'))}{where}{at}, {ranks} ranks"
+
+
+def _words(values: list) -> str:
+    return ", ".join(shown(v, 40) for v in values[:_LISTED_WORDS]) or "?"
+
+
+def _flight_lines(flight: dict | None) -> list[str]:
+    if flight is None:
+        return []
+    where = f" on rank {flight['rank']}" if flight.get("rank") is not None else ""
+    at = f" at step {flight['step']}" if flight.get("step") is not None else ""
+    detail = ", ".join(f"{shown(k)} {shown(v)}" for k, v in flight["details"].items())
+    lines = [f"flight dump     {shown(flight.get('trigger'))}{where}{at}" + (f" ({detail})" if detail else "")
+             + (f"; steps from {flight['first_step']}" if flight.get("first_step") is not None else "")]
+    if flight["ranks_from_ring"]:
+        lines.append(f"                ranks {format_ranks(flight['ranks_from_ring'])} read from the rings "
+                     f"they left (they did not dump: died or too slow)")
+    if flight["ranks_missing"]:
+        lines.append(f"                ranks {format_ranks(flight['ranks_missing'])} are not in it "
+                     f"(another node's spool directory: pack them together)")
+    return lines
+
+
+# --- the manifest's and rank info's fields, type-checked ------------------------------
+
+
+def _recorder_failures(bundle) -> list[dict]:
+    """Ranks whose recorder turned itself off: {rank, step, reason}, from the rank info
+    (a rank notes it there as well as in a `recorder_failed` marker), so no chunk is read."""
+    out = []
+    for rank in bundle.recorded_ranks:
+        f = bundle.rank_info(rank).get("recorder_failed")
+        if type(f) is not dict:
+            continue
+        step = f.get("step")
+        reason = f.get("reason")
+        out.append({
+            "rank": rank,
+            "step": step if type(step) is int else None,
+            "reason": reason[:500] if type(reason) is str else "unknown",
+        })
+    return out
+
+
+def _flight_facts(v) -> dict | None:
+    """A flight dump's manifest entry (recorder/_flight.py), as plain facts: what fired,
+    where, when, and which ranks came from where; None for other bundles."""
+    if type(v) is not dict:
+        return None
+    out = {}
+    for key in ("trigger", "rank", "step", "first_step", "steps_kept", "dump", "hostname", "wall_ns"):
+        value = v.get(key)
+        if type(value) in (str, int, float) or value is None:
+            out[key] = value[:200] if type(value) is str else value
+    for key in ("ranks_dumped", "ranks_from_ring", "ranks_missing"):
+        value = v.get(key)
+        out[key] = [int(r) for r in value if type(r) is int][:100_000] if isinstance(value, (list, tuple)) else []
+    details = v.get("details")
+    out["details"] = {str(k)[:100]: (d[:500] if type(d) is str else d) for k, d in details.items()
+                      if type(d) in (str, int, float, bool)} if type(details) is dict else {}
+    return out
+
+
+def _ranks_or_none(v) -> list[int] | None:
+    return list(v) if type(v) is tuple and all(type(r) is int for r in v) else None
+
+
+def _node_facts(v) -> list[dict] | None:
+    """The manifest's `nodes` (one per node of a multi-node recording): {node, hostname,
+    ranks}, names as strings (absent: ""), ranks None where they are not a list of ranks;
+    None where the manifest has no such list."""
+    if type(v) is not tuple or not all(type(n) is dict for n in v):
+        return None
+    return [{"node": "" if n.get("node") is None else str(n.get("node")),
+             "hostname": "" if n.get("hostname") is None else str(n.get("hostname")),
+             "ranks": _ranks_or_none(n.get("ranks"))} for n in v]
+
+
+def _clock_facts(v) -> dict | None:
+    """The manifest's `clock`: how the ranks' clocks were aligned (method, max_error_ns
+    or None, ranks_without_offset: a count); None where it says nothing readable."""
+    if type(v) is not dict or type(v.get("method")) is not str:
+        return None
+    err = v.get("max_error_ns")
+    missing = v.get("ranks_without_offset")
+    return {"method": v["method"], "max_error_ns": err if type(err) is int else None,
+            "ranks_without_offset": len(missing) if type(missing) is tuple else 0}
+
+
+def _imported_facts(v) -> dict | None:
+    """The manifest's `imported`, for a bundle `prism-rr import fr` made: the dumps'
+    forms and versions as lists of strings; None for other bundles."""
+    if type(v) is not dict or v.get("from") != "flight_recorder":
+        return None
+
+    def strings(key: str) -> list[str]:
+        value = v.get(key)
+        return [str(x) for x in value] if type(value) is tuple else []
+
+    return {"from": "flight_recorder", "forms": strings("forms"), "versions": strings("versions")}

@@ -1,0 +1,54 @@
+"""Strings from a bundle, made safe to put before a person: the one rule, in one place.
+
+A bundle arrives attached to a bug report, so every string in it is a stranger's: a tool
+line, an argv, a group description or a stack frame may carry terminal escape sequences
+(`ESC ] 0 ; title BEL` retitles the window, `ESC [ 2 J` clears the screen, the 8-bit CSI
+`\\x9b` does both on some terminals), bidi overrides that make a line read other than it
+is, or a megabyte where a word belongs. `shown` is what every line for people, every error
+message that quotes a bundle and every screen of the terminal UI passes such a string
+through. JSON output does not: json escapes control characters itself, and a script
+reading `--json` gets the bundle's values exact.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LIMIT", "quoted", "shown"]
+
+LIMIT = 200  # characters of one value shown before it is cut
+
+
+def shown(value: object, limit: int | None = LIMIT) -> str:
+    """`value` as text safe for a terminal and for people: every character that is not
+    printable (C0 and C1 controls, DEL, bidi overrides, isolates and marks, zero-width
+    and other format characters, line and paragraph separators, unassigned code points)
+    escaped as `\\x1b`, `\\u202e`, ...; what comes past `limit` characters of that
+    cut off, with a marker saying how much of the value was left out (None: never cut,
+    for a line whose values were cut already). Anything not a string is shown as `str()`
+    shows it. Text it returned, shown again with no limit, comes back unchanged."""
+    text = value if type(value) is str else str(value)
+    if text.isprintable() and (limit is None or len(text) <= limit):
+        return text  # what nearly every string is: no copy
+    if limit is None:
+        return "".join(c if c.isprintable() else _escaped(c) for c in text)
+    out: list[str] = []
+    size = 0
+    for i, c in enumerate(text):
+        piece = c if c.isprintable() else _escaped(c)
+        if size + len(piece) > limit:
+            return "".join(out) + f"...[{len(text) - i:,} more characters]"
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
+
+
+def quoted(value: object, limit: int | None = LIMIT) -> str:
+    """`value` shown (see `shown`) between single quotes: how an error message names a
+    bundle's string, so that an empty or blank one is still seen."""
+    return f"'{shown(value, limit)}'"
+
+
+def _escaped(c: str) -> str:
+    n = ord(c)
+    if n < 0x100:
+        return {"\t": "\\t", "\n": "\\n", "\r": "\\r"}.get(c, f"\\x{n:02x}")
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
