@@ -20,7 +20,15 @@ from prism_rr.analysis._attribution import (
 from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
 from prism_rr.analysis._chakra import export_chakra
 from prism_rr.analysis._chrome import export_chrome
-from prism_rr.analysis._diagnose import KINDS, WINDOW_EVENTS, Finding, diagnose, diagnosis_json, step_windows
+from prism_rr.analysis._diagnose import (
+    KINDS,
+    WINDOW_EVENTS,
+    Finding,
+    diagnose,
+    diagnosis_json,
+    finding_lines,
+    step_windows,
+)
 from prism_rr.analysis._diff import BundleDiff, SequenceDifference, diff_bundles, diff_json, diff_lines
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
 from prism_rr.analysis._parquet import export_parquet
@@ -61,6 +69,7 @@ __all__ = [
     "export_chakra",
     "export_chrome",
     "export_parquet",
+    "finding_lines",
     "retimed_span",
     "signature",
     "step_windows",

@@ -11,11 +11,13 @@ import numpy as np
 
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
+from prism_rr.format.text import shown
+from prism_rr.specs import format_ranks
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import ExecutionGraph, build_graph, small_pages
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch
 
-__all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "step_windows"]
+__all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "finding_lines", "step_windows"]
 
 # Finding kinds, in the order they are reported.
 KINDS = (
@@ -36,7 +38,12 @@ STRAGGLER_MIN_LOST_PER_STEP_NS = 1_000_000  # below this, scheduling noise on a 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finding:
-    """One problem: what kind, which ranks, which call, and a sentence for people."""
+    """One problem: what kind, which ranks, which call, and a sentence for people.
+
+    The sentence quotes the bundle (op names, error texts, crash reports): each value is
+    cut where it is quoted, and the sentence as a whole is made safe for a terminal here,
+    so that no screen showing it, nor a `--json` reader printing it, meets a stranger's
+    escape sequence. `stack` and `details` keep the bundle's values exact."""
 
     kind: str
     ranks: tuple[int, ...]
@@ -46,12 +53,29 @@ class Finding:
     stack: tuple[str, ...] | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", shown(self.message, None))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind, "ranks": list(self.ranks), "group": self.group, "seq": self.seq,
             "message": self.message, "stack": list(self.stack) if self.stack else None,
             "details": self.details,
         }
+
+
+def finding_lines(number: int, finding: Finding, cost_ns: int | None = None) -> list[str]:
+    """One finding as `prism-rr diagnose` prints it, safe for a terminal: what, where, the
+    sentence, a straggler's cost (`cost_ns`, if known) and the stack."""
+    f = finding
+    where = f"group {f.group} seq {f.seq}" if f.group is not None else ""
+    lines = [f"{number}. [{f.kind}] ranks {format_ranks(list(f.ranks))} {where}".rstrip(), f"   {f.message}"]
+    if cost_ns is not None:
+        lines.append(f"   cost: the steps would have ended {cost_ns / 1e6:,.1f} ms sooner had "
+                     f"{'it' if len(f.ranks) == 1 else 'they'} been on time")
+    if f.stack:
+        lines.append(f"   at {' <- '.join(shown(frame) for frame in f.stack)}")
+    return lines
 
 
 def diagnosis_json(findings: list[Finding]) -> dict[str, Any]:
@@ -445,7 +469,7 @@ class _Failures:
 
 def _short(text: str, n: int = 160) -> str:
     text = re.sub(r"\[[^\]]*[/\\][^\]]*\]\s*", "", " ".join(text.split()))  # "[/src/gloo/pair.cc:78] "
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return shown(text, n)
 
 
 # --- wording --------------------------------------------------------------------------
@@ -472,22 +496,22 @@ def _at(g: "_Run", t: int) -> str:
 
 
 def _call_text(op: str, group: int, seq: int) -> str:
-    return f"{op} (group {group}, seq {seq})"
+    return f"{shown(op)} (group {group}, seq {seq})"
 
 
 def _describe_record(rec) -> str:
     cls = type(rec)
     if cls is Collective:
-        return f"{rec.op} (group {rec.group}, seq {rec.seq})"
+        return _call_text(rec.op, rec.group, rec.seq)
     if cls is PointToPoint:
         direction = "from" if ops.receives(rec.op) else "to"
-        return f"{rec.op} {direction} rank {rec.peer} (group {rec.group}, message {rec.seq})"
+        return f"{shown(rec.op)} {direction} rank {rec.peer} (group {rec.group}, message {rec.seq})"
     if cls is Compute:
-        return f"compute{' ' + rec.name if rec.name else ''}"
+        return f"compute{' ' + shown(rec.name) if rec.name else ''}"
     if cls is Step:
         return "the end of a step"
     if cls is Marker:
-        return f"marker {rec.name}" + (f" ({rec.text})" if rec.text else "")
+        return f"marker {shown(rec.name)}" + (f" ({shown(rec.text)})" if rec.text else "")
     if cls is Memory:
         return "a memory sample"
     if cls is GroupInfo:
@@ -505,7 +529,7 @@ def _doing_last(g: "_Run", rank: int, failures: "_Failures | None" = None) -> tu
         if kind == "collective":
             what = _call_text(m.op, group, seq)
         else:
-            what = f"{m.op} (group {group}, message {seq})"
+            what = f"{shown(m.op)} (group {group}, message {seq})"
         if _abrupt(g, rank):
             text = (f"rank {rank} was in {what} since {_at(g, m.enter_ns)} when its records end "
                     f"({_death(trace)})")
@@ -528,10 +552,10 @@ def _doing_last(g: "_Run", rank: int, failures: "_Failures | None" = None) -> tu
             text += f", which failed ({_short(failed[rank])})"
             details["failed"] = failed[rank]
     if ends and ends[-1].text:
-        text += f"; its recording then ended ({ends[-1].text})"
+        text += f"; its recording then ended ({shown(ends[-1].text)})"
         details["ended"] = ends[-1].text
     elif trace.crash is not None:
-        text += f"; then the process died ({trace.crash.signal})"
+        text += f"; then the process died ({shown(trace.crash.signal)})"
         details["state"] = "truncated" if trace.truncated else "crashed"
         details["signal"] = trace.crash.signal
     elif trace.truncated:
@@ -562,7 +586,7 @@ def _ends_before(g: "_Run", rank: int, t: int) -> bool:
 
 def _death(trace) -> str:
     if trace.crash is not None:
-        return f"process died: {trace.crash.signal}"
+        return f"process died: {shown(trace.crash.signal)}"
     if trace.truncated:
         return "its spool ends in a torn frame: the process died while writing"
     return "no proper end: the process died or was killed"
@@ -607,10 +631,10 @@ def _crashes(g: "_Run") -> list[Finding]:
             op = m.op
         where = crash.where
         what = (f" in {_call_text(op, group, seq)}" if group is not None
-                else f" in {op}" if op else "")
-        at = f" at {where}" if where else ""
-        msg = (f"Rank {rank} crashed ({crash.signal}){what}{at}; its records end at {_at(g, last)}. "
-               f"faulthandler: \"{crash.reason}\" ({crash.thread} thread's stack below).")
+                else f" in {shown(op)}" if op else "")
+        at = f" at {shown(where)}" if where else ""
+        msg = (f"Rank {rank} crashed ({shown(crash.signal)}){what}{at}; its records end at {_at(g, last)}. "
+               f"faulthandler: \"{shown(crash.reason)}\" ({shown(crash.thread)} thread's stack below).")
         out.append(Finding(
             kind="crashed", ranks=(rank,), group=group, seq=seq, message=msg, stack=crash.stack or None,
             details={"signal": crash.signal, "reason": crash.reason, "op": op, "where": where,
@@ -715,7 +739,7 @@ def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P
 
 
 def _where(m: Member) -> str:
-    return m.stack[0].split(" in ")[0] if m.stack else "an unrecorded line"
+    return shown(m.stack[0].split(" in ")[0]) if m.stack else "an unrecorded line"
 
 
 class _Counts:
@@ -875,12 +899,12 @@ def _drift(group, ref, ref_steps, ref_calls, rank, calls) -> Finding | None:
         op = next(op for op, (x, y) in counts.items() if x != y)
         x, y = counts[op]
         if y < x:
-            made = f"rank {rank} made {y} of the {x} {op} calls (group {group}) that rank {ref} made"
+            made = f"rank {rank} made {y} of the {x} {shown(op)} calls (group {group}) that rank {ref} made"
         else:
-            made = f"rank {rank} made {y} {op} calls (group {group}) where rank {ref} made {x}"
+            made = f"rank {rank} made {y} {shown(op)} calls (group {group}) where rank {ref} made {x}"
         msg = (f"In step {step}, {made}; from there on its calls pair with the wrong ones: "
-               f"rank {ref}'s {late_ref.op} at {_where(late_ref)} (step {late_ref.step}) is seq {seq} of group {group}, "
-               f"and so is rank {rank}'s {late.op} at {_where(late)} (step {late.step}).")
+               f"rank {ref}'s {shown(late_ref.op)} at {_where(late_ref)} (step {late_ref.step}) is seq {seq} of "
+               f"group {group}, and so is rank {rank}'s {shown(late.op)} at {_where(late)} (step {late.step}).")
         return Finding(
             kind="drift", ranks=(rank,), group=group, seq=seq, message=msg,
             stack=late.stack or late_ref.stack,
@@ -965,23 +989,26 @@ def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
             fields[name] = {"ranks": sorted(ranks), "value": a, "expected": b}
             verb = "called" if name == "op" else "passed"
             if name == "op":
-                parts.append(f"{_ranks_text(ranks)} called {a} where {_ranks_text(ref_ranks)} called {b}")
+                parts.append(f"{_ranks_text(ranks)} called {shown(a)} where {_ranks_text(ref_ranks)} called {shown(b)}")
             else:
-                parts.append(f"{_ranks_text(ranks)} {verb} {name} {a} where {_ranks_text(ref_ranks)} passed {b}")
+                parts.append(f"{_ranks_text(ranks)} {verb} {name} {shown(a)} where {_ranks_text(ref_ranks)} "
+                             f"passed {shown(b)}")
         details = {"op": ref_sig[0], "differences": fields, "later": [], "later_count": 0,
                    "expected_ranks": sorted(ref_ranks)}
         # every side's shapes and dtypes, whichever field differed first
         sides = sorted(counts.items(), key=lambda kv: min(m.rank for m in kv[1]))
-        details["members"] = {str(m.rank): {"shapes": [list(x) for x in sig[1]], "dtypes": list(sig[2])}
+        # (an op this version does not know has no shapes its members must agree on: None)
+        details["members"] = {str(m.rank): {"shapes": None if sig[1] is None else [list(x) for x in sig[1]],
+                                            "dtypes": list(sig[2])}
                               for sig, ms in sides for m in ms}
         parts[-1] += " (" + "; ".join(f"{_ranks_text([m.rank for m in ms])}: {_fmt_shapes(sig[1])} "
-                                       f"{', '.join(sig[2]) or 'no tensors'}" for sig, ms in sides) + ")"
+                                       f"{shown(', '.join(sig[2])) or 'no tensors'}" for sig, ms in sides) + ")"
         crashed = {m.rank: g.traces[m.rank].crash for m in call.members
                    if _crashed_in(g, m.rank) == (call.group, call.seq)}
         if crashed:
             details["crashed"] = {str(r): {"signal": c.signal, "where": c.where} for r, c in sorted(crashed.items())}
             for r, c in sorted(crashed.items()):
-                parts.append(f"rank {r} died in it ({c.signal}{f' at {c.where}' if c.where else ''})")
+                parts.append(f"rank {r} died in it ({shown(c.signal)}{f' at {shown(c.where)}' if c.where else ''})")
         failed = failures.take(call.group, call.seq)
         if failed:
             details["failed"] = {str(r): t for r, t in sorted(failed.items())}
@@ -1004,9 +1031,9 @@ def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
         if s_shapes != r_shapes or s_dtypes != r_dtypes:
             out.append(Finding(
                 kind="mismatch", ranks=(pm.src, pm.dst), group=pm.group, seq=pm.seq,
-                message=(f"Rank {pm.src} sent {_fmt_shapes(s_shapes)} {', '.join(s_dtypes)} to rank {pm.dst} "
+                message=(f"Rank {pm.src} sent {_fmt_shapes(s_shapes)} {shown(', '.join(s_dtypes))} to rank {pm.dst} "
                          f"(group {pm.group}, message {pm.seq}), which received into "
-                         f"{_fmt_shapes(r_shapes)} {', '.join(r_dtypes)}."),
+                         f"{_fmt_shapes(r_shapes)} {shown(', '.join(r_dtypes))}."),
                 stack=pm.send.stack or pm.recv.stack,
                 details={"op": pm.send.op, "src": pm.src, "dst": pm.dst}))
     return out
@@ -1299,7 +1326,7 @@ def _gaps(g: "_Run") -> list[Finding]:
             mk = failed[0]
             out.append(Finding(kind="recorder_failed", ranks=(rank,),
                                message=(f"The recorder turned itself off on rank {rank} in step {mk.step}"
-                                        f"{': ' + mk.text if mk.text else ''}; later events of this rank are missing."),
+                                        f"{': ' + shown(mk.text) if mk.text else ''}; later events of this rank are missing."),
                                details={"step": mk.step, "text": mk.text}))
     dropped = {r: t.dropped for r, t in g.traces.items() if t.dropped}
     if dropped:
