@@ -18,6 +18,7 @@ import torch
 
 from prism_rr.errors import FormatError
 from prism_rr.format import ops
+from prism_rr.format.text import quoted
 
 __all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "reduce", "reduce_counted", "write"]
 
@@ -25,7 +26,7 @@ __all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "reduce"
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(dt, torch.dtype):  # a name from a bundle: only torch's dtypes
-        raise FormatError(f"unknown dtype {dtype!r} in the bundle")
+        raise FormatError(f"unknown dtype {quoted(dtype)} in the bundle")
     return dt
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from prism_rr.format.text import shown
 from prism_rr.intercept.stack import caller_stack
 
 __all__ = ["Divergence", "user_stack"]
@@ -28,10 +29,11 @@ class Divergence:
         return d
 
     def paragraph(self) -> str:
-        where = "; ".join(self.stack) if self.stack else "unknown"
+        """For people (the rank's stderr): the recorded values are a stranger's, made safe."""
+        where = "; ".join(shown(f) for f in self.stack) if self.stack else "unknown"
         return (
             f"prism-rr: replay diverged on rank {self.rank}, group {self.group}, seq {self.seq} "
-            f"({self.op}): {self.what} expected {self.expected}, got {self.got}. "
+            f"({shown(self.op)}): {self.what} expected {shown(self.expected)}, got {shown(self.got)}. "
             f"Called from {where}."
         )
 

@@ -6,6 +6,7 @@ import platform
 import re
 
 from prism_rr.errors import UsageError
+from prism_rr.format.text import shown
 
 __all__ = ["REPLAY_ENV", "check_environment", "current_versions", "replay_env"]
 
@@ -89,7 +90,7 @@ def check_environment(infos: dict[int, dict], *, timing: str) -> list[str]:
             differs = not _same_torch(was, now) if name == "torch" else was != now
             if differs:
                 seen.add(name)
-                warnings.append(f"recorded with {name} {was}, replaying with {now}")
+                warnings.append(f"recorded with {name} {shown(was)}, replaying with {now}")
         backend = str(info.get("backend") or "")
         device = str(info.get("device") or "cpu")
         if ("nccl" in backend or device.startswith("cuda")) and "cuda" not in seen:
@@ -98,8 +99,8 @@ def check_environment(infos: dict[int, dict], *, timing: str) -> list[str]:
                 continue
             if timing != "virtual":
                 raise UsageError(
-                    f"rank {rank} was recorded on CUDA ({backend or device}) and this machine has no CUDA "
+                    f"rank {rank} was recorded on CUDA ({shown(backend or device)}) and this machine has no CUDA "
                     f"device; replay it on a GPU, or on CPU with timing 'virtual' (--timing virtual) "
                     f"if the program falls back to gloo on CPU")
-            warnings.append(f"rank {rank} was recorded on CUDA ({backend}); replaying on CPU with a virtual clock")
+            warnings.append(f"rank {rank} was recorded on CUDA ({shown(backend)}); replaying on CPU with a virtual clock")
     return warnings

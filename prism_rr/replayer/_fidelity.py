@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
+from prism_rr.format.text import shown
 
 __all__ = ["card", "fidelity_report", "how_far"]
 
@@ -289,8 +290,8 @@ def card(report: dict) -> str:
     ]
     d = report["first_divergence"]
     if d is not None:
-        lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {d['op']}: {d['what']} "
-                     f"expected {d['expected']}, got {d['got']}")
+        lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {shown(d['op'])}: {d['what']} "
+                     f"expected {shown(d['expected'])}, got {shown(d['got'])}")
     elif not early:
         lines.append("  diverged: no")
     lines.extend(f"  {'failed' if e.get('complete') else 'stopped early'}: {how_far(e)}" for e in early)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle
+from prism_rr.format.text import shown
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report
@@ -183,7 +184,7 @@ def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> 
     try:
         roles = Roles.from_manifest(roles_entry)
     except Exception as exc:
-        raise UsageError(f"{bundle_path.name}: its roles entry cannot be read ({exc})") from None
+        raise UsageError(f"{bundle_path.name}: its roles entry cannot be read ({shown(exc)})") from None
     m = roles.mesh
     if m is None:
         raise UsageError(f"{bundle_path.name}: ranks {list(real)} were not recorded and its roles have no mesh")

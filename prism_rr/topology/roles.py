@@ -22,6 +22,7 @@ from math import prod
 from typing import Any, Iterable
 
 from prism_rr.errors import UsageError
+from prism_rr.format.text import shown
 
 __all__ = ["Mesh", "Roles", "derive_roles", "is_replica_dim", "parse_mesh", "roles_for_mesh", "slice_ranks"]
 
@@ -46,9 +47,10 @@ class Mesh:
 
     def __post_init__(self):
         if len(self.dim_names) != len(self.shape) or not self.shape or any(s < 1 for s in self.shape):
-            raise UsageError(f"a mesh needs one positive size per named dim, not {self.dim_names} {self.shape}")
+            raise UsageError(f"a mesh needs one positive size per named dim, not {shown(self.dim_names)} "
+                             f"{shown(self.shape)}")
         if len(set(self.dim_names)) != len(self.dim_names):
-            raise UsageError(f"mesh dims must have distinct names: {self.dim_names}")
+            raise UsageError(f"mesh dims must have distinct names: {shown(self.dim_names)}")
         if self.ranks is not None:
             if list(self.ranks) == list(range(len(self.ranks))):
                 object.__setattr__(self, "ranks", None)
@@ -238,7 +240,7 @@ class Roles:
             return cls(int(d["world_size"]), tuple(int(r) for r in d["representatives"]), str(d.get("by", "")),
                        mesh, role_of)
         except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"the manifest's roles entry is malformed ({exc})") from None
+            raise UsageError(f"the manifest's roles entry is malformed ({shown(exc)})") from None
 
 
 def roles_for_mesh(world_size: int, mesh: str | Mesh | dict, prefer: Iterable[int] = ()) -> Roles:
