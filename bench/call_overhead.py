@@ -2,15 +2,20 @@
 
 Two real gloo ranks (world 2) call all_reduce, broadcast, all_gather and send/recv on a
 one-float tensor, plainly and under the recorder in each mode, in interleaved rounds
-(plain, intercepted, none, digest, flight, plain, ...) so machine noise hits all alike:
+(plain, torch_fr, intercepted, none, ..., plain, ...) so machine noise hits all alike:
 
     plain        no recorder: torch's gloo group
+    torch_fr     torch's own Flight Recorder on (TORCH_FR_BUFFER_SIZE=20000), no prism-rr:
+                 the anchor, the cost of always-on recording done in C++
     intercepted  the recorder's process group, outside its step window: every call goes
                  through the Python backend, nothing is recorded (the fixed cost of
                  interception, not of recording)
     none         --payload none
-    digest       --payload digest (calls of at most 1 KiB also keep their bytes as a blob)
-    flight       --flight 8 --payload none (the in-memory ring; null if it fails to start)
+    digest       --payload digest (calls of at most 1 KiB also keep their bytes)
+    flight       --flight 8 with its default payload (small: calls of at most 1 KiB whole)
+    none_py, flight_py
+                 none and flight on the pure-Python path (PRISM_RR_PURE_PYTHON=1: what runs
+                 where the C speedups were not built)
 
 Then one rank alone (world 1) on one core, `--solo-rounds` rounds of every mode, without
 send/recv: its threads (gloo's, the recorder's) share that core and it waits for no peer,
@@ -18,15 +23,22 @@ so what the recorder costs the program shows to about a microsecond, where world
 time on a 2-core machine swings by a hundred between rounds.
 
 Each rank process times `--calls` calls per repeat, `--repeats` repeats per op; a mode's
-figure per op is the median over repeats and rounds of microseconds per call, and what
-the recorder adds is that minus plain's. A send/recv round trip counts as two calls.
-Also: the digest function's hashing rate (prism_rr.intercept.payload.digests) on
-`--hash-mib` MiB tensors, in GB/s, on this process's thread.
+figure per op is the median over repeats and rounds of microseconds per call. Solo: what a
+mode adds is that minus plain's, its ratio to the anchor is (plain + added) / (plain +
+torch_fr's added). World 2: the ratio of a mode's median to plain's per op, and the median
+over ops. A send/recv round trip counts as two calls. Also: the digest function's hashing
+rate (prism_rr.intercept.payload.digests) on `--hash-mib` MiB tensors, in GB/s.
+
+The calls of a run fit in the call log's ring: what is timed is the program's path. The
+compactor's work (the log into the spool's frames) comes at close, or, for a recording
+longer than a quarter of the ring, on its thread beside the program; `--long` adds a
+solo run of 100,000 calls in spool mode that includes it.
 
     python bench/call_overhead.py [--rounds 3] [--repeats 5] [--calls 1000] [--solo-rounds 3] [--json]
 
-Targets (issue 13): none and flight <= 5 us added per call, digest <= 10 us, hashing
->= 5 GB/s. Prints figures; asserts nothing.
+Targets (issue 28): solo, added per call: none <= 5 us, flight <= 5 us, digest <= 15 us;
+world 2, ratio to plain: none <= 1.10, digest <= 1.20; hashing >= 5 GB/s. Prints figures;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +55,10 @@ from pathlib import Path
 
 OPS = ("all_reduce", "broadcast", "all_gather", "send_recv")
 SOLO_OPS = ("all_reduce", "broadcast", "all_gather")  # world 1: no one to send to
-MODES = ("plain", "intercepted", "none", "digest", "flight")
-TARGETS = {"none": 5.0, "flight": 5.0, "digest": 10.0}
+MODES = ("plain", "torch_fr", "intercepted", "none", "digest", "flight", "none_py", "flight_py")
+RECORDED = ("intercepted", "none", "digest", "flight", "none_py", "flight_py")
+TARGETS = {"none": 5.0, "flight": 5.0, "digest": 15.0}  # solo, us added per call
+RATIO_TARGETS = {"none": 1.10, "digest": 1.20}  # world 2, recorded / plain
 HASH_TARGET = 5.0
 
 
@@ -134,24 +148,30 @@ def _rank_main(out: str, calls: int, repeats: int, warmup: int) -> None:
 def _env(mode: str, work: Path, n: int) -> dict[str, str]:
     if mode == "plain":
         return {}
+    if mode == "torch_fr":
+        return {"TORCH_FR_BUFFER_SIZE": "20000"}
     from prism_rr.recorder._options import RecordOptions
     from prism_rr.recorder.launch import hook_env
 
     spool = work / f"{mode}-{n}-{os.urandom(4).hex()}.d"
-    if mode == "intercepted":  # a window that never opens: the group forwards every call
+    base = mode.removesuffix("_py")
+    if base == "intercepted":  # a window that never opens: the group forwards every call
         opts = RecordOptions.make(spool, payload="none", steps="1000000000:")
-    elif mode == "flight":
+    elif base == "flight":
         opts = RecordOptions(spool_dir=str(spool), flight=8)  # its default payload (small)
     else:
-        opts = RecordOptions.make(spool, payload=mode)
-    return hook_env(opts)
+        opts = RecordOptions.make(spool, payload=base)
+    env = hook_env(opts)
+    if mode.endswith("_py"):
+        env["PRISM_RR_PURE_PYTHON"] = "1"
+    return env
 
 
-def _run_mode(mode: str, work: Path, n: int, args, world: int = 2) -> dict | None:
+def _run_mode(mode: str, work: Path, n: int, args, world: int = 2, calls: int | None = None) -> dict | None:
     from prism_rr.localrun import run_local
 
     out = work / f"{mode}-{n}-w{world}.json"
-    argv = [sys.executable, os.path.abspath(__file__), "--rank", str(out), "--calls", str(args.calls),
+    argv = [sys.executable, os.path.abspath(__file__), "--rank", str(out), "--calls", str(calls or args.calls),
             "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
     if args.pin and len(os.sched_getaffinity(0)) >= 2:
         # Each rank on a core of its own, the recorder's threads beside it (as in production).
@@ -163,7 +183,8 @@ def _run_mode(mode: str, work: Path, n: int, args, world: int = 2) -> dict | Non
         print(f"{mode}: ranks exited {codes}; rank 0's stderr ends:\n{err}", file=sys.stderr)
         return None
     result = json.loads(out.read_text())
-    expect = {"plain": None, "intercepted": "none"}.get(mode, mode)
+    base = mode.removesuffix("_py")
+    expect = {"plain": None, "torch_fr": None, "intercepted": "none"}.get(base, base)
     if result.get("recording") != expect:
         err = (logs / "rank0.stderr").read_text(errors="replace")[-2000:]
         print(f"{mode}: the ranks recorded as {result.get('recording')!r}, not {expect!r}; rank 0's stderr "
@@ -187,9 +208,13 @@ def _hash_rate(mib: int, repeats: int) -> float:
     return t.numel() * t.element_size() / statistics.median(times) / 1e9
 
 
+def _med(values) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every mode")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every mode at world 2 (0: none)")
     p.add_argument("--repeats", type=int, default=5, help="timed loops per op in each rank process")
     p.add_argument("--calls", type=int, default=1000, help="calls per timed loop")
     p.add_argument("--warmup", type=int, default=200, help="untimed calls per op first")
@@ -197,6 +222,8 @@ def main() -> None:
     p.add_argument("--hash-mib", type=int, default=64)
     p.add_argument("--solo-rounds", type=int, default=3,
                    help="rounds of every mode at world 1 on one core (0: none)")
+    p.add_argument("--long", action="store_true",
+                   help="also: solo, 100,000 calls a mode (plain, none, digest): the compactor included")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="let ranks float over the cores")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--rank", help=argparse.SUPPRESS)  # internal: run as a rank, write here
@@ -208,112 +235,114 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if "plain" not in modes:
         modes.insert(0, "plain")
-    keys = [op + k for op in OPS for k in ("", ":thread_cpu", ":process_cpu")]
-    samples: dict[str, dict[str, list[float]]] = {m: {k: [] for k in keys} for m in modes}
-    failed: set[str] = set()
     started = time.monotonic()
+    failed: set[str] = set()
+    # samples[world][mode][op or op:thread_cpu] -> us per call, every repeat of every round
+    samples: dict[int, dict[str, dict[str, list[float]]]] = {2: {}, 1: {}}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        for n in range(args.rounds):
-            for mode in modes:
-                if mode in failed:
-                    continue
-                r = _run_mode(mode, work, n, args)
-                if r is None:
-                    failed.add(mode)
-                    continue
-                for k in keys:
-                    samples[mode][k] += r[k]
-                print(f"round {n + 1}/{args.rounds} {mode:11s} " + "  ".join(
-                    f"{op} {statistics.median(r[op]):7.1f} ({statistics.median(r[op + ':thread_cpu']):5.1f} cpu)"
-                    for op in OPS) + "  us/call", file=sys.stderr)
-        # One rank on one core: its threads, gloo's and the recorder's, share that core,
-        # and no peer's arrival is waited for: the recorder's own cost, steady to a
-        # microsecond where world 2's wall time on a small machine swings by a hundred.
-        solo: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
-        for n in range(args.solo_rounds):
-            for mode in modes:
-                if mode in failed:
-                    continue
-                r = _run_mode(mode, work, n, args, world=1)
-                if r is None:
-                    continue
-                for op in SOLO_OPS:
-                    for k in (op, op + ":thread_cpu"):
-                        solo[mode].setdefault(k, []).extend(r[k])
+        for world, rounds, ops in ((2, args.rounds, OPS), (1, args.solo_rounds, SOLO_OPS)):
+            for n in range(rounds):
+                for mode in modes:
+                    if mode in failed:
+                        continue
+                    r = _run_mode(mode, work, n, args, world=world)
+                    if r is None:
+                        failed.add(mode)
+                        continue
+                    got = samples[world].setdefault(mode, {})
+                    for op in ops:
+                        for k in (op, op + ":thread_cpu"):
+                            got.setdefault(k, []).extend(r[k])
+                    print(f"world {world} round {n + 1}/{rounds} {mode:11s} " + "  ".join(
+                        f"{op} {statistics.median(r[op]):7.1f}" for op in ops) + "  us/call", file=sys.stderr)
+        long = {}
+        if args.long:
+            for mode in ("plain", "none", "digest"):
+                r = _run_mode(mode, work, 99, args, world=1, calls=20_000)
+                if r is not None:
+                    long[mode] = _med([statistics.median(r[op]) for op in SOLO_OPS])
     gb_s = _hash_rate(args.hash_mib, 5)
-    if "plain" in failed:
+    if "plain" in failed or not samples[1].get("plain") and not samples[2].get("plain"):
         raise SystemExit("the plain runs failed: nothing to compare with")
 
-    med = {m: {k: statistics.median(v) for k, v in samples[m].items()} for m in modes if m not in failed}
-    recorded = [m for m in med if m != "plain"]
+    def per_op(world: int, mode: str, kind: str = "") -> dict[str, float]:
+        got = samples[world].get(mode)
+        ops = OPS if world == 2 else SOLO_OPS
+        return {op: statistics.median(got[op + kind]) for op in ops} if got else {}
 
-    def added(kind: str) -> dict[str, dict[str, float]]:
-        return {m: {op: med[m][op + kind] - med["plain"][op + kind] for op in OPS} for m in recorded}
-
-    wall, thread, proc = added(""), added(":thread_cpu"), added(":process_cpu")
-    solo_med = {m: {k: statistics.median(v) for k, v in t.items()} for m, t in solo.items() if t}
-
-    def solo_added(m: str, kind: str) -> float | None:
-        if m not in solo_med or "plain" not in solo_med:
-            return None
-        return statistics.median(solo_med[m][op + kind] - solo_med["plain"][op + kind] for op in SOLO_OPS)
-
-    def headline(table, m):
-        return statistics.median(table[m].values()) if m in table else None
-
+    # world 1: us added per call (median over ops), and the ratio to the anchor's time per call
+    solo_plain = per_op(1, "plain")
+    solo = {}
+    for m in modes:
+        if m == "plain" or not per_op(1, m):
+            continue
+        wall, cpu = per_op(1, m), per_op(1, m, ":thread_cpu")
+        plain_cpu = per_op(1, "plain", ":thread_cpu")
+        solo[m] = {"added": _med([wall[op] - solo_plain[op] for op in SOLO_OPS]),
+                   "added_thread_cpu": _med([cpu[op] - plain_cpu[op] for op in SOLO_OPS]),
+                   "per_call": _med(list(wall.values()))}
+    anchor = solo.get("torch_fr")
+    for m, v in solo.items():
+        if anchor is not None:
+            v["ratio_to_torch_fr"] = v["per_call"] / anchor["per_call"]
+    # world 2: recorded / plain per op, median over ops
+    duo_plain = per_op(2, "plain")
+    duo = {}
+    for m in modes:
+        if m == "plain" or not per_op(2, m) or not duo_plain:
+            continue
+        wall, cpu = per_op(2, m), per_op(2, m, ":thread_cpu")
+        plain_cpu = per_op(2, "plain", ":thread_cpu")
+        duo[m] = {"ratio": _med([wall[op] / duo_plain[op] for op in OPS]),
+                  "per_op_ratio": {op: wall[op] / duo_plain[op] for op in OPS},
+                  "added_thread_cpu": _med([cpu[op] - plain_cpu[op] for op in OPS])}
     result = {
-        "us_per_call": {m: headline(wall, m) for m in ("none", "digest", "flight")},
+        "solo_us_per_call": {m: v["added"] for m, v in solo.items()},
+        "solo_thread_cpu_us_per_call": {m: v["added_thread_cpu"] for m, v in solo.items()},
+        "solo_ratio_to_torch_fr": {m: v.get("ratio_to_torch_fr") for m, v in solo.items()},
+        "solo_plain_us_per_call": solo_plain,
+        "world2_ratio": {m: v["ratio"] for m, v in duo.items()},
+        "world2_per_op_ratio": {m: v["per_op_ratio"] for m, v in duo.items()},
+        "world2_thread_cpu_us_per_call": {m: v["added_thread_cpu"] for m, v in duo.items()},
+        "world2_plain_us_per_call": duo_plain,
+        "long_solo_us_per_call": {m: v - long["plain"] for m, v in long.items() if m != "plain"} if "plain" in long
+        else {},
         "digest_gb_per_s": gb_s,
-        "intercepted_us_per_call": headline(wall, "intercepted"),
-        # CPU time added per call: the program's thread, and the whole process (the
-        # recorder's threads and gloo's included); steadier than wall time on a busy machine
-        "thread_cpu_us_per_call": {m: headline(thread, m) for m in ("intercepted", "none", "digest", "flight")},
-        "process_cpu_us_per_call": {m: headline(proc, m) for m in ("intercepted", "none", "digest", "flight")},
-        "plain_us_per_call": {op: med["plain"][op] for op in OPS},
-        "per_op_us_added": wall,
-        "per_op_thread_cpu_us_added": thread,
         "failed": sorted(failed),
-        "rounds": args.rounds, "repeats": args.repeats, "calls": args.calls,
-        # world 1, one core: us added per call (median over all_reduce, broadcast, all_gather)
-        "solo_us_per_call": {m: solo_added(m, "") for m in ("intercepted", "none", "digest", "flight")},
-        "solo_thread_cpu_us_per_call": {m: solo_added(m, ":thread_cpu")
-                                        for m in ("intercepted", "none", "digest", "flight")},
-        "solo_plain_us_per_call": {op: solo_med["plain"][op] for op in SOLO_OPS} if "plain" in solo_med else None,
-        "solo_rounds": args.solo_rounds,
+        "rounds": args.rounds, "solo_rounds": args.solo_rounds, "repeats": args.repeats, "calls": args.calls,
+        "load_average": os.getloadavg()[0],
     }
     if args.json:
         print(json.dumps(result))
-    load = os.getloadavg()[0]
-    print(f"\ncost per call at world 2 (gloo, one float), {args.rounds} rounds x {args.repeats} repeats x "
-          f"{args.calls} calls, {time.monotonic() - started:.0f} s, load average {load:.2f}", file=sys.stderr)
-    print("  plain:       " + "  ".join(f"{op} {med['plain'][op]:.1f}" for op in OPS) + " us/call "
-          "(" + "  ".join(f"{med['plain'][op + ':thread_cpu']:.1f}" for op in OPS) + " thread cpu)",
-          file=sys.stderr)
-    print("  added per call, median over ops: wall / thread cpu / process cpu (per op, wall)", file=sys.stderr)
-    for m in ("intercepted", "none", "digest", "flight"):
-        if m not in modes:
-            continue
-        if m in failed:
-            print(f"  {m:11s} did not run (null)", file=sys.stderr)
-            continue
-        target = TARGETS.get(m)
-        verdict = "" if target is None else ("ok" if headline(wall, m) <= target else "MISS")
-        print(f"  {m:11s} {headline(wall, m):+7.1f} / {headline(thread, m):+6.1f} / {headline(proc, m):+6.1f} us  ("
-              + "  ".join(f"{op} {wall[m][op]:+.1f}" for op in OPS) + f")  target {target or '-'} {verdict}",
-              file=sys.stderr)
-    if "plain" in solo_med:
-        print(f"\none rank on one core (world 1; {args.solo_rounds} rounds): plain " + "  ".join(
-            f"{op} {solo_med['plain'][op]:.1f}" for op in SOLO_OPS) + " us/call", file=sys.stderr)
-        print("  added per call, median over ops: wall / thread cpu", file=sys.stderr)
-        for m in ("intercepted", "none", "digest", "flight"):
-            w, c = solo_added(m, ""), solo_added(m, ":thread_cpu")
-            if w is not None:
-                target = TARGETS.get(m)
-                verdict = "" if target is None else ("ok" if w <= target else "MISS")
-                print(f"  {m:11s} {w:+7.1f} / {c:+6.1f} us  target {target or '-'} {verdict}", file=sys.stderr)
-    print(f"  digest hashing {gb_s:.2f} GB/s on {args.hash_mib} MiB  target {HASH_TARGET} "
-          f"{'ok' if gb_s >= HASH_TARGET else 'MISS'}", file=sys.stderr)
+    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    say(f"\ncost per call, gloo, one float; {time.monotonic() - started:.0f} s, load average {result['load_average']:.2f}")
+    if solo_plain:
+        say(f"one rank on one core (world 1, {args.solo_rounds} rounds x {args.repeats} x {args.calls} calls): plain "
+            + "  ".join(f"{op} {solo_plain[op]:.1f}" for op in SOLO_OPS) + " us/call")
+        say("  added per call (median over ops): wall / program thread cpu; time per call against torch's "
+            "Flight Recorder's")
+        for m, v in solo.items():
+            target = TARGETS.get(m)
+            verdict = f"target {target} {'ok' if v['added'] <= target else 'MISS'}" if target else ""
+            ratio = f"x{v['ratio_to_torch_fr']:.2f} of torch_fr" if "ratio_to_torch_fr" in v else ""
+            say(f"  {m:11s} {v['added']:+6.1f} / {v['added_thread_cpu']:+6.1f} us   {ratio:18s} {verdict}")
+    if duo:
+        say(f"world 2 ({args.rounds} rounds): plain " + "  ".join(f"{op} {duo_plain[op]:.1f}" for op in OPS)
+            + " us/call")
+        say("  time per call against plain, median over ops (per op); program thread cpu added")
+        for m, v in duo.items():
+            target = RATIO_TARGETS.get(m)
+            verdict = f"target {target} {'ok' if v['ratio'] <= target else 'MISS'}" if target else ""
+            say(f"  {m:11s} x{v['ratio']:.3f}  (" + "  ".join(f"{op} x{r:.2f}" for op, r in v["per_op_ratio"].items())
+                + f")  {v['added_thread_cpu']:+.1f} us cpu  {verdict}")
+    if result["long_solo_us_per_call"]:
+        say(f"solo, {args.repeats} x 20,000 calls an op (the compactor's batches included): " + "  ".join(
+            f"{m} {v:+.1f} us" for m, v in result["long_solo_us_per_call"].items()))
+    say(f"digest hashing {gb_s:.2f} GB/s on {args.hash_mib} MiB  target {HASH_TARGET} "
+        f"{'ok' if gb_s >= HASH_TARGET else 'MISS'}")
+    if failed:
+        say(f"did not run: {', '.join(sorted(failed))}")
 
 
 if __name__ == "__main__":

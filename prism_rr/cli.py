@@ -1,4 +1,10 @@
-"""The `prism-rr` command: parses arguments, calls the library, maps errors to exit codes."""
+"""The `prism-rr` command: parses arguments, calls `prism_rr.api`, prints what it returns,
+and maps errors to exit codes.
+
+Every command's work is `api`'s, which returns data and never prints: a script gets what
+the command line gets. What comes back for people (`lines()`) is already safe for a
+terminal; what comes back as data goes out as JSON, exact.
+"""
 
 from __future__ import annotations
 
@@ -70,87 +76,13 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """Describe a bundle: format, world, ranks, steps, events, size (reads no chunks)."""
-    from prism_rr.format import open_bundle
+    from prism_rr import api
 
-    with open_bundle(bundle) as b:
-        facts = b.facts()
-        manifest = b.manifest
+    described = api.info(bundle)
     if as_json:
-        print(json.dumps(facts))
-        return
-    steps = facts["steps"]
-    lines = [
-        f"bundle          {bundle}",
-        f"format          {facts['format_version']} ({facts['tool']})",
-        f"world size      {facts['world_size']}",
-        f"recorded ranks  {format_ranks(facts['recorded_ranks'])} ({len(facts['recorded_ranks'])})",
-        f"groups          {facts['groups']}",
-        f"steps           {format_ranks(steps) if steps else 'none'}",
-        f"events          {facts['event_count']:,}",
-        f"size            {facts['bytes']:,} bytes"
-        + (f" ({facts['bytes'] / facts['event_count']:.1f} per event)" if facts["event_count"] else ""),
-    ]
-    lines += _node_and_clock_lines(manifest)
-    lines += _imported_lines(manifest)
-    flight = facts["flight"]
-    if flight is not None:
-        what = _shown(str(flight.get("trigger")))
-        where = f" on rank {flight['rank']}" if flight.get("rank") is not None else ""
-        at = f" at step {flight['step']}" if flight.get("step") is not None else ""
-        detail = ", ".join(f"{_shown(k)} {_shown(str(v))}" for k, v in flight["details"].items())
-        lines.append(f"flight dump     {what}{where}{at}" + (f" ({detail})" if detail else "")
-                     + (f"; steps from {flight['first_step']}" if flight.get("first_step") is not None else ""))
-        if flight["ranks_from_ring"]:
-            lines.append(f"                ranks {format_ranks(flight['ranks_from_ring'])} read from the rings "
-                         f"they left (they did not dump: died or too slow)")
-        if flight["ranks_missing"]:
-            lines.append(f"                ranks {format_ranks(flight['ranks_missing'])} are not in it "
-                         f"(another node's spool directory: pack them together)")
-    if facts["dropped"]:
-        lines.append(f"dropped         {facts['dropped']:,} records (the recorder fell behind)")
-    if facts["truncated_ranks"]:
-        lines.append(f"truncated       ranks {format_ranks(facts['truncated_ranks'])} lost the tail of their spool")
-    if facts["open_calls"]:
-        lines.append(f"never completed {facts['open_calls']} calls (a hang or a kill)")
-    for f in facts["recorder_failures"]:
-        lines.append(f"recorder off    rank {f['rank']} from step {f['step']}: {f['reason']}")
-    print("\n".join(lines))
-
-
-def _imported_lines(manifest: dict) -> list[str]:
-    """`info`'s line for a bundle made by `import` (the manifest's `imported`, type-checked)."""
-    imported = manifest.get("imported")
-    if not isinstance(imported, dict) or imported.get("from") != "flight_recorder":
-        return []
-
-    def words(key: str) -> str:
-        v = imported.get(key)
-        return ", ".join(_shown(str(x))[:40] for x in v[:4]) if isinstance(v, (list, tuple)) else "?"
-    return [f"imported        from PyTorch Flight Recorder dumps ({words('forms')}, version {words('versions')}): "
-            f"no steps, payloads or command; replay refuses it"]
-
-
-def _node_and_clock_lines(manifest: dict) -> list[str]:
-    """`info`'s lines for the manifest's `nodes` and `clock` (untrusted: type-checked here)."""
-    lines = []
-    nodes = manifest.get("nodes")
-    if isinstance(nodes, (list, tuple)) and all(isinstance(n, dict) for n in nodes):
-        parts = []
-        for n in nodes[:8]:
-            ranks = n.get("ranks")
-            ranks = format_ranks(ranks) if isinstance(ranks, (list, tuple)) and all(type(r) is int for r in ranks) else "?"
-            parts.append(f"{str(n.get('node'))[:40]} ({str(n.get('hostname'))[:60]}: ranks {ranks})")
-        more = f", +{len(nodes) - 8} more" if len(nodes) > 8 else ""
-        lines.append(f"nodes           {len(nodes)}: {', '.join(parts)}{more}")
-    clock = manifest.get("clock")
-    if isinstance(clock, dict) and isinstance(clock.get("method"), str):
-        err = clock.get("max_error_ns")
-        err = f"within {err / 1e3:,.0f} us" if type(err) is int else "error unknown"
-        missing = clock.get("ranks_without_offset")
-        missing = len(missing) if isinstance(missing, (list, tuple)) else 0
-        lines.append(f"clocks          aligned to rank 0 by {clock['method'][:40]}, {err}"
-                     + (f"; {missing} ranks without an offset" if missing else ""))
-    return lines
+        print(json.dumps(described.json()))
+    else:
+        print("\n".join(described.lines()))
 
 
 @app.command(epilog=EXIT_CODES)
@@ -221,7 +153,7 @@ def record(
     output: Path = typer.Option(..., "-o", "--output", help="The bundle to write; spools go to OUTPUT.d/."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Record only steps A:B (B excluded), e.g. 1:4."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Record only these ranks, e.g. 0,2,4-7."),
-    payload: Optional[str] = typer.Option(None, "--payload", help="none: metadata only · small: calls of at most 1 KiB whole (control data: sizes, flags, losses), nothing of larger ones (the default with --flight) · digest: that, and a hash of each larger tensor (the default) · full: the tensors themselves."),
+    payload: Optional[str] = typer.Option(None, "--payload", help="none: metadata only · small: what calls of at most 1 KiB deliver, whole (control data: sizes, flags, losses), nothing of larger ones (the default with --flight) · digest: small calls whole, both ways, and a hash of every larger tensor (the default) · full: the tensors themselves."),
     ops: bool = typer.Option(False, "--ops", help="Also record every operator (name, shapes, duration)."),
     memory: bool = typer.Option(False, "--memory", help="Track live tensor memory on CPU (CUDA statistics are always read)."),
     nproc: int = typer.Option(0, "--nproc", help="Start this many local ranks with torchrun's environment (0: CMD starts its own ranks, e.g. torchrun)."),
@@ -273,13 +205,9 @@ def _print_env(output: Path, **options) -> None:
     OUTPUT.d/, or flight-mode dumps packed into OUTPUT), as shell lines."""
     import shlex
 
-    from prism_rr.recorder import RecordOptions
-    from prism_rr.recorder.launch import hook_env, spool_dir_for
+    from prism_rr import api
 
-    output = output.resolve()
-    if options.get("flight") is not None:
-        options["output"] = str(output)
-    env = hook_env(RecordOptions.make(spool_dir_for(output), **options), base={})
+    env = api.record_env(output, **options)
     typer.echo(f"export PRISM_RR_RECORD={shlex.quote(env['PRISM_RR_RECORD'])}")
     typer.echo(f"export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
 
@@ -294,7 +222,10 @@ def _report_record(result) -> None:
         raise typer.Exit(1)
     exit_code = code if code < 128 else 1
     if result.flight is not None:
-        _report_flight(result)
+        from prism_rr import api
+
+        for line in api.flight_lines(result):
+            _say(line)
         raise typer.Exit(exit_code)
     if result.node is not None:
         _say(f"node {result.node}: the spools are in {spool_dir}/; once every node has finished and their "
@@ -313,31 +244,10 @@ def _report_record(result) -> None:
     _say(f"wrote {output}: {packed.ranks} ranks, {packed.events:,} records, {packed.bytes:,} bytes")
     if result.readback_error is not None:
         _say(f"warning: could not read back {output}: {result.readback_error}")
-    for f in result.recorder_failures:
-        step = "?" if f["step"] is None else f["step"]
-        _say(f"warning: rank {f['rank']}: the recorder turned itself off at step {step} ({f['reason']}); "
-             f"the training went on, the rank's records stop there")
+    for line in result.failure_lines():
+        _warn(line)
     if code != 0:
         raise typer.Exit(exit_code)
-
-
-def _report_flight(result) -> None:
-    from prism_rr.format import open_bundle
-
-    if not result.flight:
-        _say("flight: no trigger fired; nothing was written (the last steps stayed in memory)")
-        return
-    for path in result.flight:
-        try:
-            with open_bundle(path) as b:
-                f = b.manifest.get("flight") or {}
-                ranks = b.recorded_ranks
-        except Exception as exc:
-            _say(f"flight: {path}: cannot be read back ({exc})")
-            continue
-        where = f" on rank {f['rank']}" if f.get("rank") is not None else ""
-        at = f" at step {f['step']}" if f.get("step") is not None else ""
-        _say(f"flight: wrote {path}: {f.get('trigger', '?')}{where}{at}, {len(ranks)} ranks")
 
 
 def _say_spools(spool_dir: Path, output: Path) -> None:
@@ -416,29 +326,18 @@ def _report_replay(result, report: Path | None) -> None:
         raise typer.Exit(result.exit_code)
 
 
-def _shown(text: str) -> str:
-    """`text` with control characters escaped: a bundle must not draw on the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
     """Show the command and directory the bundle names; go on only if the user asked for
     them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
-    import shlex
+    from prism_rr import api
 
-    from prism_rr.api import recorded_commands
-
-    refuse = _shown(f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
-                    f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
-                    f"or pass --run-recorded-command")
+    refuse = (f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
+              f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
+              f"or pass --run-recorded-command")
     if not asked and not sys.stdin.isatty():
         raise UsageError(refuse)
-    shown: dict[tuple[str, str], list[int]] = {}
-    for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
-        shown.setdefault((_shown(shlex.join(argv)), _shown(cwd)), []).append(r)
-    for (argv, cwd), rs in shown.items():
-        _say(f"{bundle.name} names this command for rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)}:\n"
-             f"  {argv}\n  in {cwd}")
+    for line in api.recorded_command_lines(bundle, ranks):
+        _say(line)
     if asked:
         return
     print("run it? [y/N] ", end="", file=sys.stderr, flush=True)
@@ -457,37 +356,20 @@ def demo(
     """Record the embedded demo: a small GPT trained with FSDP2 x DTensor tensor parallel
     (or pipelining with --pp) on gloo, 3 steps after 1 warm-up, then replay rank 0.
     """
-    import prism_rr.demo as embedded
-    from prism_rr.format import open_bundle
+    from prism_rr import api
 
-    plan = embedded.plan(world, pp)
+    plan = api.demo_plan(world, pp)
     _say(f"recording the demo GPT at world {world}, {plan.layout}, steps 1-3 after 1 warm-up ...")
-    _report_record(embedded.record(output, plan, warn=_warn, progress=_progress("packing ranks")))
-    with open_bundle(output) as b:
-        facts = b.facts()
+    _report_record(api.record_demo(output, plan, warn=_warn, progress=_progress("packing ranks")))
+    facts = api.info(output).json()
     _say(f"  {facts['event_count']:,} records from {len(facts['recorded_ranks'])} ranks, "
          f"{facts['groups']} groups, steps {format_ranks(facts['steps'])}, {facts['bytes']:,} bytes")
     if replay_too:
         _say("replaying rank 0 against virtual peers ...")
-        _report_replay(embedded.replay(output, plan), None)
+        _report_replay(api.replay_demo(output, plan), None)
     _say("\nlook further:")
     _say(f"  prism-rr info {output}")
     _say(f"  prism-rr replay {output} --ranks 0 --run-recorded-command --report fidelity.json")
-
-
-def _paced(attributions, steps: int):
-    """The steps' attributions, passed on, with a line on stderr every few seconds saying
-    how far the re-timing has come (8192 ranks: a minute or more)."""
-    import time
-
-    shown = time.monotonic()
-    for i, a in enumerate(attributions, 1):
-        now = time.monotonic()
-        if now - shown >= 3.0:
-            print(f"diagnose: the stragglers' cost: step {a.step} re-timed ({i} of {steps or '?'} steps)",
-                  file=sys.stderr, flush=True)
-            shown = now
-        yield a
 
 
 DIAGNOSE_CODES = """\
@@ -521,44 +403,28 @@ def diagnose(
     have ended had it been on time, re-timed on the execution graph (see `prism-rr
     analyze --help`). Also dropped records and truncated spools.
     """
-    from prism_rr.format import open_bundle
-    from prism_rr.analysis import attribute, diagnose as find, diagnosis_json, straggler_lines, straggler_totals
+    import time
+
+    from prism_rr import api
 
     def progress(done: int, total: int, steps: tuple[int, int], again: bool) -> None:
         what = "read again, the calls after a drift left out of the stragglers' counts:" if again else "read"
-        print(f"diagnose: {what} steps {steps[0]}-{steps[1]} (window {done} of {total})", file=sys.stderr, flush=True)
+        _say(f"diagnose: {what} steps {steps[0]}-{steps[1]} (window {done} of {total})")
 
-    with open_bundle(bundle) as b:
-        findings = find(b, window_events=window, progress=progress)
-        # Re-timing costs as much as `analyze`: only where a straggler was found, and only its rank.
-        late = {r for f in findings if f.kind == "straggler" for r in f.ranks}
-        costs = straggler_totals(_paced(attribute(b, of=late), len(b.steps))) if late else []
-    cost_of = {e["rank"]: e["cost_ns"] for e in costs}
+    said = [time.monotonic()]
+
+    def retimed(step: int, done: int, total: int) -> None:
+        # every few seconds: re-timing 8192 ranks takes a minute or more
+        if time.monotonic() - said[0] >= 3.0:
+            _say(f"diagnose: the stragglers' cost: step {step} re-timed ({done} of {total or '?'} steps)")
+            said[0] = time.monotonic()
+
+    found = api.diagnose(bundle, window_events=window, progress=progress, retimed=retimed)
     if as_json:
-        out = diagnosis_json(findings)
-        for f in out["findings"]:
-            if f["kind"] == "straggler":
-                f["cost_ns"] = sum(cost_of.get(r, 0) for r in f["ranks"])
-        out["straggler_cost"] = costs
-        print(json.dumps(out))
-    elif not findings:
-        print("no problems found")
+        print(json.dumps(found.json()))
     else:
-        for i, f in enumerate(findings, 1):
-            where = f"group {f.group} seq {f.seq}" if f.group is not None else ""
-            print(f"{i}. [{f.kind}] ranks {format_ranks(list(f.ranks))} {where}".rstrip())
-            print(f"   {f.message}")
-            if f.kind == "straggler":
-                cost = sum(cost_of.get(r, 0) for r in f.ranks)
-                print(f"   cost: the steps would have ended {cost / 1e6:,.1f} ms sooner had "
-                      f"{'it' if len(f.ranks) == 1 else 'they'} been on time")
-            if f.stack:
-                print(f"   at {' <- '.join(f.stack)}")
-    if not as_json:
-        # Below a millisecond a rank's cost is the jitter of any run.
-        for line in straggler_lines([e for e in costs if e["cost_ns"] >= 1_000_000]):
-            print(line)
-    if findings:
+        print("\n".join(found.lines()))
+    if found.found:
         raise typer.Exit(5)
 
 
@@ -586,23 +452,16 @@ def analyze(
     one rank at a time: two equally late ranks each cost little alone. One step is in
     memory at a time.
     """
-    from prism_rr.analysis import attribute, attribution_json_text, attribution_lines
-    from prism_rr.format import open_bundle
-    from prism_rr.specs import parse_ranks, step_window
+    from prism_rr import api
 
-    window = step_window(steps)
-    chosen = list(parse_ranks(ranks)) if ranks else None
-    with open_bundle(bundle) as b:
-        if chosen is not None and not set(chosen) & set(b.recorded_ranks):
-            raise UsageError(f"none of ranks {ranks} was recorded; recorded: {format_ranks(b.recorded_ranks)}")
-        found = attribute(b, steps=window, ranks=chosen)
-        if as_json:
-            for piece in attribution_json_text(found):
-                print(piece, end="")
-            print()
-        else:
-            for line in attribution_lines(found):
-                print(_shown(line))
+    steps_read = api.analyze(bundle, steps=steps, ranks=ranks)
+    if as_json:
+        for piece in api.analysis_json_text(steps_read):
+            print(piece, end="")
+        print()
+    else:
+        for line in api.analysis_lines(steps_read):
+            print(line)
 
 
 DIFF_CODES = """\
@@ -628,15 +487,13 @@ def diff(
     change and diff it against a reference bundle in CI. Where the recorded steps differ,
     the steps both hold are compared.
     """
-    from prism_rr.analysis import diff_bundles, diff_json, diff_lines
-    from prism_rr.format import open_bundle
+    from prism_rr import api
 
-    with open_bundle(a) as ba, open_bundle(b) as bb:
-        result = diff_bundles(ba, bb)
+    result = api.diff(a, b)
     if as_json:
-        print(json.dumps(diff_json(result)))
+        print(json.dumps(result.json()))
     else:
-        print("\n".join(_shown(line) for line in diff_lines(result)))
+        print("\n".join(result.lines()))
     if not result.same:
         raise typer.Exit(6)
 
@@ -695,9 +552,9 @@ def redact_cmd(
     allow-list. Kept: shapes, timings, groups and digests, so the copy still diagnoses and
     still drives a replay without payloads. The manifest says what was removed.
     """
-    from prism_rr.format.redact import redact as redact_bundle
+    from prism_rr import api
 
-    note = redact_bundle(bundle, output, stacks=stacks)
+    note = api.redact(bundle, output, stacks=stacks)
     _say(f"wrote {output} (redacted: {', '.join(sorted(k for k in note if k != 'version'))})")
 
 
@@ -712,19 +569,11 @@ def tui(
     Keys: 1-4 switch screens · F1 help · ? keys of this screen · ctrl+p search ops,
     groups and ranks · q quit. Only what is on screen is read, so 8192 ranks scroll.
     """
-    from prism_rr.format import open_bundle
-    from prism_rr.tui.app import PrismApp
+    from prism_rr import api
 
-    # Fail with a one-line error before the terminal is taken over.
-    for path in (bundle, compare):
-        if path is not None:
-            open_bundle(path).close()
-    app = PrismApp(bundle, compare)
-    app.run()
-    if app.bundle_error is not None:  # found while browsing: one line, exit 4
-        raise app.bundle_error
-    if app.return_code:
-        raise typer.Exit(app.return_code)
+    code = api.browse(bundle, compare)  # a malformed bundle: one line, exit 4
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command(epilog="Example: prism-rr scale run.prism --dp 4096 -o big.prism\n\n" + EXIT_CODES)
@@ -754,24 +603,8 @@ def scale(
                      compare=compare, progress=_progress("writing ranks"))
     if as_json:
         print(json.dumps(note, default=str))
-    fit = note["model"]["fit_error"]
-    _say(f"wrote {output}: world {note['to']['world_size']} ({note['roles']} role{'s' if note['roles'] != 1 else ''} written), "
-         f"cost model fitted on {fit['samples']} calls, mean abs error {fit['mape_pct']:.0f}%")
-    unknown = note["model"].get("bandwidth_unidentified") or []
-    if unknown and bandwidth is None:
-        _say(f"note: the recording does not tell the bandwidth of {', '.join(unknown)} (message sizes too alike, "
-             f"or times too scattered): bytes there cost {'the pooled rate' if note['model'].get('pooled_bandwidth_identified') else 'nothing'}; "
-             f"give the target's with --bandwidth")
-    if compare is not None:
-        c = note["compare"]
-        if not c["calls"]:
-            _say(f"compared with {compare}: no call of the one matches a call of the other (group, seq)")
-        else:
-            _say(f"compared with {compare}: {c['calls']} calls, total transfer time {c['total_error_pct']:+.1f}%, "
-                 f"mean abs error per call {c['call_mape_pct']:.1f}%")
-            for fam, row in c["ops"].items():
-                _say(f"  {fam:<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
-                     f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
+    for line in api.scale_lines(note, output, bandwidth_given=bandwidth is not None):
+        _say(line)
 
 
 import_app = typer.Typer(
@@ -801,16 +634,13 @@ def import_fr(
     memory, the root of broadcasts and the reduce op; gloo dumps have no completion times
     and no sends or receives.
     """
-    from prism_rr.format.fr import import_fr as read_dumps
+    from prism_rr import api
 
-    note = read_dumps(dumps, output, jobs=jobs, progress=_progress("reading dumps"))
+    imported = api.import_fr(dumps, output, jobs=jobs, progress=_progress("reading dumps"))
     if as_json:
-        print(json.dumps(note))
-    left = note["trimmed"] + note["coalesced"] + note["unplaced"] + note["unread"]
-    _say(f"wrote {output}: {note['ranks']} ranks, {note['entries']:,} Flight Recorder entries "
-         f"({', '.join(note['forms'])}, version {', '.join(note['versions'])})"
-         + (f", {left:,} left out (see --json)" if left else "")
-         + f"; look further: prism-rr diagnose {output}")
+        print(json.dumps(imported.json()))
+    for line in imported.lines():
+        _say(line)
 
 
 def _progress(label: str):

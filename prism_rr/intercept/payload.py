@@ -138,14 +138,15 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
     `writer`: where `full` stores payloads above `inline_max` (none: they are not kept)."""
     if len(tensors) == 1:
         t = tensors[0]
-        n = t.numel() * t.element_size()
-        if n <= KEEP_SMALL:
-            what = P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES
-            # a plain contiguous CPU tensor: its address, for the call log to copy its bytes
-            if not checked and type(t) is _Tensor and t.is_cpu and t.layout is _strided and t.is_contiguous():
-                return t.data_ptr(), n, what
-            data = _small_bytes(t)
-            return _one_bytes(1, what, 0, n, n) + data
+        # a plain contiguous CPU tensor: its address, for the call log to copy its bytes
+        if not checked and type(t) is _Tensor and t.layout is _strided and t.is_cpu and t.is_contiguous():
+            n = t.nbytes
+            if n <= KEEP_SMALL:
+                return t.data_ptr(), n, P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES
+        else:
+            n = t.numel() * t.element_size()  # (a sparse tensor has no nbytes)
+            if n <= KEEP_SMALL:
+                return _one_bytes(1, P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES, 0, n, n) + _small_bytes(t)
     elif not tensors:  # a barrier: digest and full say so, with nothing in it
         if mode == DIGEST:
             return payload_tail(0, P_DIGESTS, digests=())

@@ -28,6 +28,8 @@ from prism_rr.intercept import dispatch
 from prism_rr.intercept import payload as _payload
 from prism_rr.intercept.stack import caller_stack
 
+_log_payload = _payload.log_payload
+
 __all__ = ["CallRecorder"]
 
 
@@ -43,6 +45,9 @@ class CallRecorder:
         self.rec = rec
         self.log = log
         self.mode = _payload.MODES[payload]
+        # What the payload mode keeps: `small` only what calls deliver (their outputs: the
+        # data a replay must not make up); the others what goes in too (digest checks it).
+        self.inputs = self.mode in (_payload.DIGEST, _payload.FULL)
         self.stack_depth = stack_depth
         self.step = 0
         self.last_return: int | None = None  # when the previous call gave control back
@@ -155,7 +160,7 @@ class CallRecorder:
             step = self.step
             call.cid = self._log_enter(flags, start, self.last_return or 0, step, call.gid, call.seq, peer, call.tag,
                                        in_desc, out_desc, stack, op, reduce_op, alloc, peak,
-                                       self._payload(ins) if self.mode and not call.receives else None)
+                                       self._payload(ins) if self.inputs and not call.receives else None)
             self.last_return = None
             call.start = start
             call.step = step
@@ -167,16 +172,15 @@ class CallRecorder:
             return False
 
     def _payload(self, tensors, checked: bool = False):
+        """The payload part for a call's tensors (intercept/payload.log_payload), read with
+        the per-operator mode looking away."""
+        writer = None
+        if self.mode == _payload.FULL and self.blob_writer is not None:
+            writer = self.blob_writer()
         mode = self.ops_mode
         if mode is None:
-            return _payload.log_payload(tensors, self.mode, self._writer(), checked=checked,
-                                        inline_max=self.inline_max)
-        return dispatch.aside(mode, _payload.log_payload, tensors, self.mode, self._writer(), checked,
-                              self.inline_max)
-
-    def _writer(self):
-        make = self.blob_writer
-        return None if make is None or self.mode != _payload.FULL else make()
+            return _log_payload(tensors, self.mode, writer, checked, self.inline_max)
+        return dispatch.aside(mode, _log_payload, tensors, self.mode, writer, checked, self.inline_max)
 
     def blocking(self, call):
         """A blocking call (a collective, or torch's send or recv: torch waits for its Work

@@ -82,6 +82,8 @@ class Recording:
         flight = options.flight is not None
         ring, persist = _log_sizes(self.spool_dir, options.flight_budget if flight else options.ring_size)
         self.log = CallLog(log_path(self.spool_dir, rank), rank, ring_size=ring, persist_size=persist, flight=flight)
+        # which writer (the C speedups, or the pure-Python path) and how much room
+        info = {**info, "call_log": {"speedups": self.log.accelerated, "ring": ring, "persistent": persist}}
         if flight:
             self.compactor = None
             self.log.info(info)

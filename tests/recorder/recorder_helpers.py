@@ -73,12 +73,13 @@ def assert_unbroken_seqs(spools: Spools) -> None:
 
 
 def run_recorded(tmp_path: Path, argv: list[str], world: int, *, timeout: float = 60, check=True,
-                 log=True, kill_on_failure=True, **options) -> tuple[Spools, list[int]]:
+                 log=True, kill_on_failure=True, env_extra: dict | None = None, **options) -> tuple[Spools, list[int]]:
     """Run `argv` (after the python executable) as `world` ranks recording into tmp_path."""
     out = tmp_path / "run.prism"
     opts = RecordOptions.make(spool_dir_for(out), **options)
     env = hook_env(opts)
     env["PYTHONWARNINGS"] = "ignore"
+    env.update(env_extra or {})
     logs = tmp_path / "logs" if log else None
     codes = run_local([sys.executable, *map(str, argv)], world, env=env, timeout=timeout, cwd=tmp_path,
                       log_dir=logs, kill_on_failure=kill_on_failure)

@@ -9,6 +9,8 @@ from prism_rr.format import ops
 from prism_rr.format.blobs import KEEP_SMALL, spool_blobs
 from prism_rr.format.records import Collective, GroupInfo, PointToPoint
 
+from prism_rr.format.calllog import accelerated
+
 from recorder_helpers import SCRIPTS, Spools, assert_unbroken_seqs, run_recorded
 
 OPS = [
@@ -18,14 +20,20 @@ OPS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+# World 2 and 3, and world 2 again on the call log's pure-Python path (what runs where the
+# C speedups were not built: it must record the same).
+@pytest.fixture(scope="module", params=[2, 3, "2-python"])
 def recording(request, tmp_path_factory):
-    world = request.param
-    tmp = tmp_path_factory.mktemp(f"coll{world}")
+    world = int(str(request.param)[0])
+    pure = str(request.param).endswith("python")
+    tmp = tmp_path_factory.mktemp(f"coll{request.param}")
     # torch's functional collectives take seconds to warm up on first use: run them once.
     ops = OPS if world == 2 else [op for op in OPS if op != "functional"]
-    spools, _ = run_recorded(tmp, [SCRIPTS / "collectives.py", tmp, ",".join(ops)], world, timeout=90)
+    spools, _ = run_recorded(tmp, [SCRIPTS / "collectives.py", tmp, ",".join(ops)], world, timeout=90,
+                             env_extra={"PRISM_RR_PURE_PYTHON": "1"} if pure else None)
     expected = {r: json.loads((tmp / f"expected-{r}.json").read_text()) for r in range(world)}
+    if pure or not accelerated():
+        assert all(spools.info[r]["call_log"]["speedups"] is False for r in range(world))
     return world, spools, expected, ops
 
 
