@@ -29,6 +29,15 @@ from prism_rr.analysis._diagnose import (
     finding_lines,
     step_windows,
 )
+from prism_rr.analysis._divergence import (
+    CallDivergence,
+    call_divergence,
+    call_divergences,
+    call_structure,
+    data_checked,
+    replay_data,
+    structure_of,
+)
 from prism_rr.analysis._diff import BundleDiff, SequenceDifference, diff_bundles, diff_json, diff_lines
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
 from prism_rr.analysis._parquet import export_parquet
@@ -36,6 +45,7 @@ from prism_rr.analysis._steps import CriticalPath, Segment, StepAnalysis, analyz
 
 __all__ = [
     "BundleDiff",
+    "CallDivergence",
     "CriticalPath",
     "ExecutionGraph",
     "Finding",
@@ -59,8 +69,12 @@ __all__ = [
     "attribution_json_text",
     "attribution_lines",
     "build_graph",
+    "call_divergence",
+    "call_divergences",
+    "call_structure",
     "clock_offset",
     "clock_offsets",
+    "data_checked",
     "diagnose",
     "diagnosis_json",
     "diff_bundles",
@@ -70,6 +84,7 @@ __all__ = [
     "export_chrome",
     "export_parquet",
     "finding_lines",
+    "replay_data",
     "retimed_span",
     "signature",
     "step_windows",
@@ -77,4 +92,5 @@ __all__ = [
     "step_json",
     "straggler_lines",
     "straggler_totals",
+    "structure_of",
 ]

@@ -26,6 +26,7 @@ from prism_rr.format.records import (
     K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
     K_VALUE, K_ISSUED, K_TAG, Marker, Memory, PointToPoint, Step,
 )
+from prism_rr.analysis._divergence import structure_of
 
 __all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
 
@@ -98,6 +99,9 @@ class RankColumns:
     stack: np.ndarray = None
     async_op: np.ndarray = None  # bool
     tag: np.ndarray = None  # a point-to-point call's tag, 0 for collectives (ColumnReader(tags=True) only)
+    # what makes a call the same call on its rank (analysis.structure_of; a point-to-point
+    # call's without its peer and tag), interned (ColumnReader(structures=True) only)
+    structure: np.ndarray = None
     issued: np.ndarray = None  # when an async call returned (ColumnReader(attribution=True) only)
     has_issued: np.ndarray = None  # bool: the record says when
     compute_ns: dict[int, int] = field(default_factory=dict)  # unnamed compute, by step
@@ -115,15 +119,18 @@ class ColumnReader:
     """Reads ranks of one bundle as columns; values (ops, signatures, stacks) are interned
     into `values`, so equal ones share one id across ranks."""
 
-    def __init__(self, bundle: Bundle, figures: bool = True, attribution: bool = False, tags: bool = False):
+    def __init__(self, bundle: Bundle, figures: bool = True, attribution: bool = False, tags: bool = False,
+                 structures: bool = False):
         """`figures`: per step, the compute and the time in blocking calls (`compute_ns`,
         `comm_ns`); without, a whole rank's compute records are not read (diagnosis).
         `attribution`: also each call's `issued` time and each step's `bounds` and `step_span`.
-        `tags`: also each point-to-point call's `tag`."""
+        `tags`: also each point-to-point call's `tag`. `structures`: also each call's
+        `structure` (what `diff` compares)."""
         self.bundle = bundle
         self.figures = figures
         self.attribution = attribution
         self.tags = tags
+        self.structures = structures
         self._read = dict(_READ)
         if attribution:
             for kind in (_COLL, _P2P):
@@ -228,6 +235,8 @@ class ColumnReader:
             names, types = names + ("issued", "has_issued"), types + (np.int64, bool)
         if self.tags:
             names, types = names + ("tag",), types + (np.int64,)
+        if self.structures:
+            names, types = names + ("structure",), types + (np.int32,)
         if comm:
             cat = {k: np.concatenate([t[k] for t in comm]) for k in names}
             order = np.argsort(cat["pos"], kind="stable")
@@ -381,6 +390,12 @@ class ColumnReader:
             if got is None:
                 got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts])
             t["sig"] = got
+            if self.structures:
+                key = ("structure", *key[1:])
+                got = self._memo.get(key)
+                if got is None:
+                    got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts], _structure)
+                t["structure"] = got
         elif kind == _COMPUTE:
             names, _ = self._column(kind, cols, consts, K_NAME, n, None, self._ids_of(_opt_str))
             t["named"] = names != 0
@@ -450,16 +465,17 @@ class ColumnReader:
             return np.array([ids[v] for v in col], dtype=np.int32).reshape(len(col))
         return decode
 
-    def _signatures(self, coll: bool, parts: list[np.ndarray]) -> np.ndarray:
+    def _signatures(self, coll: bool, parts: list[np.ndarray], of=None) -> np.ndarray:
+        """Each call's signature_of its fields (`of` another such function), interned:
+        computed once per distinct combination of the fields' ids."""
+        of = of or _signature
         n = len(parts[0])
         combos = np.stack(parts, axis=1) if n else np.zeros((0, len(parts)), np.int32)
         uniq, inverse = np.unique(combos, axis=0, return_inverse=True)
         vals = self.values
         ids = []
         for row in uniq.tolist():
-            v = [vals[i] for i in row]
-            sig = signature_of(*v) if coll else (v[0], v[1], v[2], None, None)
-            ids.append(self.intern(sig))
+            ids.append(self.intern(of(coll, [vals[i] for i in row])))
         return np.array(ids, dtype=np.int32)[inverse.reshape(-1)] if n else np.zeros(0, np.int32)
 
     # --- a chunk, through the format's reader ---------------------------------------
@@ -488,10 +504,11 @@ class ColumnReader:
                     t["peer"] = np.array([0 if coll else r.peer for r in recs], np.int64)
                     t["async_op"] = np.array([r.async_op for r in recs], bool)
                     t["stack"] = np.array([self.intern(r.stack) for r in recs], np.int32)
-                    t["sig"] = np.array([self.intern(signature_of(r.op, r.in_shapes, r.in_dtypes, r.out_shapes,
-                                                                  r.out_dtypes, r.reduce_op, r.root) if coll
-                                                     else (r.op, r.shapes, r.dtypes, None, None)) for r in recs],
-                                        np.int32)
+                    fields = [[r.op, r.in_shapes, r.in_dtypes, r.out_shapes, r.out_dtypes, r.reduce_op, r.root]
+                              if coll else [r.op, r.shapes, r.dtypes] for r in recs]
+                    t["sig"] = np.array([self.intern(_signature(coll, v)) for v in fields], np.int32)
+                    if self.structures:
+                        t["structure"] = np.array([self.intern(_structure(coll, v)) for v in fields], np.int32)
                     if self.tags:
                         t["tag"] = np.array([0 if coll else r.tag for r in recs], np.int64)
                     if self.attribution:
@@ -506,6 +523,16 @@ class ColumnReader:
             raise FormatError(f"{self.bundle.path.name}: chunk {ref.number} of rank {ref.rank} holds a group, "
                               "sequence or step number beyond 64 bits") from None
         return out, len(records)
+
+
+def _signature(coll: bool, v: list) -> tuple:
+    """signature_of a collective's fields, or a point-to-point call's (op, shapes, dtypes)."""
+    return signature_of(*v) if coll else (v[0], v[1], v[2], None, None)
+
+
+def _structure(coll: bool, v: list) -> tuple:
+    """structure_of a collective's fields, or a point-to-point call's (op, shapes, dtypes)."""
+    return ("collective", *structure_of(*v)) if coll else ("p2p", v[0], v[1], v[2])
 
 
 def _distinct(steps: np.ndarray) -> list[int]:

@@ -1,9 +1,11 @@
 """Two bundles compared: do they issue the same collectives, and where did the time go?
 
 For CI: record a short window after every change and diff it against a reference bundle.
-The calls of each (rank, group) are compared in order, by what the members of one call
-must agree on (op, shapes, dtypes, reduce op, root; peer and tag for point-to-point), not
-by timing or data; the first position where they disagree is that sequence's difference.
+The calls of each (rank, group) are compared in order, as replay compares a replayed call
+with its recording (`call_divergence`: op, the shapes and dtypes its members agree on,
+reduce op, root; peer and tag for point-to-point), never by timing, and by data only where
+one bundle is the recording of a replay of the other and the replay itself compared data
+(`replay_data`); the first position where they disagree is that sequence's difference.
 Windows of a longer run that start at different sequence numbers (flight dumps, imported
 Flight Recorder rings) are compared from the first sequence number both hold.
 Then, per step and rank, the step's time and the time spent in calls, A against B.
@@ -22,14 +24,14 @@ from prism_rr.errors import UsageError
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.specs import format_ranks
-from prism_rr.analysis._build import signature
 from prism_rr.analysis._columns import ColumnReader, _add_by_step
+from prism_rr.analysis._divergence import call_divergences, call_structure, data_checked, replay_data
+from prism_rr.analysis._build import signature
+from prism_rr.format.text import shown
 
 __all__ = ["BundleDiff", "GroupDifference", "SequenceDifference", "StepTime", "call_facts", "diff_bundles", "diff_json", "diff_lines"]
 
 Call = Collective | PointToPoint
-# The fields a difference is named by, in the order they are listed.
-_COMPARED = ("kind", "op", "shapes", "dtypes", "reduce_op", "root", "peer", "tag")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +44,8 @@ class SequenceDifference:
     index: int  # position among this rank's calls of this group compared, from 0
     a: Call | None
     b: Call | None
+    data: bool = False  # the calls' data was compared (a replay that ran on the recorded data)
+    a_recorded: bool = True  # A is the recording (B the replay's), else the other way round
 
     @property
     def step(self) -> int:
@@ -49,13 +53,15 @@ class SequenceDifference:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """What differs: "missing in A"/"missing in B" or the compared fields that differ."""
+        """What differs: "missing in A"/"missing in B", or what `call_divergences` finds,
+        in its words (kind, op, shapes, dtypes, reduce_op, root, peer, tag, data)."""
         if self.a is None:
             return ("missing in A",)
         if self.b is None:
             return ("missing in B",)
-        fa, fb = call_facts(self.a), call_facts(self.b)
-        return tuple(k for k in _COMPARED if fa[k] != fb[k])
+        recorded, other = (self.a, self.b) if self.a_recorded else (self.b, self.a)
+        found = call_divergences(recorded, other, data=self.data)
+        return tuple(dict.fromkeys(d.topic for d in found))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,27 +112,29 @@ class BundleDiff:
     def first(self) -> SequenceDifference | None:
         return self.sequences[0] if self.sequences else None
 
+    def json(self) -> dict:
+        """What `prism-rr diff --json` prints (diff_json)."""
+        return diff_json(self)
+
+    def lines(self) -> list[str]:
+        """What `prism-rr diff` prints (diff_lines)."""
+        return diff_lines(self)
+
 
 def call_facts(call: Call) -> dict:
     """One call as plain data (JSON-ready): what is compared, and where it was made."""
     if type(call) is Collective:
         op, shapes, dtypes, reduce_op, root = signature(call)
-        shown = call.in_shapes if shapes is None else shapes
+        recorded_shapes = call.in_shapes if shapes is None else shapes
         return {"kind": "collective", "op": op, "group": call.group, "seq": call.seq, "step": call.step,
                 "shapes": None if shapes is None else [list(s) for s in shapes],
                 "dtypes": list(dtypes), "reduce_op": reduce_op, "root": root, "peer": None, "tag": None,
-                "bytes": call.in_bytes, "shapes_recorded": [list(s) for s in shown],
+                "bytes": call.in_bytes, "shapes_recorded": [list(s) for s in recorded_shapes],
                 "stack": list(call.stack or ())}
     return {"kind": "p2p", "op": call.op, "group": call.group, "seq": call.seq, "step": call.step,
             "shapes": [list(s) for s in call.shapes], "dtypes": list(call.dtypes), "reduce_op": None,
             "root": None, "peer": call.peer, "tag": call.tag, "bytes": call.nbytes,
             "shapes_recorded": [list(s) for s in call.shapes], "stack": list(call.stack or ())}
-
-
-def _key(call: Call) -> tuple:
-    if type(call) is Collective:
-        return signature(call)
-    return (call.op, call.peer, call.tag, call.shapes, call.dtypes)
 
 
 def _read_rank(bundle: Bundle, rank: int, steps: tuple[int, int] | None) -> tuple[dict[int, list[Call]], dict[int, int], int]:
@@ -179,7 +187,7 @@ class _Columns:
     one id shared by both bundles (`keys`), so that sequences compare as arrays."""
 
     def __init__(self, bundle: Bundle, keys: dict):
-        self.reader = ColumnReader(bundle, figures=False, tags=True)
+        self.reader = ColumnReader(bundle, figures=False, tags=True, structures=True)
         self.keys = keys
         self.canon = np.zeros(0, np.int64)  # the reader's value id -> shared id
 
@@ -190,7 +198,7 @@ class _Columns:
         if len(self.canon) < len(values):
             more = [self.keys.setdefault(v, len(self.keys)) for v in values[len(self.canon):]]
             self.canon = np.append(self.canon, np.array(more, np.int64))
-        sig = self.canon[c.sig]
+        sig = self.canon[c.structure]
         # a point-to-point call's key: (op, shapes, dtypes), peer and tag
         key = sig.copy()
         if c.p2p.any():
@@ -244,6 +252,11 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     rank as records (the reference the tests hold the columns to)."""
     ra, rb = set(a.recorded_ranks), set(b.recorded_ranks)
     steps = _common_steps(a, b)
+    # Data counts only where one is the recording of a replay of the other (call_divergence)
+    made_up, a_recorded = replay_data(a, b), True
+    if not made_up:
+        made_up = replay_data(b, a)
+        a_recorded = not made_up
     out = BundleDiff(world=(a.world_size, b.world_size), ranks=sorted(ra & rb),
                      only_a=sorted(ra - rb), only_b=sorted(rb - ra), steps=steps)
     ga = {g["id"]: tuple(g["ranks"]) for g in a.groups}
@@ -258,7 +271,8 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     keys: dict = {}
     col_a, col_b = _Columns(a, keys), _Columns(b, keys)
     for rank in out.ranks:
-        if columns:
+        data = rank in made_up
+        if columns and not data:
             seq_a, comm_a, na = col_a.rank(rank, steps)
             seq_b, comm_b, nb = col_b.rank(rank, steps)
             parting = [g for g in sorted(seq_a.keys() | seq_b.keys())
@@ -274,8 +288,11 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
         for group in parting:
             xs, ys = _aligned(rec_a.get(group, []), rec_b.get(group, []))
             for i, (x, y) in enumerate(zip_longest(xs, ys)):
-                if x is None or y is None or type(x) is not type(y) or _key(x) != _key(y):
-                    out.sequences.append(SequenceDifference(rank=rank, group=group, index=i, a=x, b=y))
+                replayed = y if a_recorded else x
+                checked = data and replayed is not None and data_checked(made_up, rank, replayed)
+                if x is None or y is None or _parted(x, y, checked, a_recorded):
+                    out.sequences.append(SequenceDifference(rank=rank, group=group, index=i, a=x, b=y,
+                                                            data=checked, a_recorded=a_recorded))
                     break
         rank_steps = wanted or sorted(comm_a.keys() | comm_b.keys())
         for s in rank_steps:
@@ -285,6 +302,14 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     out.calls = (calls_a, calls_b)
     out.sequences.sort(key=lambda d: (d.step, d.rank, d.group, d.index))
     return out
+
+
+def _parted(x: Call, y: Call, data: bool, a_recorded: bool) -> bool:
+    """Whether the calls differ: as replay would judge the replayed one (call_divergence)."""
+    if not data:
+        return call_structure(x) != call_structure(y)
+    recorded, other = (x, y) if a_recorded else (y, x)
+    return bool(call_divergences(recorded, other, data=True))
 
 
 def _duration(steps: dict, step: int, rank: int) -> int | None:
@@ -318,9 +343,10 @@ def _seq_json(s: SequenceDifference) -> dict:
             "b": call_facts(s.b) if s.b is not None else None}
 
 
-def diff_lines(d: BundleDiff, *, shown: int = 8) -> list[str]:
-    """What `prism-rr diff` prints: the first difference with both calls and stacks, the
-    other differing sequences (up to `shown`), then the time per step."""
+def diff_lines(d: BundleDiff, *, listed: int = 8) -> list[str]:
+    """What `prism-rr diff` prints, safe for a terminal: the first difference with both
+    calls and stacks, the other differing sequences (up to `listed`), then the time per
+    step."""
     out = []
     if d.world[0] != d.world[1]:
         out.append(f"world size {d.world[0]} in A, {d.world[1]} in B")
@@ -347,11 +373,11 @@ def diff_lines(d: BundleDiff, *, shown: int = 8) -> list[str]:
                 continue
             out.append(f"  {side}: {_call_line(call)}")
             if call.stack:
-                out.append(f"     at {' <- '.join(call.stack)}")
-        for s in d.sequences[1:shown + 1]:
+                out.append(f"     at {' <- '.join(shown(frame) for frame in call.stack)}")
+        for s in d.sequences[1:listed + 1]:
             out.append(f"  also step {s.step}, rank {s.rank}, group {s.group}, call {s.index}: {', '.join(s.fields)}")
-        if len(d.sequences) > shown + 1:
-            out.append(f"  ... and {len(d.sequences) - shown - 1} more (--json lists them all)")
+        if len(d.sequences) > listed + 1:
+            out.append(f"  ... and {len(d.sequences) - listed - 1} more (--json lists them all)")
     out += _time_lines(d.times)
     return out
 
@@ -362,9 +388,9 @@ def _ranks(ranks) -> str:
 
 def _call_line(c: Call) -> str:
     f = call_facts(c)
-    parts = [f"seq {c.seq}", c.op, f"shapes {f['shapes_recorded']}", f"dtypes {f['dtypes']}"]
+    parts = [f"seq {c.seq}", shown(c.op), f"shapes {f['shapes_recorded']}", f"dtypes {shown(f['dtypes'])}"]
     if f["reduce_op"] is not None:
-        parts.append(f"reduce {f['reduce_op']}")
+        parts.append(f"reduce {shown(f['reduce_op'])}")
     if f["root"] is not None:
         parts.append(f"root {f['root']}")
     if f["peer"] is not None:

@@ -14,15 +14,17 @@ timing model says so:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from time import monotonic_ns
 
 import torch
 from torch._C._distributed_c10d import AllgatherOptions
 
+from prism_rr.analysis import call_divergence
 from prism_rr.errors import DivergenceError
 from prism_rr.format import ops
 from prism_rr.format.blobs import blob_id
-from prism_rr.format.records import PointToPoint
+from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.intercept.group import Policy, completed_work
 from prism_rr.intercept.payload import describe, digests, host_bytes
 from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, plausible, write
@@ -46,6 +48,10 @@ class Absent:
 
 def _shapes(x) -> tuple:
     return tuple(tuple(s) for s in x)
+
+
+_SHAPE_FIELDS = {Collective: ("in_shapes", "out_shapes"), PointToPoint: ("shapes",)}
+_REPORTED = {"blob_in": "payload_in", "blob": "payload"}  # a divergence's field, as the report names it
 
 
 class ReplayPolicy(Policy):
@@ -101,8 +107,10 @@ class ReplayPolicy(Policy):
         finally:
             s.returned()
 
-    def _check(self, group, call, own, live: dict) -> bool:
-        """Compare with the recorded call; True when the inputs are known to match."""
+    def _check(self, group, call, own, live) -> bool:
+        """Compare the live call (`live`: a record of what the program passed, without
+        data) with the recorded one by the one rule (analysis.call_divergence); True when
+        the inputs are known to match."""
         s = self._session
         gid, seq, op = group.gid, call.seq, call.op
         if own is None:
@@ -110,53 +118,50 @@ class ReplayPolicy(Policy):
                 return False
             s.diverge(gid, seq, op, "call", "no such call (the recording ends before it)", op)
             return False
-        if own.op != op:
-            s.diverge(gid, seq, op, "op", own.op, op)
-            return False
         # `scale` predicted this call's shapes (FSDP2 pads each parameter's dim 0 to a
         # multiple of the group size, which the recording cannot tell): the live shapes
         # stand, the call is counted and its differences reported.
         predicted = s.schedule.shape_predicted(gid, own.op)
-        diffs = []
-        for name, got in live.items():
-            want = getattr(own, name)
-            if name.endswith("shapes"):
-                want, got = _shapes(want), _shapes(got)
-                if predicted:
-                    if want != got:
-                        diffs.append({"field": name, "predicted": str(want), "live": str(got)})
-                    continue
-            elif isinstance(want, list):
-                want = tuple(want)
-            if want != got:
-                s.diverge(gid, seq, op, name, want, got)
-                return False
+        # Data made up for virtual peers has flowed into this rank's numerics once it is
+        # synthetic: its tensors can no longer match the recorded digests, only shapes can.
+        data = not s.synthetic
+        if data:
+            live = self._with_data(live, own, call.ins)
+        d = call_divergence(own, live, data=data, shapes=not predicted)
+        if d is not None:
+            expected, got = d.expected, d.got
+            if d.topic == "data":
+                expected, got = _hex(expected), _hex(got)
+            elif d.field.endswith("shapes"):
+                expected, got = _shapes(expected), _shapes(got)
+            s.diverge(gid, seq, op, _REPORTED.get(d.field, d.field), expected, got)
+            return False
         if predicted:
+            diffs = [{"field": name, "predicted": str(_shapes(getattr(own, name))), "live": str(_shapes(getattr(live, name)))}
+                     for name in _SHAPE_FIELDS[type(own)] if _shapes(getattr(own, name)) != _shapes(getattr(live, name))]
             s.shapes_predicted(gid, op, seq, diffs)
             if diffs:
                 return False
+        return True
+
+    @staticmethod
+    def _with_data(live, own, ins):
+        """`live` with its inputs' digests or payload ids, where the recording has them to
+        compare with (a digest reads every byte: only then)."""
         if isinstance(own, PointToPoint):
-            if call.receives:
-                return True  # what arrives is checked by the sender's side
+            if ops.receives(own.op):
+                return live  # what arrives is checked by the sender's side
             dig, blobs = own.digest, own.blob
+            names = ("digest", "blob")
         else:
             dig, blobs = own.digest_in, own.blob_in
-        if s.synthetic:
-            # Data made up for virtual peers has flowed into this rank's numerics since:
-            # its tensors can no longer match the recorded digests, only shapes can.
-            return True
-        ins = call.ins
+            names = ("digest_in", "blob_in")
+        changes = {}
         if dig is not None:
-            got = digests(ins)
-            if tuple(got) != tuple(dig):
-                s.diverge(gid, seq, op, "digest_in", _hex(dig), _hex(got))
-                return False
+            changes[names[0]] = tuple(digests(ins))
         if blobs is not None:
-            got = tuple(blob_id(host_bytes(t)) for t in ins)
-            if got != tuple(blobs):
-                s.diverge(gid, seq, op, "payload_in", _hex(blobs), _hex(got))
-                return False
-        return True
+            changes[names[1]] = tuple(blob_id(host_bytes(t)) for t in ins)
+        return replace(live, **changes) if changes else live
 
     # --- collectives --------------------------------------------------------------
 
@@ -166,8 +171,9 @@ class ReplayPolicy(Policy):
         s.clock.anchor(entry, own)
         in_shapes, in_dtypes, _ = describe(call.ins)
         out_shapes, out_dtypes, _ = describe(call.outs)
-        live = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "out_shapes": out_shapes,
-                "out_dtypes": out_dtypes, "reduce_op": call.reduce_op, "root": call.root}
+        live = Collective(start_ns=0, end_ns=0, step=s.step, op=call.op, group=group.gid, seq=call.seq,
+                          in_shapes=_shapes(in_shapes), in_dtypes=tuple(in_dtypes), out_shapes=_shapes(out_shapes),
+                          out_dtypes=tuple(out_dtypes), reduce_op=call.reduce_op, root=call.root)
         matched = self._check(group, call, own, live)
         if self._all_real:
             return self._real_call(group, call, entry)
@@ -245,7 +251,7 @@ class ReplayPolicy(Policy):
                 build_grouped(op, me, n, ins, outs, parts, reduce_op=call.reduce_op, root=root_j,
                               in_splits=in_splits, out_splits=out_splits)
             if not known and outs:
-                s.synthetic = True
+                s.made_up()
         s.own_ns += monotonic_ns() - work_from
         records = {g: sched.collective(g, gid, seq) for g in self._real_members}
         records.update(vrecs)
@@ -292,7 +298,9 @@ class ReplayPolicy(Policy):
         own = s.schedule.p2p(s.rank, group.gid, "recv" if call.receives else "send", peer, call.seq)
         s.clock.anchor(entry, own)
         shapes, dtypes, _ = describe(tensors)
-        live = {"shapes": shapes, "dtypes": dtypes, "tag": call.tag}
+        live = PointToPoint(start_ns=0, end_ns=0, step=s.step, op=call.op, group=group.gid, seq=call.seq,
+                            peer=peer if own is None else own.peer, tag=call.tag, shapes=_shapes(shapes),
+                            dtypes=tuple(dtypes))
         matched = self._check(group, call, own, live)
         if self._all_real:
             return call.fn(*call.args)
@@ -316,7 +324,7 @@ class ReplayPolicy(Policy):
                 for t, b in zip(tensors, blobs):
                     write(t, from_blob(s.bundle, b, t.dtype, t.shape))
             else:
-                s.synthetic = True
+                s.made_up()
                 echo = self._echo(peer, tensors)
                 for i, t in enumerate(tensors):
                     if echo is not None:

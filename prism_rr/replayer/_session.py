@@ -128,7 +128,8 @@ class ReplaySession:
         self.alarm = _Alarm()
         self.divergences: list[Divergence] = []
         self.stopped: Divergence | None = None
-        self.synthetic = False
+        self.synthetic = False  # data made up for virtual peers has flowed into this rank's numerics
+        self.made_up_from_ns: int | None = None  # since when (monotonic): its calls' data is no longer checked
         self.predicted_shape_calls = 0  # calls whose recorded shapes were predicted by `scale`
         self.predicted_shape_mismatches = 0  # ... and whose live shapes differ from the prediction
         self.predicted_shape_examples: list[dict] = []  # the first few of those
@@ -263,6 +264,15 @@ class ReplaySession:
 
     # --- divergence -------------------------------------------------------------
 
+    def made_up(self) -> None:
+        """A call's result was made up (a virtual peer's data was not recorded): from now
+        on this rank computes on other numbers than the recording's, and its calls' data
+        is no longer compared (analysis.call_divergence); the time says from when, for
+        the replay's own recording."""
+        if not self.synthetic:
+            self.synthetic = True
+            self.made_up_from_ns = monotonic_ns()
+
     def diverge(self, group: int, seq: int, op: str, what: str, expected, got) -> None:
         d = Divergence(rank=self.rank, group=group, seq=seq, op=op, what=what, expected=str(expected),
                        got=str(got), stack=user_stack())
@@ -330,6 +340,7 @@ class ReplaySession:
             "setup_ns": None if self.armed_ns is None or not self.steps else self.steps[0][1] - self.armed_ns,
             "replayer_setup_ns": self.setup_ns,
             "synthetic_numerics": self.synthetic,
+            "made_up_from_ns": self.made_up_from_ns,
             "predicted_shape_calls": self.predicted_shape_calls,
             "predicted_shape_mismatches": self.predicted_shape_mismatches,
             "predicted_shape_examples": self.predicted_shape_examples,

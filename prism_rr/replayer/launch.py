@@ -414,7 +414,7 @@ def replay(
     rep["environment_warnings"] = warnings
     rep["what_if"] = _what_if(options)
     if spool_dir is not None:
-        _pack_replay(spool_dir, output, bundle_path, options, commands)
+        _pack_replay(spool_dir, output, bundle_path, options, commands, stats)
         rep["output"] = str(output)
     if report is not None:
         Path(report).write_text(json.dumps(rep, indent=2) + "\n")
@@ -458,8 +458,22 @@ def _stopped_early(progress: dict, codes: dict, stats: dict, *, timed_out: bool,
     return out
 
 
-def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, commands) -> None:
-    """Pack what the real ranks recorded of themselves into `output`."""
+def _made_up(stats: dict) -> dict[str, int | None]:
+    """Each real rank's monotonic time from which it made its data up, None where it ran on
+    the recorded data throughout; a rank that did not say is left out (never compared)."""
+    out: dict[str, int | None] = {}
+    for r, st in sorted(stats.items()):
+        if not st.get("synthetic_numerics"):
+            out[str(r)] = None
+        elif type(st.get("made_up_from_ns")) is int:
+            out[str(r)] = st["made_up_from_ns"]
+    return out
+
+
+def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, commands, stats: dict) -> None:
+    """Pack what the real ranks recorded of themselves into `output`, with where each
+    made its data up (`data_made_up_from_ns`: analysis.replay_data), so that `tui
+    --compare` and `diff` compare data where this replay did and nowhere else."""
     from prism_rr import __version__
     from prism_rr.format import pack
 
@@ -470,7 +484,8 @@ def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, comm
         "command": [str(a) for a in next(iter(commands.values()), [])],
         "cwd": os.getcwd(),
         "prism_rr_version": __version__,
-        "replay_of": {"bundle": str(bundle_path), "ranks": list(options.ranks), "timing": options.timing},
+        "replay_of": {"bundle": str(bundle_path), "ranks": list(options.ranks), "timing": options.timing,
+                      "data_made_up_from_ns": _made_up(stats)},
     }
     (spool_dir / "run.json").write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
     try:

@@ -19,9 +19,20 @@ from typing import Callable
 
 import numpy as np
 
-from prism_rr.analysis import Finding, attribute, build_graph, diagnose, step_durations, straggler_totals
+from prism_rr.analysis import (
+    Finding,
+    attribute,
+    build_graph,
+    call_divergence,
+    data_checked,
+    diagnose,
+    replay_data,
+    step_durations,
+    straggler_totals,
+)
 from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, PointToPoint, open_bundle, ops
+from prism_rr.format.text import shown
 from prism_rr.tui.model import FAR, TimelineModel
 
 __all__ = [
@@ -85,7 +96,7 @@ class CallRow:
     def problems(self, expected) -> list[str]:
         out = []
         if len(self.ops) > 1:
-            out.append("op mismatch: " + ", ".join(f"{o} on {n} rank{'s' if n > 1 else ''}"
+            out.append("op mismatch: " + ", ".join(f"{shown(o, 40)} on {n} rank{'s' if n > 1 else ''}"
                                                    for o, n in sorted(self.ops.items(), key=lambda on: -on[1])))
         elif len(set(self.sigs.values())) > 1:
             out.append("shape/dtype mismatch")
@@ -360,29 +371,19 @@ def _identity(rec) -> tuple:
     return ("p2p", rec.group, ops.receives(rec.op), rec.peer, rec.seq)
 
 
-def _differs(a, b) -> str | None:
-    """What differs between a recorded call and its replay (digests and shapes only where
-    both recorded them: a replay may be recorded with another payload option)."""
-    if a.op != b.op:
-        return "op differs"
-    if isinstance(a, Collective):
-        pairs = (("shapes", a.in_shapes, b.in_shapes), ("dtypes", a.in_dtypes, b.in_dtypes),
-                 ("data (digest)", a.digest_in, b.digest_in))
-    else:
-        pairs = (("shapes", a.shapes, b.shapes), ("dtypes", a.dtypes, b.dtypes), ("data (digest)", a.digest, b.digest))
-    for name, x, y in pairs:
-        if x and y and x != y:
-            return f"{name} differ"
-    return None
-
-
-def first_divergence(recorded: Bundle, replayed: Bundle, rank: int) -> dict | None:
+def first_divergence(recorded: Bundle, replayed: Bundle, rank: int,
+                     made_up: dict[int, int | None] | None = None) -> dict | None:
     """The first recorded call of `rank` that its replay made otherwise, or not at all.
 
     Calls are matched by what names them (group and sequence number), not by position:
     a replay's own recording holds the whole program (set-up, step 0) while the bundle
     it replays may hold a window of steps, and positions would pair unrelated calls. Calls
-    the replay made beyond the recording's are not divergences (replay scores the same)."""
+    the replay made beyond the recording's are not divergences (replay scores the same).
+    A matched pair differs as replay judges it (`call_divergence`): data only where the
+    replay ran on the recorded data (`made_up`, `replay_data(recorded, replayed)`)."""
+    if made_up is None:
+        made_up = replay_data(recorded, replayed)
+
     def calls(b):
         return (rec for rec in b.events(rank) if isinstance(rec, (Collective, PointToPoint)))
 
@@ -396,7 +397,8 @@ def first_divergence(recorded: Bundle, replayed: Bundle, rank: int) -> dict | No
         if b is None:
             what = "replay stopped early" if last_step is None or a.step > last_step else "replay never made it"
         else:
-            what = _differs(a, b)
+            d = call_divergence(a, b, data=data_checked(made_up, rank, b))
+            what = None if d is None else d.text()
         if what:
             return {"rank": rank, "index": n, "step": a.step, "op": a.op, "group": a.group,
                     "seq": a.seq, "what": what, "recorded": a, "replayed": b}
@@ -412,10 +414,11 @@ def replay_warning(recorded: Bundle, replayed: Bundle) -> str | None:
         if isinstance(of, dict) and isinstance(of.get("bundle"), str):
             names.add(of["bundle"].replace("\\", "/").rsplit("/", 1)[-1])
     if not names:
-        return (f"{replayed.path.name} does not say it is a replay (no replay_of): "
+        return (f"{shown(replayed.path.name)} does not say it is a replay (no replay_of): "
                 "it is compared as another recording of the same program")
     if recorded.path.name not in names:
-        return f"{replayed.path.name} is a replay of {', '.join(sorted(names))}, not of {recorded.path.name}"
+        return (f"{shown(replayed.path.name)} is a replay of {', '.join(shown(n) for n in sorted(names)[:8])}, "
+                f"not of {shown(recorded.path.name)}")
     return None
 
 
@@ -431,15 +434,15 @@ def compare_bundles(recorded: Bundle, replayed: Bundle) -> dict:
     scored = common[1:] if len(common) > 1 else common
     ranks = [r for r in replayed.recorded_ranks if r in set(recorded.recorded_ranks)]
     rec_ranks, rep_ranks = _rank_means(recorded, ranks, scored), _rank_means(replayed, ranks, scored)
-    divergences = [d for r in ranks if (d := first_divergence(recorded, replayed, r)) is not None]
+    made_up = replay_data(recorded, replayed)
+    divergences = [d for r in ranks if (d := first_divergence(recorded, replayed, r, made_up)) is not None]
     first = min(divergences, key=lambda d: (d["step"], d["index"]), default=None)
-    note = replayed.manifest.get("divergence") or replayed.manifest.get("run", {}).get("divergence")
     return {
         "steps": [(s, rec_steps.get(s), rep_steps.get(s)) for s in scored],
         "ranks": [(r, rec_ranks.get(r), rep_ranks.get(r)) for r in ranks],
         "scored_steps": scored,
         "first_divergence": first,
-        "replay_note": note,
+        "data_compared": bool(made_up),  # the replay said where it ran on the recorded data
         "warning": replay_warning(recorded, replayed),
     }
 

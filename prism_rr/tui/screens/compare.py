@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, Static
 
+from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
 
 __all__ = ["CompareScreen"]
@@ -57,7 +58,8 @@ class CompareScreen(Screen):
         try:
             result = compare_bundles(self.app.bundle, self.app.replay)
         except Exception as exc:
-            self.app.call_from_thread(self.query_one("#divergence", Static).update, f"compare failed: {exc}")
+            self.app.call_from_thread(self.query_one("#divergence", Static).update,
+                                      Text(f"compare failed: {shown(exc, None)}"))
             return
         self.app.call_from_thread(self._show, result)
 
@@ -75,14 +77,16 @@ class CompareScreen(Screen):
             text.append(f"the replayed calls of {len(result['ranks'])} rank(s) match the recording.")
         else:
             text.append("First divergence: ", style="bold red")
-            text.append(f"rank {d['rank']}, step {d['step']}, group {d['group']} seq {d['seq']} ({d['op']}): "
+            text.append(f"rank {d['rank']}, step {d['step']}, group {d['group']} seq {d['seq']} ({shown(d['op'])}): "
                         f"{d['what']}.  j shows it in the timeline.")
         scored = result.get("scored_steps") or []
         if scored:
             text.append(f"\ncompared: steps {scored[0]}-{scored[-1]}, the recording's calls (the first step, "
                         "which also holds start-up, is left out, as replay scores)", style="grey50")
-        if result.get("replay_note"):
-            text.append(f"\nreplay says: {result['replay_note']}")
+        text.append("\ndata compared where the replay ran on the recorded data, as replay checks it"
+                    if result.get("data_compared") else
+                    "\ndata not compared: only a replay's own recording (replay -o) says where it ran on the "
+                    "recorded data", style="grey50")
         if result.get("warning"):
             text.append(f"\nwarning: {result['warning']}", style="bold yellow")
         self.query_one("#divergence", Static).update(text)
