@@ -13,6 +13,7 @@ from textual.worker import WorkerFailed
 
 from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, open_bundle
+from prism_rr.format.text import shown
 from prism_rr.tui.commands import BundleCommands
 from prism_rr.tui.model import TimelineModel
 from prism_rr.tui.screens.collectives import CollectivesScreen
@@ -89,7 +90,7 @@ class PrismApp(App):
         self.model = TimelineModel(self.bundle)
         self.findings: list = []
         self.start_mode = start
-        self.sub_title = self.bundle.path.name
+        self.sub_title = shown(self.bundle.path.name)
         path = os.environ.get("PRISM_RR_KEYMAP")
         self._user_keymap = {**(load_keymap(path) if path else {}), **(keymap or {})}
 
@@ -113,7 +114,8 @@ class PrismApp(App):
             unknown = sorted(set(self._user_keymap) - binding_ids())
             if unknown:
                 self.notify(f"keymap: no binding has the id{'s' if len(unknown) > 1 else ''} "
-                            f"{', '.join(unknown)} (F1 lists the ids)", severity="warning", timeout=15)
+                            f"{', '.join(unknown)} (F1 lists the ids)", severity="warning", timeout=15,
+                            markup=False)
         self.switch_mode(self.start_mode)
 
     # --- what other screens ask for ------------------------------------------------
@@ -181,9 +183,10 @@ class PrismApp(App):
         try:
             saved = self.save_screenshot(name, path or os.getcwd())
         except OSError as exc:
-            self.notify(f"could not save the screenshot: {exc}", title="Screenshot", severity="error")
+            self.notify(f"could not save the screenshot: {exc}", title="Screenshot", severity="error",
+                        markup=False)
             return
-        self.notify(f"saved to {saved}", title="Screenshot")
+        self.notify(f"saved to {saved}", title="Screenshot", markup=False)
 
     def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
                            time_format: str | None = None) -> str | None:

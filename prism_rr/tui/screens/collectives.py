@@ -9,6 +9,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
 
 __all__ = ["CollectivesScreen"]
@@ -61,8 +62,8 @@ class CollectivesScreen(Screen):
         from prism_rr.tui.analysis import compact_ranks
 
         ranks = g.get("ranks", ())
-        text.append(f"  {g.get('desc') or g.get('name') or ''}  {len(ranks)} ranks: {compact_ranks(ranks)}"
-                    f"  {g.get('backend', '')}\n[ ] change group  ·  x problems only  ·  j/enter timeline"
+        text.append(f"  {shown(g.get('desc') or g.get('name') or '')}  {len(ranks)} ranks: {compact_ranks(ranks)}"
+                    f"  {shown(g.get('backend', ''))}\n[ ] change group  ·  x problems only  ·  j/enter timeline"
                     "  ·  esc stop reading")
         if extra:
             text.append(f"\n{extra}", style="italic grey50")
@@ -105,7 +106,7 @@ class CollectivesScreen(Screen):
             style = "bold red" if problems else ""
             missing = row.missing(members)
             table.add_row(
-                str(row.seq), Text(row.step_text, style="bold red" if "-" in row.step_text else ""), row.op,
+                str(row.seq), Text(row.step_text, style="bold red" if "-" in row.step_text else ""), Text(shown(row.op)),
                 f"{len(row.arrivals)}/{len(members)}", Text(_ranks(missing), style="red"),
                 "" if row.last is None else str(row.last), format_ns(row.skew),
                 Text("; ".join(problems) or "ok", style=style or "green"), key=str(row.seq),

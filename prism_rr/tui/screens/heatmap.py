@@ -10,6 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from prism_rr.errors import PrismError
+from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.heatmap import METRICS, RAMP, HeatMap
 
@@ -78,7 +79,7 @@ class HeatmapScreen(Screen):
         except PrismError:
             raise  # a malformed bundle ends the app with exit 4 (PrismApp._handle_exception)
         except Exception as exc:  # the analysis failing must not take the browser down
-            self.app.call_from_thread(self._read_failed, str(exc))
+            self.app.call_from_thread(self._read_failed, shown(exc, None))
             return
         if got is not None and not worker.is_cancelled:
             self.app.call_from_thread(self._read, got)
@@ -90,7 +91,7 @@ class HeatmapScreen(Screen):
 
     def _read_failed(self, why: str) -> None:
         self._reading(None)
-        self.notify(f"lateness could not be read: {why}", severity="error")
+        self.notify(f"lateness could not be read: {why}", severity="error", markup=False)
         self.heatmap.action_metric()
 
     def _describe(self) -> None:

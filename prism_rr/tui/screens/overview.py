@@ -16,12 +16,14 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Sparkline, Static
 
 from prism_rr.errors import PrismError
+from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
 
 __all__ = ["FilterScreen", "OverviewScreen", "RankChart", "spark"]
 
 BARS = "▁▂▃▄▅▆▇█"
 SHOWN_RANKS = 200  # rows of the per-rank table: the first in the chosen order
+GROUP_KINDS = 12  # kinds of group (description, size) the facts name
 AUTO_DIAGNOSE_EVENTS = 2_000_000  # above this, diagnosis waits for `d`
 # The rank table's orders, `s` cycles through them: (name, key over the table's columns, descending)
 SORTS = (("mean step time", "mean", True), ("max step time", "max", True), ("late start", "late", True),
@@ -154,6 +156,8 @@ class OverviewScreen(Screen):
         yield Footer()
 
     def _facts(self) -> Table:
+        """The bundle's facts. Every cell is a Text (a str cell would be read as markup),
+        and every string from the bundle is shown as `shown` makes it."""
         app = self.app
         b = app.bundle
         m = b.manifest
@@ -161,29 +165,34 @@ class OverviewScreen(Screen):
         t = Table.grid(padding=(0, 2))
         t.add_column(style="bold cyan", no_wrap=True)
         t.add_column()
-        t.add_row("bundle", f"{b.path.name}  ({b.size / 2**20:.1f} MiB, format {b.format_version})")
-        t.add_row("world", f"{b.world_size} ranks, {len(b.recorded_ranks)} recorded, "
-                           f"{b.event_count:,} events")
+
+        def row(name: str, value: str) -> None:
+            t.add_row(Text(name), Text(value))
+
+        row("bundle", f"{shown(b.path.name)}  ({b.size / 2**20:.1f} MiB, format {b.format_version})")
+        row("world", f"{b.world_size} ranks, {len(b.recorded_ranks)} recorded, {b.event_count:,} events")
         groups = b.groups
         kinds: dict[str, int] = {}
         for g in groups:
-            key = f"{g.get('desc') or g.get('name') or 'group'} ({len(g['ranks'])})"
+            key = f"{shown(g.get('desc') or g.get('name') or 'group', 60)} ({len(g['ranks'])})"
             kinds[key] = kinds.get(key, 0) + 1
-        t.add_row("groups", f"{len(groups)}: " + ", ".join(f"{n} x {k}" for k, n in kinds.items()))
+        listed = list(kinds.items())[:GROUP_KINDS]
+        row("groups", f"{len(groups)}: " + ", ".join(f"{n} x {k}" for k, n in listed)
+            + (f", ... ({len(kinds) - GROUP_KINDS} more kinds)" if len(kinds) > GROUP_KINDS else ""))
         steps = b.steps
-        t.add_row("steps", f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
+        row("steps", f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
         versions = info.get("versions")
         if isinstance(versions, dict):
-            t.add_row("versions", ", ".join(f"{k} {v}" for k, v in versions.items()))
+            row("versions", ", ".join(f"{shown(k, 40)} {shown(v, 60)}" for k, v in list(versions.items())[:16]))
         tool = m.get("tool")
         if tool:
-            t.add_row("tool", str(tool))
+            row("tool", shown(tool))
         created = m.get("created_unix_ns")
         if type(created) is int:
-            t.add_row("created", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(created / 1e9)))
+            row("created", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(created / 1e9)))
         argv = info.get("argv")
         if argv:
-            t.add_row("command", " ".join(map(str, argv)))
+            row("command", shown(" ".join(map(str, argv)), 400))
         dropped = sum(rs.get("dropped", 0) or 0 for rs in b.summaries["ranks"].values())
         truncated = [r for r, rs in b.summaries["ranks"].items() if rs.get("truncated")]
         if dropped or truncated:
@@ -282,14 +291,14 @@ class OverviewScreen(Screen):
         except PrismError:
             raise  # a malformed bundle ends the app with exit 4 (PrismApp._handle_exception)
         except Exception as exc:  # the analysis failing must not take the browser down
-            self.app.call_from_thread(self._lateness_read, None, str(exc))
+            self.app.call_from_thread(self._lateness_read, None, shown(exc, None))
             return
         if got is not None and not worker.is_cancelled:
             self.app.call_from_thread(self._lateness_read, got)
 
     def _lateness_read(self, got, failure: str = "") -> None:
         if got is None:
-            self.notify(f"lateness could not be read: {failure}", severity="error")
+            self.notify(f"lateness could not be read: {failure}", severity="error", markup=False)
         else:
             have = ~np.isnan(got)
             n = have.sum(axis=1)
@@ -302,7 +311,8 @@ class OverviewScreen(Screen):
                 return
             parsed = parse_filter(text, self.app.model.groups)
             if parsed is None:
-                self.notify(f"not a group or a rank range: {text!r} (try g 3, or 0-63)", severity="error")
+                self.notify(f"not a group or a rank range: {text!r} (try g 3, or 0-63)", severity="error",
+                            markup=False)
                 return
             self.shown = parsed
             self._fill_ranks()
@@ -353,7 +363,7 @@ class OverviewScreen(Screen):
         except PrismError:
             raise  # a malformed bundle ends the app with exit 4 (PrismApp._handle_exception)
         except Exception as exc:  # the analysis failing must not take the browser down
-            self.app.call_from_thread(self._diagnosed, None, f"diagnosis failed: {exc}")
+            self.app.call_from_thread(self._diagnosed, None, f"diagnosis failed: {shown(exc, None)}")
             return
         if got is not None and not worker.is_cancelled:
             self.app.call_from_thread(self._diagnosed, got)
@@ -381,9 +391,10 @@ class OverviewScreen(Screen):
         for i, f in enumerate(found):
             ranks = ",".join(map(str, f.ranks[:6])) + ("…" if len(f.ranks) > 6 else "")
             cost = sum((self.costs or {}).get(r, 0) for r in f.ranks) if f.kind == "straggler" else 0
+            # (a finding's sentence quotes the bundle: Text, never markup; Finding made it safe)
             table.add_row(Text(f.kind, style="bold red"), ranks, "" if f.group is None else str(f.group),
                           "" if f.seq is None else str(f.seq), format_ns(cost) if cost else "",
-                          f.message, key=str(i))
+                          Text(f.message), key=str(i))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         found = self.app.findings
@@ -392,7 +403,7 @@ class OverviewScreen(Screen):
             cost = sum((self.costs or {}).get(r, 0) for r in f.ranks) if f.kind == "straggler" else 0
             text = f.message + (f" Cost: the steps would have ended {format_ns(cost)} sooner had "
                                 f"{'it' if len(f.ranks) == 1 else 'they'} been on time." if cost else "")
-            self.query_one("#finding-text", Static).update(text)
+            self.query_one("#finding-text", Static).update(Text(text))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "findings":

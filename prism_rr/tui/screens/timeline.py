@@ -130,7 +130,7 @@ class TimelineScreen(Screen):
                 return
         self.notify(f"no call failed or never completed on rank {rank} after the cursor; "
                     "d on the overview (1) diagnoses the whole bundle, then ! goes from finding to finding",
-                    severity="warning")
+                    severity="warning", markup=False)
 
     def action_search(self) -> None:
         from prism_rr.tui.screens.search import SearchScreen
@@ -167,7 +167,7 @@ class TimelineScreen(Screen):
                     tl.show_span(rank, i)
                     return True
         self.notify(f"no call after the cursor has {text!r} in its op or stack (loaded ranks searched)",
-                    severity="warning")
+                    severity="warning", markup=False)
         return False
 
     def action_goto(self) -> None:

@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from prism_rr.format import Collective, Compute, Marker, PointToPoint, ops
+from prism_rr.format.text import shown
 from prism_rr.tui.model import FAR, TimelineModel, format_ns
 
 __all__ = ["MAX_MEMBERS", "SpanDetail", "call_arrivals", "call_failure", "human_bytes", "tensors_text"]
@@ -42,7 +43,7 @@ def tensors_text(shapes, dtypes) -> str:
     for i in range(n):
         shape = shapes[i] if i < len(shapes) else None
         dims = "scalar" if shape == () else ("?" if shape is None else "x".join(map(str, shape)))
-        out.append(f"{dims} {dtypes[i]}" if i < len(dtypes) else dims)
+        out.append(f"{dims} {shown(dtypes[i], 40)}" if i < len(dtypes) else dims)
     return ", ".join(out) if out else "-"
 
 
@@ -60,7 +61,7 @@ def call_failure(spans, index: int) -> str | None:
     for j in range(index + 1, min(index + 64, len(spans.records))):
         other = spans.records[j]
         if isinstance(other, Marker) and other.name == "call_failed" and other.value == seq:
-            return other.text or "failed"
+            return shown(other.text or "failed")
     return None
 
 
@@ -82,9 +83,9 @@ def call_arrivals(tm: TimelineModel, rank: int, index: int, limit: int = MAX_MEM
         members, kind = tm.group_members(rec.group) or (rank,), Collective
     else:
         return {}
-    shown = members if len(members) <= limit else tuple(sorted({rank, *members[:limit - 1]}))
+    read = members if len(members) <= limit else tuple(sorted({rank, *members[:limit - 1]}))
     rows = []
-    for r in shown:
+    for r in read:
         if r not in tm.row_of:
             rows.append((r, None, None, "not recorded"))
             continue
@@ -94,7 +95,7 @@ def call_arrivals(tm: TimelineModel, rank: int, index: int, limit: int = MAX_MEM
             rows.append((r, None, None, "did not enter"))
         else:
             other = spans.records[i]
-            note = "" if other.op == rec.op or kind is PointToPoint else f"op {other.op}!"
+            note = "" if other.op == rec.op or kind is PointToPoint else f"op {shown(other.op, 40)}!"
             rows.append((r, spans.starts[i], spans.ends[i], note))
     arrived = [row for row in rows if row[1] is not None]
     last = max(arrived, key=lambda row: row[1]) if arrived else None
@@ -140,58 +141,64 @@ class SpanDetail(VerticalScroll, can_focus=True):
         table = Table.grid(padding=(0, 1))
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
+
+        def row(name: str | Text, value: str | Text) -> None:
+            """A row of Text: a str cell is read as markup, and a value quotes the bundle."""
+            table.add_row(Text(name) if isinstance(name, str) else name,
+                          Text(value) if isinstance(value, str) else value)
+
         kind = _KIND.get(type(rec).__name__, type(rec).__name__)
         what = getattr(rec, "op", None) or getattr(rec, "name", None)
-        table.add_row("call", f"{what} ({kind})" if what else kind)
-        table.add_row("rank", str(rank))
+        row("call", f"{shown(what)} ({kind})" if what else kind)
+        row("rank", str(rank))
         if isinstance(rec, PointToPoint):
             toward = "from" if ops.receives(rec.op) else "to"
-            table.add_row("peer", f"{toward} rank {rec.peer}" + (f", tag {rec.tag}" if rec.tag else ""))
+            row("peer", f"{toward} rank {rec.peer}" + (f", tag {rec.tag}" if rec.tag else ""))
         group = getattr(rec, "group", None)
         if group is not None:
             g = tm.groups.get(group)
-            table.add_row("group", f"{group} ({g.get('desc') or g.get('name') or 'group'}, {len(g['ranks'])} ranks)"
-                          if g else str(group))
+            row("group", f"{group} ({shown(g.get('desc') or g.get('name') or 'group')}, {len(g['ranks'])} ranks)"
+                if g else str(group))
         step_start = tm.step_span(rec.step, rank)
         start = spans.starts[index]
         if step_start is not None:
-            table.add_row("step", f"{rec.step}, entered {format_ns(start - step_start[0])} after its start")
+            row("step", f"{rec.step}, entered {format_ns(start - step_start[0])} after its start")
         else:
-            table.add_row("step", str(rec.step))
+            row("step", str(rec.step))
         if failure is not None:
-            table.add_row(Text("failed", style="bold red"), Text(failure, style="bold red"))
+            row(Text("failed", style="bold red"), Text(failure, style="bold red"))
         if rec.end_ns is None and not isinstance(rec, Marker):
-            table.add_row("duration", Text("never completed", style="bold red"))
+            row("duration", Text("never completed", style="bold red"))
         elif not isinstance(rec, Marker):
-            table.add_row("duration", format_ns(rec.end_ns - rec.start_ns) + (" (until it failed)" if failure else ""))
+            row("duration", format_ns(rec.end_ns - rec.start_ns) + (" (until it failed)" if failure else ""))
         issued = getattr(rec, "issued_ns", None)
         if issued is not None:
-            table.add_row("returned", f"{format_ns(issued - rec.start_ns)} after entry (asynchronous)")
+            row("returned", f"{format_ns(issued - rec.start_ns)} after entry (asynchronous)")
         if isinstance(rec, Collective):
-            table.add_row("in", f"{tensors_text(rec.in_shapes, rec.in_dtypes)} ({human_bytes(rec.in_bytes)})")
-            table.add_row("out", f"{tensors_text(rec.out_shapes, rec.out_dtypes)} ({human_bytes(rec.out_bytes)})")
+            row("in", f"{tensors_text(rec.in_shapes, rec.in_dtypes)} ({human_bytes(rec.in_bytes)})")
+            row("out", f"{tensors_text(rec.out_shapes, rec.out_dtypes)} ({human_bytes(rec.out_bytes)})")
         elif isinstance(rec, PointToPoint):
-            table.add_row("data", f"{tensors_text(rec.shapes, rec.dtypes)} ({human_bytes(rec.nbytes)})")
+            row("data", f"{tensors_text(rec.shapes, rec.dtypes)} ({human_bytes(rec.nbytes)})")
         elif getattr(rec, "shapes", None):
-            table.add_row("shapes", tensors_text(rec.shapes, ()))
+            row("shapes", tensors_text(rec.shapes, ()))
         for f in fields(rec):
             v = getattr(rec, f.name)
             if f.name in _SHOWN_ELSEWHERE or v in (None, (), "", False) or (f.name == "tag"):
                 continue
-            table.add_row(f.name.replace("_", " "), str(v))
+            row(f.name.replace("_", " "), shown(v))
         for name, label in (("digest_in", "digest in"), ("digest_out", "digest out"), ("digest", "digest")):
             v = getattr(rec, name, None)
             if v:
-                table.add_row(label, _hexes(v))
+                row(label, _hexes(v))
         for name, label in (("blob_in", "payload in"), ("blob_out", "payload out"), ("blob", "payload")):
             v = getattr(rec, name, None)
             if v:
-                table.add_row(label, _hexes(v))
+                row(label, _hexes(v))
         if isinstance(rec, (Collective, PointToPoint)):
-            table.add_row("memory", f"{_mib(rec.mem_alloc)} allocated, {_mib(rec.mem_peak)} peak")
+            row("memory", f"{_mib(rec.mem_alloc)} allocated, {_mib(rec.mem_peak)} peak")
         stack = getattr(rec, "stack", None)
         if stack:
-            table.add_row("stack", "\n".join(stack))
+            row("stack", "\n".join(shown(frame) for frame in stack))
         elif isinstance(rec, Compute):
             table.add_row("", Text("the program's own work between two calls (no stack is recorded for it)",
                                    style="italic grey50"))
@@ -247,7 +254,7 @@ class SpanDetail(VerticalScroll, can_focus=True):
             style = "bold red" if note or end == FAR else ("yellow" if last and r == last[0] else "")
             if focused and k == self.member_cursor:
                 style = (style + " reverse").strip()
-            out.add_row(("▶ " if focused and k == self.member_cursor else "") + str(r), arr, dur, note, style=style)
+            out.add_row(("▶ " if focused and k == self.member_cursor else "") + str(r), arr, dur, Text(note), style=style)
         if focused:
             head.append("↑↓ member · enter show it · c copy\n", style="italic grey50")
         from rich.console import Group

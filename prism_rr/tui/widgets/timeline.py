@@ -24,6 +24,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from prism_rr.format import Collective
+from prism_rr.format.text import shown
 from prism_rr.tui import model as m
 
 __all__ = ["Timeline"]
@@ -242,7 +243,7 @@ class Timeline(ScrollView, can_focus=True):
         fill = CHARS.get(code, " ")
         if code in (m.IDLE, m.COMPUTE, m.MARK) or code < 0 or index < 0:
             return fill * n
-        op = getattr(spans.records[index], "op", "") or ""
+        op = shown(getattr(spans.records[index], "op", "") or "", 40)  # the bundle's: no escape reaches a cell
         if n >= len(op) + 2:
             return "▏" + op + fill * (n - len(op) - 1)
         return ("▏" + fill * (n - 1)) if n > 1 else fill
