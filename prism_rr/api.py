@@ -1,43 +1,73 @@
-"""The library's face for whole jobs: record a command into a bundle, pack, repair, verify,
-export, replay and scale. The CLI and the demo call these; none of them prints or exits.
+"""The library's face for whole jobs: every `prism-rr` command's work, returning data.
+
+Record a command into a bundle, pack, repair, verify, describe, diagnose, analyze, diff,
+export, redact, import, scale, replay and browse. The CLI and the demo call these; none
+of them prints or exits, so a script gets what the command line gets:
 
     result = record(["python", "train.py"], "run.prism", nproc=4, steps="1:4")
     if result.packed is None:  # a full disk: the spools wait in result.spool_dir
         ...
+    found = diagnose("run.prism")
+    print(json.dumps(found.json()))  # what `prism-rr diagnose --json` prints
+    print("\n".join(found.lines()))  # what `prism-rr diagnose` prints
 
-Errors are `prism_rr.errors` exceptions; what a user should hear about comes back as data
-(or, where it must be heard before the work goes on, through a `warn` callback).
-Importing this module is cheap: each function loads what it needs.
+Where a command has something to say to people, its result's `lines()` says it, every
+string from a bundle made safe for a terminal (`prism_rr.format.text.shown`); its
+`json()` (and the results' fields) hold the bundle's values exact. Errors are
+`prism_rr.errors` exceptions; what a user should hear about comes back as data (or,
+where it must be heard before the work goes on, through a `warn` callback). Importing
+this module is cheap: each function loads what it needs.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prism_rr.errors import UsageError
 from prism_rr.localrun import describe_exit
 from prism_rr.recorder.launch import spool_dir_for
-from prism_rr.specs import parse_bandwidth, parse_ranks, step_window
+from prism_rr.specs import format_ranks, parse_bandwidth, parse_ranks, step_window
 
 if TYPE_CHECKING:
+    from prism_rr.analysis import BundleDiff, Finding, StepAttribution
+    from prism_rr.demo import DemoPlan
     from prism_rr.format import PackResult, VerifyReport
     from prism_rr.format.spool import SpoolScan
     from prism_rr.replayer import ReplayResult
 
 __all__ = [
+    "BundleInfo",
+    "Diagnosis",
+    "Imported",
     "RecordResult",
+    "analysis_json_text",
+    "analysis_lines",
+    "analyze",
+    "browse",
     "check_replayable",
+    "demo_plan",
+    "diagnose",
+    "diff",
     "export",
+    "flight_lines",
+    "import_fr",
+    "info",
     "pack",
     "record",
+    "record_demo",
+    "record_env",
+    "recorded_command_lines",
     "recorded_commands",
+    "redact",
     "repair",
     "replay",
+    "replay_demo",
     "scale",
+    "scale_lines",
     "spool_dir_for",
     "verify",
 ]
@@ -62,6 +92,15 @@ class RecordResult:
     node: str | None = None  # one node of a multi-node job: its spools are in spool_dir, not packed
     pack_command: str | None = None  # what packs every node's spools, once they are in one place
     flight: tuple[Path, ...] | None = None  # flight mode: the bundles its triggers wrote (None: not flight)
+
+    def failure_lines(self) -> list[str]:
+        """A warning for each rank whose recorder turned itself off (the reason is the
+        rank's words, made safe for a terminal)."""
+        from prism_rr.format.text import shown
+
+        return [f"rank {f['rank']}: the recorder turned itself off at step {'?' if f['step'] is None else f['step']} "
+                f"({shown(f['reason'])}); the training went on, the rank's records stop there"
+                for f in self.recorder_failures]
 
 
 def record(
@@ -285,6 +324,23 @@ def recorded_commands(bundle, ranks=(0,)) -> dict[int, tuple[list[str], str]]:
     return commands(bundle, ranks)
 
 
+def recorded_command_lines(bundle, ranks=(0,)) -> list[str]:
+    """`recorded_commands` for people to read before they agree to run them: each
+    distinct command and directory once, with the ranks that run it. Shown whole (a
+    command cut short would hide what runs), every character that could draw on the
+    terminal escaped (`prism_rr.format.text.shown`)."""
+    import shlex
+
+    from prism_rr.format.text import shown
+
+    name = Path(bundle).name
+    by_command: dict[tuple[str, str], list[int]] = {}
+    for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
+        by_command.setdefault((shown(shlex.join(argv), None), shown(cwd, None)), []).append(r)
+    return [f"{shown(name, None)} names this command for rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)}:\n"
+            f"  {argv}\n  in {cwd}" for (argv, cwd), rs in by_command.items()]
+
+
 def check_replayable(bundle) -> None:
     """UsageError for a bundle replay cannot run: one imported from another tool's dumps
     (`prism-rr import fr`) holds no command, payloads or steps to replay."""
@@ -320,3 +376,304 @@ def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = No
 
         note["compare"] = dict(compare_transfers(output, compare), against=str(compare))
     return note
+
+
+# --- reading a bundle: what info, diagnose, analyze and diff say ----------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BundleInfo:
+    """What a bundle says of itself without reading a chunk (`prism-rr info`)."""
+
+    facts: dict[str, Any]  # `info --json`: the bundle's values, type-checked, exact
+
+    def json(self) -> dict[str, Any]:
+        return self.facts
+
+    def lines(self) -> list[str]:
+        """`prism-rr info`'s lines, safe for a terminal."""
+        from prism_rr.format.facts import info_lines
+
+        return info_lines(self.facts)
+
+
+def info(bundle) -> BundleInfo:
+    """Format, world, ranks, groups, steps, events, size, losses and the manifest's notes
+    (flight dump, nodes, clocks, import) of `bundle`; reads no chunk."""
+    from prism_rr.format import open_bundle
+
+    with open_bundle(bundle) as b:
+        return BundleInfo(facts=b.facts())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    """What `diagnose` found: findings, most serious first, and each straggler's cost."""
+
+    findings: tuple[Finding, ...]
+    # {rank, cost_ns, steps, late_calls} of each late rank a straggler finding names,
+    # costliest first: how much sooner the steps would have ended had it been on time
+    straggler_cost: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def found(self) -> bool:
+        return bool(self.findings)
+
+    def cost_of(self, finding: Finding) -> int | None:
+        """A straggler finding's cost (ns) over every step; None for other kinds."""
+        if finding.kind != "straggler":
+            return None
+        costs = {e["rank"]: e["cost_ns"] for e in self.straggler_cost}
+        return sum(costs.get(r, 0) for r in finding.ranks)
+
+    def json(self) -> dict[str, Any]:
+        """`diagnose --json`: {findings: [...], summary, straggler_cost}, values exact."""
+        from prism_rr.analysis import diagnosis_json
+
+        out = diagnosis_json(list(self.findings))
+        for f, entry in zip(self.findings, out["findings"]):
+            cost = self.cost_of(f)
+            if cost is not None:
+                entry["cost_ns"] = cost
+        out["straggler_cost"] = list(self.straggler_cost)
+        return out
+
+    def lines(self) -> list[str]:
+        """`prism-rr diagnose`'s lines, safe for a terminal."""
+        from prism_rr.analysis import finding_lines, straggler_lines
+
+        out = ["no problems found"] if not self.findings else []
+        for i, f in enumerate(self.findings, 1):
+            out += finding_lines(i, f, self.cost_of(f))
+        # Below a millisecond a rank's cost is the jitter of any run.
+        out += straggler_lines([e for e in self.straggler_cost if e["cost_ns"] >= 1_000_000])
+        return out
+
+
+WindowProgress = Callable[[int, int, tuple[int, int], bool], None]  # (done, total, steps, read again)
+RetimeProgress = Callable[[int, int, int], None]  # (step, steps done, steps in all)
+
+
+def diagnose(bundle, *, window_events: int | None = None, progress: WindowProgress | None = None,
+             retimed: RetimeProgress | None = None) -> Diagnosis:
+    """Crashes, hangs, mismatches, stragglers and lost records in `bundle`, and what each
+    straggler cost. A bundle of more than `window_events` events is read in windows of
+    steps (`progress` hears of each); a straggler's cost re-times every step on the
+    execution graph, as `analyze` does, for the late ranks only (`retimed` hears of each
+    step: on 8192 ranks a minute or more)."""
+    from prism_rr.analysis import attribute, straggler_totals
+    from prism_rr.analysis import diagnose as find
+    from prism_rr.format import open_bundle
+
+    with open_bundle(bundle) as b:
+        findings = find(b, window_events=window_events, progress=progress)
+        late = {r for f in findings if f.kind == "straggler" for r in f.ranks}
+        costs: list[dict] = []
+        if late:
+            steps = len(b.steps)
+
+            def paced(attributions):
+                for i, a in enumerate(attributions, 1):
+                    if retimed is not None:
+                        retimed(a.step, i, steps)
+                    yield a
+
+            costs = straggler_totals(paced(attribute(b, of=late)))
+    return Diagnosis(findings=tuple(findings), straggler_cost=tuple(costs))
+
+
+def analyze(bundle, *, steps=None, ranks=None) -> Iterator[StepAttribution]:
+    """Per step, where each rank's time went (compute, overlapped, exposed, waiting), the
+    critical path and each late rank's straggler cost: one step at a time, as it is read
+    (the bundle stays open until the iterator is done). `steps` "A:B" (B excluded) and
+    `ranks` "0,2,4-7" narrow it; UsageError, at once, when none of `ranks` was recorded."""
+    from prism_rr.format import open_bundle
+
+    window = step_window(steps)
+    chosen = list(parse_ranks(ranks)) if ranks else None
+    b = open_bundle(bundle)
+    try:
+        if chosen is not None and not set(chosen) & set(b.recorded_ranks):
+            raise UsageError(f"none of ranks {ranks} was recorded; recorded: {format_ranks(b.recorded_ranks)}")
+    except BaseException:
+        b.close()
+        raise
+    return _attributions(b, window, chosen)
+
+
+def _attributions(b, window, chosen) -> Iterator[StepAttribution]:
+    from prism_rr.analysis import attribute
+
+    with b:
+        yield from attribute(b, steps=window, ranks=chosen)
+
+
+def analysis_lines(attributions) -> Iterator[str]:
+    """`prism-rr analyze`'s lines for `analyze`'s steps, as they come."""
+    from prism_rr.analysis import attribution_lines
+
+    return attribution_lines(attributions)
+
+
+def analysis_json_text(attributions) -> Iterator[str]:
+    """`analyze --json`'s one JSON object, in pieces as the steps come."""
+    from prism_rr.analysis import attribution_json_text
+
+    return attribution_json_text(attributions)
+
+
+def diff(a, b) -> BundleDiff:
+    """Do two recordings issue the same collectives (`same`), where do they first part,
+    and where did the time go, per step and rank? Its `lines()` and `json()` are what
+    `prism-rr diff` prints. Calls are compared as replay compares a replayed call with
+    its recording (`prism_rr.analysis.call_divergence`)."""
+    from prism_rr.analysis import diff_bundles
+    from prism_rr.format import open_bundle
+
+    with open_bundle(a) as ba, open_bundle(b) as bb:
+        return diff_bundles(ba, bb)
+
+
+# --- making bundles from bundles, and from other tools' dumps -------------------------
+
+
+def redact(bundle, output, *, stacks: bool = True) -> dict[str, Any]:
+    """Write a copy of `bundle` safe to make public (see `prism_rr.format.redact`);
+    returns the note its manifest holds of what was removed."""
+    from prism_rr.format.redact import redact as redact_bundle
+
+    return redact_bundle(bundle, output, stacks=stacks)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Imported:
+    """What `import_fr` read and wrote."""
+
+    output: Path
+    note: dict[str, Any]  # the manifest's `imported`: ranks, entries, forms, versions, what was left out
+
+    def json(self) -> dict[str, Any]:
+        return self.note
+
+    def lines(self) -> list[str]:
+        """`prism-rr import fr`'s line, safe for a terminal (forms and versions are the dumps')."""
+        from prism_rr.format.text import shown
+
+        n = self.note
+        left = n["trimmed"] + n["coalesced"] + n["unplaced"] + n["unread"]
+        return [f"wrote {shown(self.output, None)}: {n['ranks']} ranks, {n['entries']:,} Flight Recorder entries "
+                f"({', '.join(shown(f, 40) for f in n['forms'])}, version {', '.join(shown(v, 40) for v in n['versions'])})"
+                + (f", {left:,} left out (see --json)" if left else "")
+                + f"; look further: prism-rr diagnose {shown(self.output, None)}"]
+
+
+def import_fr(dumps, output, *, jobs: int | None = None, progress: Progress | None = None) -> Imported:
+    """A bundle of PyTorch Flight Recorder dumps, one per rank (see `prism_rr.format.fr`)."""
+    from prism_rr.format.fr import import_fr as read_dumps
+
+    dumps = [dumps] if isinstance(dumps, (str, Path)) else list(dumps)
+    return Imported(output=Path(output), note=read_dumps(dumps, output, jobs=jobs, progress=progress))
+
+
+def flight_lines(result: RecordResult) -> list[str]:
+    """What a flight recording says of the bundles its triggers wrote: for each, what
+    fired, on which rank, at which step (read back from the bundle)."""
+    from prism_rr.format import open_bundle
+    from prism_rr.format.facts import flight_line
+    from prism_rr.format.text import shown
+
+    if not result.flight:
+        return ["flight: no trigger fired; nothing was written (the last steps stayed in memory)"]
+    out = []
+    for path in result.flight:
+        try:
+            with open_bundle(path) as b:
+                out.append(flight_line(path, b.facts()["flight"], len(b.recorded_ranks)))
+        except Exception as exc:  # the bundle is written; reading it back is a courtesy
+            out.append(f"flight: {shown(path, None)}: cannot be read back ({shown(exc, None)})")
+    return out
+
+
+def record_env(output, **options) -> dict[str, str]:
+    """The environment that makes every Python process of a job record as `record` would
+    (into OUTPUT.d/, or flight-mode dumps packed into OUTPUT), for launchers that cannot
+    be wrapped: PRISM_RR_RECORD and PYTHONPATH (the hook's directory, to put first)."""
+    from prism_rr.recorder import RecordOptions
+    from prism_rr.recorder.launch import hook_env
+
+    output = Path(output).resolve()
+    if options.get("flight") is not None:
+        options["output"] = str(output)
+    env = hook_env(RecordOptions.make(spool_dir_for(output), **options), base={})
+    return {"PRISM_RR_RECORD": env["PRISM_RR_RECORD"], "PYTHONPATH": env["PYTHONPATH"]}
+
+
+# --- the demo, and the terminal UI ------------------------------------------------------
+
+
+def demo_plan(world: int = 4, pp: int = 1) -> DemoPlan:
+    """What `prism-rr demo` runs: the embedded GPT's command and layout (see `prism_rr.demo`)."""
+    from prism_rr import demo
+
+    return demo.plan(world, pp)
+
+
+def record_demo(output, plan: DemoPlan, *, warn: Warn | None = None, progress: Progress | None = None) -> RecordResult:
+    """Record the embedded demo (steps 1-3 after a warm-up, digests, memory) into `output`."""
+    from prism_rr import demo
+
+    return demo.record(output, plan, warn=warn, progress=progress)
+
+
+def replay_demo(output, plan: DemoPlan) -> ReplayResult:
+    """Replay rank 0 of the demo's recording against virtual peers."""
+    from prism_rr import demo
+
+    return demo.replay(output, plan)
+
+
+def browse(bundle, compare=None) -> int:
+    """Browse `bundle` in the terminal UI (with `compare`, a replay's bundle beside it)
+    until the user quits; returns the app's exit code. A malformed bundle raises its
+    FormatError before the terminal is taken over, or, found while browsing, once the app
+    has given the terminal back."""
+    from prism_rr.format import open_bundle
+    from prism_rr.tui.app import PrismApp
+
+    for path in (bundle, compare):  # one line, exit 4, before the screen changes
+        if path is not None:
+            open_bundle(path).close()
+    app = PrismApp(bundle, compare)
+    app.run()
+    if app.bundle_error is not None:
+        raise app.bundle_error
+    return app.return_code or 0
+
+
+def scale_lines(note: dict[str, Any], output, *, bandwidth_given: bool = False) -> list[str]:
+    """What `prism-rr scale` says of `scale`'s note, safe for a terminal (an op this
+    version does not know is a family of its own, named as the bundle names it)."""
+    from prism_rr.format.text import shown
+
+    fit = note["model"]["fit_error"]
+    roles = note["roles"]
+    out = [f"wrote {shown(output, None)}: world {note['to']['world_size']} ({roles} role{'s' if roles != 1 else ''} "
+           f"written), cost model fitted on {fit['samples']} calls, mean abs error {fit['mape_pct']:.0f}%"]
+    unknown = note["model"].get("bandwidth_unidentified") or []
+    if unknown and not bandwidth_given:
+        pooled = "the pooled rate" if note["model"].get("pooled_bandwidth_identified") else "nothing"
+        out.append(f"note: the recording does not tell the bandwidth of {', '.join(shown(f, 60) for f in unknown)} "
+                   f"(message sizes too alike, or times too scattered): bytes there cost {pooled}; "
+                   f"give the target's with --bandwidth")
+    c = note.get("compare")
+    if c is not None:
+        against = shown(c.get("against", ""), None)
+        if not c["calls"]:
+            out.append(f"compared with {against}: no call of the one matches a call of the other (group, seq)")
+        else:
+            out.append(f"compared with {against}: {c['calls']} calls, total transfer time "
+                       f"{c['total_error_pct']:+.1f}%, mean abs error per call {c['call_mape_pct']:.1f}%")
+            for fam, row in c["ops"].items():
+                out.append(f"  {shown(fam, 60):<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
+                           f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
+    return out

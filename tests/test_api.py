@@ -138,3 +138,92 @@ def test_demo_plan():
     assert demo.plan(4, pp=2).layout == "pp2 x dp2"
     with pytest.raises(UsageError):
         demo.plan(3, pp=2)
+
+
+# --- every command goes through the api: a script gets what the command line prints ----
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    """A 2-rank bundle whose rank 1 never enters its all_reduce seq 2: a hang."""
+    from prism_rr.format import Collective, GroupInfo, SpoolWriter, pack
+
+    d = tmp_path_factory.mktemp("api")
+    for rank in (0, 1):
+        w = SpoolWriter(spool_path(d / "hang.prism.d", rank), rank, info={"world_size": 2})
+        w.append(GroupInfo(start_ns=0, end_ns=0, step=0, group=0, ranks=(0, 1), name="0", backend="gloo"))
+        for seq in range(3 if rank == 0 else 2):
+            w.append(Collective(start_ns=1000 * seq, end_ns=None if seq == 2 else 1000 * seq + 10, step=0,
+                                op="all_reduce", group=0, seq=seq, in_shapes=((4,),), in_dtypes=("float32",),
+                                in_bytes=16, out_shapes=((4,),), out_dtypes=("float32",), out_bytes=16,
+                                stack=("train.py:9 in step",)))
+        w.close()
+    pack(d / "hang.prism.d", d / "hang.prism")
+    return d / "hang.prism"
+
+
+def _cli(*args):
+    from cli_helpers import run_cli
+
+    return run_cli(*args)
+
+
+def test_info_as_the_command_line_gives_it():
+    got = api.info(GOLDEN)
+    assert got.json() == json.loads(_cli("info", GOLDEN, "--json").stdout)
+    assert "\n".join(got.lines()) + "\n" == _cli("info", GOLDEN).stdout
+    assert got.facts["nodes"] is None and got.facts["imported"] is None
+
+
+def test_diagnose_as_the_command_line_gives_it(hung):
+    found = api.diagnose(hung)
+    assert found.found and found.findings[0].kind == "hang" and found.findings[0].seq == 2
+    assert found.json() == json.loads(_cli("diagnose", hung, "--json").stdout)
+    out = _cli("diagnose", hung)
+    assert out.returncode == 5 and "\n".join(found.lines()) + "\n" == out.stdout
+    assert found.lines()[-1] == "   at train.py:9 in step"
+    clean = api.diagnose(GOLDEN)
+    assert not clean.found and clean.lines() == ["no problems found"] and clean.json()["findings"] == []
+
+
+def test_analyze_as_the_command_line_gives_it():
+    lines = list(api.analysis_lines(api.analyze(GOLDEN, steps="0:1")))
+    assert lines[0].startswith("step 0: ") and "\n".join(lines) + "\n" == _cli("analyze", GOLDEN, "--steps", "0:1").stdout
+    text = "".join(api.analysis_json_text(api.analyze(GOLDEN)))
+    assert json.loads(text) == json.loads(_cli("analyze", GOLDEN, "--json").stdout)
+    with pytest.raises(UsageError, match="none of ranks 9"):
+        api.analyze(GOLDEN, ranks="9")  # at once, not when first read
+
+
+def test_diff_as_the_command_line_gives_it(hung):
+    d = api.diff(GOLDEN, hung)
+    assert not d.same and d.json() == json.loads(_cli("diff", GOLDEN, hung, "--json").stdout)
+    assert "\n".join(d.lines()) + "\n" == _cli("diff", GOLDEN, hung).stdout
+    assert api.diff(GOLDEN, GOLDEN).same
+
+
+def test_redact_import_and_scale_lines(tmp_path):
+    note = api.redact(GOLDEN, tmp_path / "public.prism", stacks=False)
+    assert note["stacks"] == "removed" and api.verify(tmp_path / "public.prism").events > 0
+    fr = Path(__file__).parent / "data" / "fr" / "skip" / "json"
+    imported = api.import_fr(fr, tmp_path / "fr.prism")
+    assert imported.json()["ranks"] == 3 and imported.json()["from"] == "flight_recorder"
+    assert imported.lines()[0].startswith(f"wrote {tmp_path / 'fr.prism'}: 3 ranks")
+    assert api.info(tmp_path / "fr.prism").facts["imported"]["forms"] == ["json"]
+    env = api.record_env(tmp_path / "run.prism", steps="1:3")
+    assert set(env) == {"PRISM_RR_RECORD", "PYTHONPATH"} and "1" in env["PRISM_RR_RECORD"]
+
+
+def test_the_command_line_reaches_the_library_only_through_the_api():
+    """cli.py parses and prints: of prism_rr it imports the api, the errors (their exit
+    codes), the version and the specs it formats ranks with; no subpackage."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parent.parent / "prism_rr" / "cli.py").read_text())
+    named = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prism_rr"):
+            named |= {f"{node.module}.{a.name}" if node.module == "prism_rr" else node.module for a in node.names}
+        elif isinstance(node, ast.Import):
+            named |= {a.name for a in node.names if a.name.startswith("prism_rr")}
+    assert named == {"prism_rr.api", "prism_rr.__version__", "prism_rr.errors", "prism_rr.specs"}, named

@@ -392,6 +392,30 @@ def test_readme_commands_are_found():
     assert not unused, f"PLACEHOLDERS names files no README command uses: {unused}"
 
 
+def readme_python(text: str | None = None) -> list[str]:
+    """The README's ```python blocks (its "From Python" section), in order."""
+    text = README.read_text() if text is None else text
+    return re.findall(r"(?ms)^```python\n(.*?)^```", text)
+
+
+def test_readme_python_runs(tmp_path):
+    """The README's Python, run as written in a directory that holds a `run.prism` (a
+    synthetic run's): the api it documents is the api there is, and it prints nothing
+    raw."""
+    from prism_rr.format import pack
+    from prism_rr.format.synthetic import write_synthetic
+
+    blocks = readme_python()
+    assert blocks and any("from prism_rr import api" in b for b in blocks)
+    pack(write_synthetic(tmp_path / "run.prism.d", 4, 200), tmp_path / "run.prism")
+    for block in blocks:
+        out = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+        assert out.returncode == 0, f"{block}\nstderr:\n{out.stderr[-3000:]}"
+        assert "world size      4" in out.stdout and "step 0:" in out.stdout, out.stdout[-2000:]
+    assert (tmp_path / "trace.json").exists() and (tmp_path / "public.prism").exists()
+
+
 def test_extraction_rules():
     text = textwrap.dedent("""
         Run `prism-rr info x.prism` or `prism_rr.step()`.
