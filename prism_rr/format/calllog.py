@@ -48,6 +48,7 @@ import msgpack
 
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
+from prism_rr.format.names import rank_file
 from prism_rr.format.records import RECORD_TYPES, Collective, Compute, PointToPoint
 
 __all__ = ["CallLog", "LogContents", "LogDecoder", "log_path", "read_log"]
@@ -164,8 +165,8 @@ class _Cursor:
         pass
 
 
-def log_path(directory, rank: int) -> Path:
-    return Path(directory) / f"rank-{rank:05d}.log"
+def log_path(directory, rank: int, attempt: int = 0) -> Path:
+    return rank_file(directory, rank, attempt, "log")
 
 
 def _pad(n: int) -> int:

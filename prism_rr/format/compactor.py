@@ -37,6 +37,7 @@ BLOB_WAIT_S = 5.0
 
 
 def spool_of_log(path: Path) -> Path:
+    """The spool of the same rank and attempt as a call log."""
     return path.with_name(path.name[: -len(".log")] + ".spool")
 
 

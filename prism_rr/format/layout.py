@@ -8,10 +8,13 @@ import zlib
 from prism_rr.errors import FormatError
 
 MAJOR = 1
-MINOR = 1  # 1.1: the summaries section as tables of int64 columns (format/summaries.py)
+# 1.1: the summaries section as tables of int64 columns (format/summaries.py)
+# 1.2: attempts: every incarnation of the job in one bundle (section 10, manifest `attempts`)
+MINOR = 2
 
 # Features this reader implements. A bundle lists the ones a reader must know.
-FEATURES_KNOWN = frozenset({"columnar-chunks", "columnar-summaries", "blobs", "summaries", "digests", "redacted"})
+FEATURES_KNOWN = frozenset({"columnar-chunks", "columnar-summaries", "blobs", "summaries", "digests", "redacted",
+                            "attempts"})
 
 SPOOL_MAGIC = b"PRSPOOL\x00"
 SPOOL_HEADER = struct.Struct("<8sHHII")  # magic, major, minor, rank, crc32 of the first 16 bytes
@@ -39,6 +42,7 @@ SEC_RANK_INDEX = 6
 SEC_CHUNK_INDEX = 7
 SEC_RANK_INFO = 8
 SEC_GROUPS = 9
+SEC_ATTEMPTS = 10  # the other attempts' summaries, indexes, rank info and groups
 SECTION_NAMES = {
     SEC_MANIFEST: "manifest",
     SEC_CHUNKS: "chunks",
@@ -49,7 +53,12 @@ SECTION_NAMES = {
     SEC_CHUNK_INDEX: "chunk index",
     SEC_RANK_INFO: "rank info",
     SEC_GROUPS: "groups",
+    SEC_ATTEMPTS: "attempts",
 }
+# The sections of one attempt (FORMAT.md §4, "Attempts"): the base ones hold the default
+# attempt's; the manifest's `attempts` says where each other attempt's lie.
+ATTEMPT_SECTIONS = (SEC_SUMMARIES, SEC_RANK_INDEX, SEC_CHUNK_INDEX, SEC_RANK_INFO, SEC_GROUPS)
+MAX_ATTEMPT = 1 << 20
 REQUIRED_SECTIONS = (SEC_MANIFEST, SEC_CHUNKS, SEC_SUMMARIES, SEC_RANK_INDEX, SEC_CHUNK_INDEX, SEC_GROUPS)
 
 RANK_ENTRY = struct.Struct("<II")  # first chunk, number of chunks; dense by rank

@@ -35,6 +35,7 @@ from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id, blob_level, spool_blobs
 from prism_rr.format.compactor import log_frames, open_log, snapshot_calls
+from prism_rr.format.names import parse_rank_file
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, spool_header, still_open
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class PackResult:
     blobs: int
     bytes: int
     torn: dict[int, str] = field(default_factory=dict)  # rank -> why its tail was dropped
+    attempts: list[int] = field(default_factory=lambda: [0])  # the attempts packed (FORMAT.md §4)
+    default_attempt: int = 0  # the one a reader sees unless it asks
 
 
 def _is_spool(name: str) -> bool:
@@ -62,7 +65,6 @@ def _has_spools(spool_dir: Path) -> bool:
     return any(_is_spool(n) or _is_log(n) for n in os.listdir(spool_dir))
 
 
-_SPOOL_NAME = re.compile(r"rank-(\d+)\.spool")
 _WRITE_BYTES = 8 << 20  # chunks are written in pieces of about this size
 
 
@@ -128,8 +130,8 @@ def pack(
     """
     dirs = spool_dirs(spool_dir)
     out = Path(out)
-    owner: dict[int, Path] = {}  # rank -> its spool, by file name (the header is checked too)
-    paths: list[tuple[int, str, Path, bool]] = []  # (rank by name, spool, its directory, crash file?)
+    owner: dict[tuple[int, int], str] = {}  # (rank, attempt) -> its spool, by file name
+    paths: list[tuple[tuple[int, int], str, Path, str | None]] = []  # (rank, attempt), spool, dir, crash file
     for d in dirs:
         names = os.listdir(d)  # one listing, not a glob and a probe for each rank's crash file
         crashes = {n for n in names if n.endswith(".crash")}
@@ -137,18 +139,17 @@ def pack(
         # a rank that died before its spool was made left only its call log
         spools |= {n[: -len(".log")] + ".spool" for n in names if _is_log(n)} - spools
         for name in sorted(spools):
-            m = _SPOOL_NAME.fullmatch(name)
-            rank = int(m.group(1)) if m else 1 << 40
+            parsed = parse_rank_file(name)
+            key = (parsed[0], parsed[1]) if parsed else (1 << 40, 0)
             path = os.path.join(d, name)
-            if m is not None:
-                if rank in owner:
-                    raise UsageError(f"rank {rank} is in two places: {owner[rank]} and {path}")
-                owner[rank] = path
-            paths.append((rank, str(path), d, name[: -len(".spool")] + ".crash" in crashes))
-    paths.sort(key=lambda p: p[:2])
+            if parsed is not None:
+                if key in owner:
+                    raise UsageError(f"rank {key[0]}{_attempt_text(key[1])} is in two places: {owner[key]} and {path}")
+                owner[key] = path
+            crash = name[: -len(".spool")] + ".crash"
+            paths.append((key, str(path), d, crash if crash in crashes else None))
+    paths.sort(key=lambda p: (p[0][1], p[0][0], p[1]))
     runs = {d: _read_run(d) for d in dirs}
-    dir_ranks: dict[Path, list[int]] = {d: [] for d in dirs}
-    where: dict[int, str] = {}  # rank -> its spool, by header
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     known_blobs: set | None = None
@@ -160,13 +161,7 @@ def pack(
         return ident in known_blobs
 
     log_blobs: dict[bytes, bytes] = {}  # small payloads found in the call logs of dead ranks
-    rank_info: dict[int, dict] = {}
-    rank_sums: dict[int, dict] = {}
-    from prism_rr.format import summaries  # (numpy: packing only, not reading a 1.0 bundle)
-
-    step_rows = summaries.StepRows()
-    groups: dict[int, dict] = {}
-    chunk_entries: dict[int, list[bytes]] = {}
+    attempts: dict[int, _Attempt] = {}
     torn: dict[int, str] = {}
     events = 0
     chunks_crc = 0
@@ -175,23 +170,35 @@ def pack(
         chunks_at = pos = layout.BUNDLE_HEADER.size
         pending: list = []  # chunks not yet written: a write of a few MiB, not one a chunk
         pending_bytes = 0
-        for i, (_, path, spool_dir, has_crash) in enumerate(paths):
+        for i, ((_, file_attempt), path, spool_dir, crash_file) in enumerate(paths):
             data, problem_before = _read_rank(Path(path), have_blob, log_blobs)
             name = os.path.basename(path)
             rank, frames, good_bytes, problem = scan_spool(data, f"spool {name}")
             problem = problem or problem_before
-            if rank in rank_sums:
-                raise FormatError(f"rank {rank} is in two places: {where[rank]} and {path} (by their headers)")
-            where[rank] = path
-            dir_ranks[spool_dir].append(rank)
+            info: dict = {}
+            for frame in frames:
+                if frame.kind == layout.FRAME_RANK_INFO:
+                    info.update(frame_info(data, frame, name))
+            # the attempt its ranks agreed on (rank 0's number, the recorder's _install),
+            # else the one its file names
+            number = info.get("attempt") if type(info.get("attempt")) is int else file_attempt
+            layout.bounded(number, layout.MAX_ATTEMPT, "attempt", f"spool {name}")
+            at = attempts.get(number)
+            if at is None:
+                at = attempts[number] = _Attempt(number)
+            if rank in at.rank_sums:
+                raise FormatError(f"rank {rank}{_attempt_text(number)} is in two places: {at.where[rank]} and "
+                                  f"{path} (by their headers)")
+            at.where[rank] = path
+            at.dir_ranks.setdefault(spool_dir, []).append(rank)
             if problem is not None:
                 torn[rank] = problem
-            rs = rank_sums[rank] = {
+            rs = at.rank_sums[rank] = {
                 "events": 0, "chunks": 0, "kinds": {}, "t_first": None, "t_last": None,
                 "dropped": 0, "open": 0, "mem_peak": 0, "truncated": problem is not None,
                 "lost_bytes": len(data) - good_bytes,
             }
-            entries = chunk_entries[rank] = []
+            entries = at.chunk_entries[rank] = []
 
             def add_chunk(chunk, frame) -> None:
                 nonlocal chunks_crc, pos, pending_bytes
@@ -203,11 +210,9 @@ def pack(
                     frame.step_first, frame.step_last,
                 ))
                 pos += frame.length
-                _fold(rs, frame, step_rows, groups, rank, name)
+                _fold(rs, frame, at.step_rows, at.groups, rank, name)
             for frame in frames:
-                if frame.kind == layout.FRAME_RANK_INFO:
-                    rank_info.setdefault(rank, {}).update(frame_info(data, frame, name))
-                elif frame.kind == layout.FRAME_EVENTS:
+                if frame.kind == layout.FRAME_EVENTS:
                     add_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
             hung = still_open(data, frames, name)
             if hung:
@@ -216,10 +221,11 @@ def pack(
             if pending_bytes >= _WRITE_BYTES:
                 _write_all(f, pending)
                 pending, pending_bytes = [], 0
-            if has_crash:
-                crash = read_crash_file(spool_dir, rank)
+            if crash_file is not None:
+                crash = read_crash_file(Path(spool_dir) / crash_file)
                 if crash is not None:
-                    rank_info.setdefault(rank, {})["crash"] = crash
+                    info["crash"] = crash
+            at.rank_info[rank] = info
             events += rs["events"]
             if progress:
                 progress(i + 1, len(paths))
@@ -230,59 +236,47 @@ def pack(
         blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at, log_blobs)
         blobs_len = f.tell() - blobs_at
 
-        ranks = sorted(rank_sums)
-        world = max(
-            [int(info.get("world_size", 0) or 0) for info in rank_info.values()]
-            + [ranks[-1] + 1]
-        )
-        layout.bounded(world, layout.MAX_WORLD, "world size", "pack")
-        by_first = sorted((d for d in dirs if dir_ranks[d]), key=lambda d: dir_ranks[d][0])
-        run = runs[by_first[0]] if by_first else {}
+        if not attempts:
+            raise FormatError("no rank's spool could be read")
+        default = _default_attempt(attempts)
+        parts = {k: at.parts(runs) for k, at in attempts.items()}
         manifest = {
             "format": [layout.MAJOR, layout.MINOR],
-            "features_required": ["columnar-chunks", "columnar-summaries"],
+            "features_required": ["columnar-chunks", "columnar-summaries"] + (["attempts"] if len(attempts) > 1 else []),
             "features_optional": ["summaries"] + (["blobs"] if blob_rows else []),
             "tool": f"prism-rr {__version__}",
             "created_unix_ns": time.time_ns(),
-            "world_size": world,
-            "recorded_ranks": ranks,
-            "groups": [groups[g] for g in sorted(groups)],
-            "run": run,
-            "clock": clock_summary(rank_info, ranks),
+            **parts[default]["manifest"],
         }
-        if len(dirs) > 1 or any("node" in r for r in runs.values()):
-            manifest["nodes"] = [
-                {"node": str(runs[d].get("node", d.name)), "hostname": runs[d].get("hostname"),
-                 "ranks": dir_ranks[d], "run": runs[d]}
-                for d in by_first
-            ]
         if manifest_extra:
             manifest.update(manifest_extra)
-        # Groups get a section of their own, read on first use: a job of 8192 ranks has
-        # thousands, and opening a bundle should not decode them.
-        group_list = manifest.pop("groups")
-        summary_tables = summaries.encode(rank_sums, step_rows)
-        rank_index = bytearray(layout.RANK_ENTRY.size * world)
-        chunk_index = bytearray()
-        n_chunks = 0
-        for r in ranks:
-            entries = chunk_entries[r]
-            layout.RANK_ENTRY.pack_into(rank_index, r * layout.RANK_ENTRY.size, n_chunks, len(entries))
-            chunk_index += b"".join(entries)
-            n_chunks += len(entries)
         blob_index = b"".join(sorted(blob_rows))
         sections = [
             (layout.SEC_CHUNKS, chunks_at, chunks_len, chunks_crc & 0xFFFFFFFF),
             (layout.SEC_BLOBS, blobs_at, blobs_len, blobs_crc & 0xFFFFFFFF),
         ]
+        # Every attempt but the default one: its index and metadata sections, one after
+        # the other in the attempts section; the manifest's `attempts` says where each is.
+        attempts_at = f.tell()
+        attempts_crc = 0
+        entries = []
+        for k in sorted(attempts):
+            entry = {"attempt": k, "default": k == default, **_attempt_facts(parts[k]["manifest"])}
+            if k != default:
+                where = {}
+                for sid, payload in parts[k]["sections"]:
+                    where[layout.SECTION_NAMES[sid]] = [f.tell(), len(payload), layout.crc32(payload)]
+                    f.write(payload)
+                    attempts_crc = zlib.crc32(payload, attempts_crc)
+                entry["sections"] = where
+            entries.append(entry)
+        if f.tell() > attempts_at:
+            sections.append((layout.SEC_ATTEMPTS, attempts_at, f.tell() - attempts_at, attempts_crc & 0xFFFFFFFF))
+        manifest["attempts"] = entries
         for sid, payload in (
             (layout.SEC_MANIFEST, codec.compress(msgpack.packb(manifest, use_bin_type=True), 9)),
-            (layout.SEC_SUMMARIES, codec.compress(msgpack.packb(summary_tables, use_bin_type=True))),
-            (layout.SEC_RANK_INDEX, bytes(rank_index)),
-            (layout.SEC_CHUNK_INDEX, bytes(chunk_index)),
+            *parts[default]["sections"],
             (layout.SEC_BLOB_INDEX, blob_index),
-            (layout.SEC_RANK_INFO, codec.compress(msgpack.packb({r: rank_info.get(r, {}) for r in ranks}, use_bin_type=True))),
-            (layout.SEC_GROUPS, codec.compress(msgpack.packb(group_list, use_bin_type=True))),
         ):
             sections.append((sid, f.tell(), len(payload), layout.crc32(payload)))
             f.write(payload)
@@ -304,9 +298,96 @@ def pack(
         os.fsync(f.fileno())
     os.replace(tmp, out)
     return PackResult(
-        path=out, ranks=len(ranks), chunks=n_chunks, events=events, blobs=len(blob_rows),
-        bytes=size, torn=torn,
+        path=out, ranks=len(attempts[default].rank_sums), chunks=sum(p["chunks"] for p in parts.values()),
+        events=events, blobs=len(blob_rows), bytes=size, torn=torn, attempts=sorted(attempts), default_attempt=default,
     )
+
+
+def _attempt_text(attempt: int) -> str:
+    return f" (attempt {attempt})" if attempt else ""
+
+
+class _Attempt:
+    """What pack gathers of one attempt (the ranks of one incarnation of the job)."""
+
+    def __init__(self, number: int):
+        from prism_rr.format import summaries  # (numpy: packing only, not reading a 1.0 bundle)
+
+        self.number = number
+        self.rank_info: dict[int, dict] = {}
+        self.rank_sums: dict[int, dict] = {}
+        self.step_rows = summaries.StepRows()
+        self.groups: dict[int, dict] = {}
+        self.chunk_entries: dict[int, list[bytes]] = {}
+        self.where: dict[int, str] = {}
+        self.dir_ranks: dict[Path, list[int]] = {}
+
+    def parts(self, runs: dict) -> dict:
+        """{"manifest": this attempt's manifest keys, "sections": [(id, payload)] of its
+        summaries, rank index, chunk index, rank info and groups, "chunks": n}."""
+        from prism_rr.format import summaries
+
+        ranks = sorted(self.rank_sums)
+        world = max([int(info.get("world_size", 0) or 0) for info in self.rank_info.values()] + [ranks[-1] + 1])
+        layout.bounded(world, layout.MAX_WORLD, "world size", "pack")
+        dirs = sorted(self.dir_ranks, key=lambda d: self.dir_ranks[d][0])
+        manifest = {
+            "world_size": world,
+            "recorded_ranks": ranks,
+            "run": runs[dirs[0]] if dirs else {},
+            "clock": clock_summary(self.rank_info, ranks),
+        }
+        if len(runs) > 1 or any("node" in r for r in runs.values()):
+            manifest["nodes"] = [
+                {"node": str(runs[d].get("node", d.name)), "hostname": runs[d].get("hostname"),
+                 "ranks": self.dir_ranks[d], "run": runs[d]}
+                for d in dirs
+            ]
+        rank_index = bytearray(layout.RANK_ENTRY.size * world)
+        chunk_index = bytearray()
+        n_chunks = 0
+        for r in ranks:
+            entries = self.chunk_entries[r]
+            layout.RANK_ENTRY.pack_into(rank_index, r * layout.RANK_ENTRY.size, n_chunks, len(entries))
+            chunk_index += b"".join(entries)
+            n_chunks += len(entries)
+        # Groups get a section of their own, read on first use: a job of 8192 ranks has
+        # thousands, and opening a bundle should not decode them.
+        group_list = [self.groups[g] for g in sorted(self.groups)]
+        sections = [
+            (layout.SEC_SUMMARIES, codec.compress(msgpack.packb(summaries.encode(self.rank_sums, self.step_rows),
+                                                                use_bin_type=True))),
+            (layout.SEC_RANK_INDEX, bytes(rank_index)),
+            (layout.SEC_CHUNK_INDEX, bytes(chunk_index)),
+            (layout.SEC_RANK_INFO, codec.compress(msgpack.packb({r: self.rank_info.get(r, {}) for r in ranks},
+                                                                use_bin_type=True))),
+            (layout.SEC_GROUPS, codec.compress(msgpack.packb(group_list, use_bin_type=True))),
+        ]
+        return {"manifest": manifest, "sections": sections, "chunks": n_chunks}
+
+    def failed(self) -> bool:
+        """Whether a rank of it ended other than cleanly: an exit code other than 0, a
+        signal, a crash, or no word at all (its records end without a `recording_end`)."""
+        for info in self.rank_info.values():
+            end = info.get("exit")
+            if info.get("crash") or not isinstance(end, dict):
+                return True
+            if end.get("signal") or end.get("code") not in (0, None):
+                return True
+        return False
+
+
+def _default_attempt(attempts: dict[int, _Attempt]) -> int:
+    """The attempt a reader sees unless it asks for another: the last that failed, else the
+    last (what a user recorded a restarted job for)."""
+    failed = [k for k, at in attempts.items() if at.failed()]
+    return max(failed) if failed else max(attempts)
+
+
+def _attempt_facts(manifest: dict) -> dict:
+    """What the manifest's `attempts` says of each attempt: its manifest keys (the base ones
+    are the default attempt's)."""
+    return {k: manifest[k] for k in ("world_size", "recorded_ranks", "run", "clock", "nodes") if k in manifest}
 
 
 @contextmanager
@@ -418,12 +499,11 @@ MAX_CRASH_TEXT = 64 << 10  # bytes of a crash file carried into the bundle
 _CRASH_HEADER = re.compile(r"prism-rr crash file: rank (\d+), pid (\d+), main thread (0x[0-9a-f]+)\n")
 
 
-def read_crash_file(spool_dir: Path, rank: int) -> dict | None:
-    """The rank's crash file (faulthandler's dump of every thread's Python stack when the
+def read_crash_file(path: Path) -> dict | None:
+    """A rank's crash file (faulthandler's dump of every thread's Python stack when the
     process died of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL) as the rank info key
     `crash`: {"text": the dump (at most 64 KiB), "bytes": its whole size, "main_thread"};
     None when the process wrote no dump."""
-    path = spool_dir / f"rank-{rank:05d}.crash"
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CRASH_TEXT + 4096)

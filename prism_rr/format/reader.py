@@ -49,16 +49,22 @@ class Section:
         return layout.SECTION_NAMES.get(self.id, f"section {self.id}")
 
 
-def open_bundle(path: str | os.PathLike) -> "Bundle":
-    """Open a bundle for reading; FormatError if it is not one this reader can read."""
-    return Bundle(path)
+def open_bundle(path: str | os.PathLike, attempt: int | None = None) -> "Bundle":
+    """Open a bundle for reading; FormatError if it is not one this reader can read.
+
+    A bundle of a job that was restarted holds every attempt (FORMAT.md §4, "Attempts"):
+    `attempt` picks one; None opens the default one (the last that failed, else the last).
+    UsageError for an attempt the bundle does not hold."""
+    return Bundle(path, attempt)
 
 
 class Bundle:
-    """A recorded run: manifest, summaries, and each rank's events on demand."""
+    """A recorded run: manifest, summaries, and each rank's events on demand, of one
+    attempt of the job (`attempt`; `attempts` lists them all)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, attempt: int | None = None):
         self.path = Path(path)
+        self._asked = attempt
         try:
             self._file = open(self.path, "rb")
         except IsADirectoryError:
@@ -120,6 +126,7 @@ class Bundle:
             if sid not in self.sections:
                 raise FormatError(f"{self.path.name}: the {layout.SECTION_NAMES[sid]} section is missing")
         self.manifest = self._read_manifest()
+        self._choose_attempt()
         self._rank_index = self._checked(layout.SEC_RANK_INDEX)
         self._chunk_index = self._checked(layout.SEC_CHUNK_INDEX)
         self._check_indexes()
@@ -174,6 +181,45 @@ class Bundle:
             if key in m and not check(m[key]):
                 raise FormatError(f"{where}: manifest field {key!r} has the wrong type")
         return m
+
+    def _choose_attempt(self) -> None:
+        """Read the manifest's `attempts`; for an attempt other than the default one, point
+        its sections (summaries, indexes, rank info, groups) at that attempt's and its
+        manifest facts (world, ranks, run, clock) at its own."""
+        where = self._where(layout.SEC_MANIFEST)
+        entries = self.manifest.get("attempts")
+        if entries is None:  # before 1.2: one attempt
+            self.attempts = [{"attempt": 0, "default": True, "world_size": self.world_size,
+                              "recorded_ranks": tuple(self.recorded_ranks)}]
+        elif type(entries) is not tuple or not entries or len(entries) > layout.MAX_ATTEMPT:
+            raise FormatError(f"{where}: attempts is not a list of attempts")
+        else:
+            self.attempts = [_attempt_entry(e, where) for e in entries]
+        numbers = [e["attempt"] for e in self.attempts]
+        defaults = [e["attempt"] for e in self.attempts if e["default"]]
+        if len(set(numbers)) != len(numbers) or len(defaults) != 1:
+            raise FormatError(f"{where}: attempts name an attempt twice, or not one default")
+        self.default_attempt = defaults[0]
+        asked = self.default_attempt if self._asked is None else self._asked
+        entry = next((e for e in self.attempts if e["attempt"] == asked), None)
+        if entry is None:
+            raise UsageError(f"{self.path.name} holds no attempt {asked} (it holds {', '.join(map(str, numbers))})")
+        self.attempt = asked
+        if entry["default"]:
+            return
+        attempts = self.sections.get(layout.SEC_ATTEMPTS)
+        if attempts is None:
+            raise FormatError(f"{where}: attempt {asked} has no attempts section to lie in")
+        for sid in layout.ATTEMPT_SECTIONS:
+            name = layout.SECTION_NAMES[sid]
+            at = entry["sections"].get(name)
+            if at is None:
+                raise FormatError(f"{where}: attempt {asked} has no {name}")
+            offset, length, crc = at
+            if not (attempts.offset <= offset and offset + length <= attempts.offset + attempts.length):
+                raise FormatError(f"{where}: attempt {asked}'s {name} lies outside the attempts section")
+            self.sections[sid] = Section(sid, offset, length, crc)
+        self.manifest = {**self.manifest, **entry["facts"]}
 
     def _check_indexes(self) -> None:
         world = self.world_size
@@ -576,6 +622,36 @@ def _time(v) -> bool:
 
 
 # Manifest fields a reader uses, and their types (others are checked as plain data only).
+def _attempt_entry(e, where: str) -> dict:
+    """One entry of the manifest's `attempts`, type-checked: {attempt, default, world_size,
+    recorded_ranks, sections: {name: (offset, length, crc)}, facts: the manifest keys of
+    that attempt}."""
+    if not (type(e) is dict and type(e.get("attempt")) is int and 0 <= e["attempt"] <= layout.MAX_ATTEMPT
+            and type(e.get("default")) is bool and type(e.get("world_size")) is int
+            and type(e.get("recorded_ranks")) is tuple):
+        raise FormatError(f"{where}: an attempts entry is malformed")
+    world = layout.bounded(e["world_size"], layout.MAX_WORLD, "world size", where)
+    ranks = e["recorded_ranks"]
+    if ranks and (set(map(type, ranks)) != {int} or min(ranks) < 0 or max(ranks) >= world or len(set(ranks)) != len(ranks)):
+        raise FormatError(f"{where}: attempt {e['attempt']}'s recorded_ranks are not ranks below its world size")
+    sections = {}
+    raw = e.get("sections", {})
+    if type(raw) is not dict:
+        raise FormatError(f"{where}: attempt {e['attempt']}'s sections are not a map")
+    for name, at in raw.items():
+        if not (type(name) is str and type(at) is tuple and len(at) == 3 and all(type(v) is int and v >= 0 for v in at)):
+            raise FormatError(f"{where}: attempt {e['attempt']}'s sections are malformed")
+        sections[name] = at
+    facts = {"world_size": world, "recorded_ranks": ranks}
+    for key in ("run", "clock", "nodes"):
+        if key in e:
+            facts[key] = e[key]
+    if type(facts.get("run", {})) is not dict:
+        raise FormatError(f"{where}: attempt {e['attempt']}'s run is not a map")
+    return {"attempt": e["attempt"], "default": e["default"], "world_size": world, "recorded_ranks": ranks,
+            "sections": sections, "facts": facts}
+
+
 _MANIFEST_FIELDS = {
     "features_optional": _strs, "tool": _is_str, "created_unix_ns": _time, "run": _map,
     "redacted": _map, "roles": _map, "scale": _map,

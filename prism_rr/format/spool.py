@@ -21,6 +21,7 @@ import msgpack
 
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
+from prism_rr.format.names import rank_file
 from prism_rr.format.records import Record
 
 __all__ = ["FRAME_OPEN", "Frame", "SpoolWriter", "call_identity", "read_spool", "repair_spool", "scan_spool",
@@ -33,8 +34,8 @@ __all__ = ["FRAME_OPEN", "Frame", "SpoolWriter", "call_identity", "read_spool", 
 FRAME_OPEN = 3
 
 
-def spool_path(directory: str | os.PathLike, rank: int) -> Path:
-    return Path(directory) / f"rank-{rank:05d}.spool"
+def spool_path(directory: str | os.PathLike, rank: int, attempt: int = 0) -> Path:
+    return rank_file(directory, rank, attempt, "spool")
 
 
 def spool_header(rank: int) -> bytes:

@@ -20,7 +20,24 @@ class VerifyReport:
 
 
 def verify(bundle: Bundle) -> VerifyReport:
-    """Decode everything once; the first problem is raised as a FormatError naming its place."""
+    """Decode everything once, every attempt's; the first problem is raised as a
+    FormatError naming its place."""
+    n_chunks = events = 0
+    for entry in bundle.attempts:
+        view = bundle if entry["attempt"] == bundle.attempt else Bundle(bundle.path, entry["attempt"])
+        try:
+            chunks, records = _verify_attempt(view)
+        finally:
+            if view is not bundle:
+                view.close()
+        n_chunks += chunks
+        events += records
+    blobs = _verify_blobs(bundle)
+    return VerifyReport(sections=len(bundle.sections), chunks=n_chunks, events=events, blobs=blobs)
+
+
+def _verify_attempt(bundle: Bundle) -> tuple[int, int]:
+    """(chunks, records) of one attempt, every checksum and index entry checked."""
     for sec in bundle.sections.values():
         bundle._checked(sec.id)
     summaries = bundle.summaries
@@ -28,20 +45,21 @@ def verify(bundle: Bundle) -> VerifyReport:
     n_chunks = events = 0
     seen_chunks: set[int] = set()
     recorded = set(bundle.recorded_ranks)
+    name = bundle.path.name + (f" (attempt {bundle.attempt})" if len(bundle.attempts) > 1 else "")
     for rank in range(bundle.world_size):
         refs = bundle.chunks(rank)
         if refs and rank not in recorded:
-            raise FormatError(f"{bundle.path.name}: rank index lists chunks for rank {rank}, which was not recorded")
+            raise FormatError(f"{name}: rank index lists chunks for rank {rank}, which was not recorded")
         rank_events = 0
         for ref in refs:
             if ref.number in seen_chunks:
-                raise FormatError(f"{bundle.path.name}: chunk index entry {ref.number} is claimed twice")
+                raise FormatError(f"{name}: chunk index entry {ref.number} is claimed twice")
             seen_chunks.add(ref.number)
             frame = bundle._frame(ref)
             if (frame.t_first, frame.t_last, frame.step_first, frame.step_last) != (
                 ref.t_first, ref.t_last, ref.step_first, ref.step_last
             ):
-                raise FormatError(f"{bundle.path.name}: chunks section, offset {frame.offset}: header disagrees with chunk index entry {ref.number}")
+                raise FormatError(f"{name}: chunks section, offset {frame.offset}: header disagrees with chunk index entry {ref.number}")
             records = bundle._records(frame)
             for rec in records:
                 for ident in _blob_ids(rec):
@@ -50,12 +68,11 @@ def verify(bundle: Bundle) -> VerifyReport:
             n_chunks += 1
         expected = summaries["ranks"].get(rank, {}).get("events", 0) if rank in recorded else 0
         if rank_events != expected:
-            raise FormatError(f"{bundle.path.name}: rank {rank} holds {rank_events} records, its summary says {expected}")
+            raise FormatError(f"{name}: rank {rank} holds {rank_events} records, its summary says {expected}")
         events += rank_events
     if len(seen_chunks) != bundle._n_chunks:
-        raise FormatError(f"{bundle.path.name}: {bundle._n_chunks - len(seen_chunks)} chunk index entries belong to no rank")
-    blobs = _verify_blobs(bundle)
-    return VerifyReport(sections=len(bundle.sections), chunks=n_chunks, events=events, blobs=blobs)
+        raise FormatError(f"{name}: {bundle._n_chunks - len(seen_chunks)} chunk index entries belong to no rank")
+    return n_chunks, events
 
 
 def _blob_ids(rec):

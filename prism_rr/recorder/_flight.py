@@ -39,8 +39,10 @@ from statistics import median
 
 from prism_rr.format import codec, layout
 from prism_rr.format.calllog import decode_log, log_path, read_log
+from prism_rr.format.names import parse_rank_file
 from prism_rr.format.compactor import log_info, log_to_spool
 from prism_rr.format.records import Marker
+from prism_rr.recorder import _exits
 
 __all__ = ["DUMP_FILE", "Flight", "dump_bundle_path", "finish_flight", "finish_logs", "flight_bundles",
            "flight_steps"]
@@ -74,7 +76,9 @@ class Flight:
         self.rec = rec
         self.options = rec.options
         self.spool_dir = Path(self.options.spool_dir)
-        self.generation = 0  # dumps this rank has written (or seen)
+        # dumps written (or seen): numbered on from the dumps of the attempts before this one
+        # in the same directory (a restarted job), so none is written over
+        self.generation = max((n for n, d in _dumps(self.spool_dir) if d.name != "flight-end"), default=0)
         self.dumped = threading.Event()  # set after each dump of this rank
         self._lock = threading.Lock()
         self._dump_lock = threading.Lock()
@@ -84,8 +88,9 @@ class Flight:
         self._steps: deque = deque(maxlen=64)
         self.keep_log = True  # a death leaves the log; a clean close removes it (closing)
         self._store = None
-        self._prefix = "prism_rr/flight/{}/{}/".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),
-                                                       os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self._prefix = "prism_rr/flight/{}/{}/{}/".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),
+                                                          os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                                                          rec.attempt)
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -107,6 +112,13 @@ class Flight:
             previous(kind, value, tb)
 
         sys.excepthook = excepthook
+
+        def failing_exit(how: dict) -> None:  # sys.exit with a code other than 0: this attempt fails
+            if self.rec.on:
+                self.trigger("exit_code", code=how.get("code"), how=how.get("how"))
+                self.dumped.wait(10.0)
+
+        _exits.on_failing_exit(failing_exit)
 
     def closing(self, reason: str) -> None:
         """The recording closes: with `flight_at_exit`, dump this rank (a run's end on
@@ -278,7 +290,7 @@ class Flight:
             except Exception:
                 break
             time.sleep(0.05)
-        from_rings = _from_logs(self.spool_dir, out_dir, expected, facts.get("first_step"))
+        from_rings = _from_logs(self.spool_dir, out_dir, expected, facts.get("first_step"), rec.attempt)
         output = dump_bundle_path(_output_of(self.options), n)
         _pack_dump(out_dir, output, {**facts, "steps_kept": self.options.flight}, n, expected, from_rings)
 
@@ -290,14 +302,14 @@ def _clone(store):
         return store  # a HashStore or FileStore: safe to share between threads
 
 
-def _from_logs(spool_dir: Path, out_dir: Path, expected, first_step) -> list[int]:
-    """Ranks of `expected` with no spool in `out_dir` whose call log is in `spool_dir` (they
-    died, or are too slow): their logs, as spools."""
+def _from_logs(spool_dir: Path, out_dir: Path, expected, first_step, attempt: int = 0) -> list[int]:
+    """Ranks of `expected` with no spool in `out_dir` whose call log (of `attempt`) is in
+    `spool_dir` (they died, or are too slow): their logs, as spools."""
     got = []
     for r in expected:
         if (out_dir / f"rank-{r:05d}.spool").exists():
             continue
-        path = log_path(spool_dir, r)
+        path = log_path(spool_dir, r, attempt)
         if not path.exists():
             continue
         try:
@@ -362,24 +374,31 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
                       from_logs) is not None:
             written.append(target)
     logs = sorted(spool_dir.glob("rank-*.log"))
-    decoded = {}
+    by_attempt: dict[int, dict] = {}  # attempt -> {log: its records}
     for p in logs:
+        named = parse_rank_file(p.name)
+        if named is None:
+            continue
         try:
-            decoded[p] = decode_log(read_log(p))[1]
+            by_attempt.setdefault(named[1], {})[p] = decode_log(read_log(p))[1]
         except Exception as exc:
             log.warning("prism-rr: the call log %s cannot be read: %s", p, exc)
-    if decoded and _a_rank_died(decoded, dumps[-1][1] if dumps else None):
+    for attempt in sorted(by_attempt):
+        decoded = by_attempt[attempt]
+        dumps = _dumps(spool_dir)
+        if not _a_rank_died(decoded, dumps[-1][1] if dumps else None):
+            continue
         # The number after the last dump that became a bundle: a dump that never did (its
         # rank was killed while writing it) leaves its number, so run.prism is the logs'.
         n = max((m for m, _ in dumps if dump_bundle_path(output, m).exists()), default=0) + 1
         d = spool_dir / f"flight-{n}"
         if any(d.glob("rank-*.spool")):  # a dump's spools that did not pack: keep them apart
             d = spool_dir / f"flight-{n}-rings"
-        ranks = [int(p.name[5:10]) for p in decoded]
+        ranks = [parse_rank_file(p.name)[0] for p in decoded]
         newest = [max((codec.row_start(r)[1] for r in records), default=None) for records in decoded.values()]
         known = [x for x in newest if x is not None]
         first = max(0, min(known) - last_steps + 1) if known else None
-        from_logs = _from_logs(spool_dir, d, ranks, first)
+        from_logs = _from_logs(spool_dir, d, ranks, first, attempt)
         target = dump_bundle_path(output, n)
         if _pack_dump(d, target, {"trigger": "crash", "first_step": first, "steps_kept": last_steps}, n, ranks,
                       from_logs) is not None:
@@ -401,7 +420,8 @@ def _a_rank_died(decoded: dict, last_dump: Path | None) -> bool:
         if any(type(r) is Marker and r.name == "recording_end" for r in records[-64:]):
             continue
         newest = max(codec.row_start(r)[0] for r in records)
-        dumped = last_dump / path.name.replace(".log", ".spool") if last_dump is not None else None
+        # a dump's spools are named by rank alone: one dump is one attempt
+        dumped = last_dump / f"rank-{parse_rank_file(path.name)[0]:05d}.spool" if last_dump is not None else None
         try:
             held = max((f.t_last for f in read_spool(dumped).frames if f.kind == layout.FRAME_EVENTS), default=0)
         except Exception:

@@ -194,13 +194,17 @@ def _sync_clock(pg, store, rec) -> None:
     try:
         t0 = monotonic_ns()
         args = (store, pg.rank(), pg.size())
-        prefix = f"prism_rr/clock/{_recorder.worlds}"
+        # a TorchElastic restart may share the store of the attempt before it: keys of its own
+        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+        prefix = f"prism_rr/clock/{restarts}/{_recorder.worlds}"
         measure = _manifest.store_clock_offset
-        clock = (rec.outside(lambda: measure(*args, prefix=prefix)) if rec is not None
-                 else measure(*args, prefix=prefix))
+        attempt = rec.attempt if rec is not None else None
+        clock = (rec.outside(lambda: measure(*args, prefix=prefix, attempt=attempt)) if rec is not None
+                 else measure(*args, prefix=prefix, attempt=attempt))
         if rec is not None and clock is not None:
             clock["cost_ns"] = monotonic_ns() - t0
-            rec.add_info({"clock_offset": clock})
+            agreed = clock.pop("attempt", None)
+            rec.add_info({"clock_offset": clock} if agreed is None else {"clock_offset": clock, "attempt": agreed})
     except Exception as exc:
         log.warning("prism-rr: no clock offset for this rank: %s: %s", type(exc).__name__, exc)
 

@@ -74,7 +74,7 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
 
 
 def store_clock_offset(store, rank: int, world_size: int, *, prefix: str, rounds: int = 4,
-                       first_timeout_s: float = 120.0, timeout_s: float = 10.0) -> dict | None:
+                       first_timeout_s: float = 120.0, timeout_s: float = 10.0, attempt: int | None = None) -> dict | None:
     """This rank's monotonic clock minus rank 0's, bracketed by rounds through the store.
 
     Works whatever the backend (NCCL too): it needs the store, not a collective. In round
@@ -90,6 +90,10 @@ def store_clock_offset(store, rank: int, world_size: int, *, prefix: str, rounds
     that closes a round, and for rank 0), so a world of 8192 makes ~10 per rank. None
     when a rank is missing past the timeouts (the first round waits for stragglers at
     start-up): the recording goes on without an offset.
+
+    Rank 0's `attempt` (its incarnation's number, format/names.py) comes back to every rank
+    as `attempt` in the result: one number for every rank of the incarnation, whatever each
+    found in its own directory.
     """
     import json
     from datetime import timedelta
@@ -107,10 +111,13 @@ def store_clock_offset(store, rank: int, world_size: int, *, prefix: str, rounds
         spans.append((a, time.monotonic_ns()))
     entry = {"reference_rank": 0, "method": "store", "rounds": rounds}
     if rank == 0:
-        store.set(f"{prefix}/ref", json.dumps(spans).encode())
-        return {"offset_ns": 0, "error_ns": 0, **entry}
+        store.set(f"{prefix}/ref", json.dumps({"spans": spans, "attempt": attempt}).encode())
+        return {"offset_ns": 0, "error_ns": 0, **entry, "attempt": attempt}
     wait(f"{prefix}/ref", timeout_s)
-    ref = json.loads(store.get(f"{prefix}/ref"))
+    published = json.loads(store.get(f"{prefix}/ref"))
+    ref = published["spans"]
+    if type(published.get("attempt")) is int:
+        entry["attempt"] = published["attempt"]
     lo = max(a - b0 for (a, _), (_, b0) in zip(spans, ref))
     hi = min(b - a0 for (_, b), (a0, _) in zip(spans, ref))
     if lo > hi:

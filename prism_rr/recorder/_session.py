@@ -26,10 +26,11 @@ from time import monotonic_ns
 from prism_rr.format import codec
 from prism_rr.format.calllog import CallLog, log_path
 from prism_rr.format.compactor import Compactor
+from prism_rr.format.names import claim_attempt
 from prism_rr.format.records import Compute, GroupInfo, Marker, Memory
 from prism_rr.format.spool import spool_path
 from prism_rr.intercept.steps import OptimizerSteps
-from prism_rr.recorder import _signals
+from prism_rr.recorder import _exits, _signals
 from prism_rr.recorder._calls import CallRecorder
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._slicing import Slicing
@@ -48,6 +49,14 @@ def current() -> Recording | None:
 
 PERSIST_SIZE = 8 << 20  # a call log's persistent region: its dictionary, rank info, groups
 MIN_SIZE = 64 << 10
+
+
+def _restart_count() -> int | None:
+    """TorchElastic's restart count of this worker (torchrun --max-restarts), if it has one."""
+    try:
+        return int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _log_sizes(spool_dir: Path, ring: int) -> tuple[int, int]:
@@ -81,14 +90,23 @@ class Recording:
         self.spool_dir = Path(options.spool_dir)
         flight = options.flight is not None
         ring, persist = _log_sizes(self.spool_dir, options.flight_budget if flight else options.ring_size)
-        self.log = CallLog(log_path(self.spool_dir, rank), rank, ring_size=ring, persist_size=persist, flight=flight)
-        # which writer (the C speedups, or the pure-Python path) and how much room
-        info = {**info, "call_log": {"speedups": self.log.accelerated, "ring": ring, "persistent": persist}}
+        # This incarnation of the rank: its own files, whatever came before in this directory
+        # (a TorchElastic restart, a harness's fresh process for the same rank).
+        restarts = _restart_count()
+        self.attempt = claim_attempt(self.spool_dir, rank, restarts or 0, "log" if flight else "spool")
+        self.log = CallLog(log_path(self.spool_dir, rank, self.attempt), rank, ring_size=ring, persist_size=persist,
+                           flight=flight, attempt=self.attempt)
+        info = {**info,
+                # which writer (the C speedups, or the pure-Python path) and how much room
+                "call_log": {"speedups": self.log.accelerated, "ring": ring, "persistent": persist},
+                # rank 0's number for this attempt replaces it once the world is made (_install)
+                "attempt": self.attempt,
+                "incarnation": {"file_attempt": self.attempt, "restart_count": restarts, "pid": os.getpid()}}
         if flight:
             self.compactor = None
             self.log.info(info)
         else:
-            self.compactor = Compactor(self.log, spool_path(self.spool_dir, rank), rank, info=info)
+            self.compactor = Compactor(self.log, spool_path(self.spool_dir, rank, self.attempt), rank, info=info)
         self.on = True
         self.active = options.in_window(0)
         self.failure: tuple[int, str] | None = None  # (step, reason) once the recorder failed
@@ -129,6 +147,7 @@ class Recording:
         self._steps.start()
         atexit.register(self.close, "exit")
         _signals.install(self)
+        _exits.watch(self)
         if self.options.flight is not None:
             from prism_rr.recorder._flight import Flight
 
@@ -174,6 +193,7 @@ class Recording:
         try:
             self._steps.stop()
             self.window.stop_modes()
+            self.log.info({"exit": _exits.how(reason)})
             if was_on or self.failure is not None:
                 t = monotonic_ns()
                 self.log.record(codec.as_row(Marker(start_ns=t, end_ns=t, step=self.step, name="recording_end",
@@ -206,7 +226,7 @@ class Recording:
         self.stop(reason)
 
     def remove_spool(self) -> None:
-        for path in (spool_path(self.spool_dir, self.rank), log_path(self.spool_dir, self.rank)):
+        for path in (spool_path(self.spool_dir, self.rank, self.attempt), log_path(self.spool_dir, self.rank, self.attempt)):
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:

@@ -152,10 +152,10 @@ CRASH_HEADER = "prism-rr crash file: rank {rank}, pid {pid}, main thread 0x{thre
 _crash_file = None  # kept open for the process's life: faulthandler writes to its fd
 
 
-def crash_path(spool_dir, rank: int):
-    from pathlib import Path
+def crash_path(spool_dir, rank: int, attempt: int = 0):
+    from prism_rr.format.names import rank_file
 
-    return Path(spool_dir) / f"rank-{rank:05d}.crash"
+    return rank_file(spool_dir, rank, attempt, "crash")
 
 
 def _enable_faulthandler(rec) -> None:
@@ -164,11 +164,11 @@ def _enable_faulthandler(rec) -> None:
     program (or PYTHONFAULTHANDLER) that enabled faulthandler itself keeps its own file."""
     global _crash_file
     if _crash_file is not None:
-        if _crash_file.name == str(crash_path(rec.spool_dir, rec.rank)):
+        if _crash_file.name == str(crash_path(rec.spool_dir, rec.rank, rec.attempt)):
             return
     elif faulthandler.is_enabled():
         return
-    f = open(crash_path(rec.spool_dir, rec.rank), "w", encoding="utf-8")
+    f = open(crash_path(rec.spool_dir, rec.rank, rec.attempt), "w", encoding="utf-8")
     f.write(CRASH_HEADER.format(rank=rec.rank, pid=os.getpid(), thread=threading.main_thread().ident or 0))
     f.flush()
     faulthandler.enable(file=f, all_threads=True)

@@ -142,9 +142,11 @@ def test_a_backend_thread_reads_no_tensor(tmp_path, monkeypatch, payload):
     calls = rec.calls
     program = threading.get_ident()
     reads = []
-    for name in ("log_payload", "alive"):
-        real = getattr(_payload, name)
-        monkeypatch.setattr(_payload, name,
+    from prism_rr.recorder import _calls
+
+    for module, name in ((_payload, "alive"), (_calls, "_log_payload")):  # every read of a tensor's memory
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
                             lambda *a, _real=real, **k: (reads.append(threading.get_ident()), _real(*a, **k))[1])
     x = torch.arange(8.0)
     out = torch.zeros(8)
