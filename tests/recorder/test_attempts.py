@@ -1,0 +1,122 @@
+"""Every attempt of a job that restarts is in the bundle (issue 31): torchrun's restarts, a
+harness's fresh processes for the same ranks, an attempt killed while the next starts."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from prism_rr.format import open_bundle, pack, verify
+from prism_rr.format.records import Collective, PointToPoint, Step
+from prism_rr.recorder.launch import spool_dir_for
+
+from recorder_helpers import SCRIPTS, finish, start_ranks
+
+ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+
+
+def _calls(bundle, rank):
+    return [e for e in bundle.events(rank) if type(e) in (Collective, PointToPoint)]
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    """elastic.py under `record`, torchrun restarting it once: attempt 0 fails (rank 1
+    exits 17 in step 2), attempt 1 runs to the end."""
+    d = tmp_path_factory.mktemp("elastic")
+    out = d / "run.prism"
+    got = subprocess.run(
+        [sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--timeout", "150", "--",
+         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--standalone", str(SCRIPTS / "elastic.py"), str(d)],
+        capture_output=True, text=True, timeout=200, env=ENV, cwd=d)
+    return got, out
+
+
+@pytest.mark.timeout(240)
+def test_a_restarted_job_keeps_both_attempts(restarted):
+    got, out = restarted
+    assert got.returncode == 0, got.stderr[-3000:]  # the job succeeded in the end
+    with open_bundle(out) as b:
+        verify(b)
+        assert [e["attempt"] for e in b.attempts] == [0, 1]
+        assert b.attempt == 0  # the one that failed is what a reader sees first
+        assert "attempts" in b.manifest["features_required"]
+    with open_bundle(out, attempt=0) as first:
+        assert first.rank_info(1)["exit"] == {"code": 17, "how": "sys.exit(17)"}
+        ended = first.rank_info(0)["exit"]
+        # rank 0 lost its peer in its next call, unless torchrun stopped it first
+        assert "Connection closed by peer" in ended.get("how", "") or ended.get("signal") == "SIGTERM", ended
+        assert {s.step for s in first.events(1) if type(s) is Step} == {0, 1}  # it died in step 2
+        assert [c.op for c in _calls(first, 1)][-1] == "all_reduce"
+    with open_bundle(out, attempt=1) as second:
+        assert [second.rank_info(r)["exit"]["code"] for r in (0, 1)] == [0, 0]
+        assert second.steps == [0, 1, 2, 3]
+        for r in (0, 1):
+            seqs = [c.seq for c in _calls(second, r) if c.group == 0]
+            assert seqs == list(range(len(seqs)))  # an attempt's own sequence numbers, from 0
+
+
+@pytest.mark.timeout(240)
+def test_each_test_of_a_multiprocess_suite_is_an_attempt(tmp_path):
+    """PyTorch's own harness spawns fresh rank processes for every test: one attempt per
+    test, with its calls, and the suite passes as it does without the recorder."""
+    script = SCRIPTS / "mptc_suite.py"
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200, env=ENV,
+                           cwd=tmp_path)
+    assert plain.returncode == 0 and "OK" in plain.stderr, plain.stderr[-3000:]
+    out = tmp_path / "suite.prism"
+    got = subprocess.run([sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--", sys.executable,
+                          str(script)], capture_output=True, text=True, timeout=200, env=ENV, cwd=tmp_path)
+    assert got.returncode == 0 and "Ran 3 tests" in got.stderr and "OK" in got.stderr, got.stderr[-3000:]
+    with open_bundle(out) as b:
+        verify(b)
+        attempts = [e["attempt"] for e in b.attempts]
+    assert attempts == [0, 1, 2]
+    ops = {}
+    for k in attempts:
+        with open_bundle(out, attempt=k) as v:
+            assert v.recorded_ranks == [0, 1]
+            ops[k] = {r: [c.op for c in _calls(v, r)] for r in (0, 1)}
+    # unittest runs the tests by name: all_gather, all_reduce, send_recv
+    assert ops == {0: {0: ["all_gather"], 1: ["all_gather"]},
+                   1: {0: ["all_reduce", "all_reduce"], 1: ["all_reduce", "all_reduce"]},
+                   2: {0: ["send", "barrier"], 1: ["recv", "barrier"]}}
+
+
+@pytest.mark.timeout(120)
+def test_an_attempt_killed_while_the_next_starts_loses_no_call(tmp_path):
+    """Both ranks of attempt 0 are killed (SIGKILL) at a random moment of their loop while
+    attempt 1 is started in the same directory: attempt 0 keeps every call its ranks
+    entered (each rank's calls cover what the other completed), attempt 1 is whole."""
+    first, procs = start_ranks(tmp_path, "crashy.py", "loop", 2, "attempt-0")
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (tmp_path / "rank1.log").read_text()
+        time.sleep(0.02)
+    time.sleep(random.Random(int(os.environ.get("PRISM_RR_SEED", "0")) or None).uniform(0.05, 0.4))
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    _, again = start_ranks(tmp_path, "crashy.py", "clean", 2, "attempt-1")  # the restart, at once
+    assert finish(procs, 10) == [-signal.SIGKILL] * 2
+    assert finish(again, 60) == [0, 0], (tmp_path / "rank0.log").read_text()[-3000:]
+    out = tmp_path / "run.prism"
+    result = pack(spool_dir_for(first), out)
+    assert result.attempts == [0, 1] and result.default_attempt == 0  # killed: it failed
+    with open_bundle(out) as b:
+        verify(b)
+    with open_bundle(out, attempt=0) as killed:
+        calls = {r: _calls(killed, r) for r in (0, 1)}
+        assert all(len(c) > 10 for c in calls.values())
+        for r in (0, 1):
+            have = {(c.group, c.seq) for c in calls[r]}
+            done_by_peer = {(c.group, c.seq) for c in calls[1 - r] if c.end_ns is not None}
+            assert done_by_peer <= have, sorted(done_by_peer - have)
+        assert "exit" not in killed.rank_info(0)  # no word: killed
+    with open_bundle(out, attempt=1) as clean:
+        assert [clean.rank_info(r)["exit"]["code"] for r in (0, 1)] == [0, 0]
+        assert all(c.end_ns is not None for r in (0, 1) for c in _calls(clean, r))
