@@ -189,14 +189,8 @@ class BlobWriter:
     # is written twice and read once (`pack` takes each id once).
     KNOWN_MAX = 1 << 16
 
-    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03,
-                 sink=None, held=None):
+    def __init__(self, spool_dir: str | os.PathLike, max_pending: int = 32 << 20, max_delay_s: float = 0.03):
         self.spool_dir = Path(spool_dir)
-        # ident -> whether a blob stored before is still safe to name (a flight ring lets
-        # old blobs go: its sink says, as `sink.holds`); None: a blob once stored stays
-        self._held = held if held is not None else getattr(sink, "holds", None)
-        # (ident, data) -> None: where a blob goes; under spool_dir/blobs unless given
-        self._sink = sink if sink is not None else self._store
         self._pack: int | None = None  # the pack file's descriptor, once opened
         self._pack_lock = threading.Lock()  # `put` may store a blob itself, beside the thread
         self.max_pending = max_pending
@@ -216,7 +210,7 @@ class BlobWriter:
     def put(self, data: bytes) -> bytes:
         """Store `data` (bytes the caller will not change) once; return its id."""
         ident = blob_id(data)
-        if ident in self._known and (self._held is None or self._held(ident)):
+        if ident in self._known:
             return ident
         if self.error is not None:
             raise self.error
@@ -244,7 +238,7 @@ class BlobWriter:
                     self._cond.notify_all()
         if inline:
             try:
-                self._sink(ident, data)
+                self._store(ident, data)
             except BaseException:
                 self._known.discard(ident)
                 raise
@@ -265,8 +259,8 @@ class BlobWriter:
                 known.clear()
             known.add(ident)
             new += 1
-            if self._sink != self._store or len(data) > PACK_LIMIT:
-                self._sink(ident, data)
+            if len(data) > PACK_LIMIT:
+                _store(self.spool_dir, ident, data)
             else:
                 entries.append(_pack_entry(ident, data))
         if entries:
@@ -378,15 +372,14 @@ class BlobWriter:
 
     def _store_all(self, batch: list) -> None:
         """Store (ident, data) of each blob in order: small ones to the pack file in one
-        write, where blobs go to the pack file (the sink is this writer's own)."""
+        write, large ones a file each."""
         entries = []
-        own = self._sink == self._store
         for ident, data in batch:
-            if own and len(data) <= PACK_LIMIT:
+            if len(data) <= PACK_LIMIT:
                 entries.append(_pack_entry(ident, data))
                 continue
             t0 = time.perf_counter()
-            self._sink(ident, data)
+            _store(self.spool_dir, ident, data)
             if len(data) >= 1 << 20:  # a blob big enough to time
                 self.rate = 0.5 * self.rate + 0.5 * len(data) / max(time.perf_counter() - t0, 1e-6)
         if entries:
