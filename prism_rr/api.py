@@ -561,8 +561,10 @@ class Imported:
 
         n = self.note
         left = n["trimmed"] + n["coalesced"] + n["unplaced"] + n["unread"]
+        forms = ", ".join(shown(f, 40) for f in n["forms"])
+        versions = ", ".join(shown(v, 40) for v in n["versions"])
         return [f"wrote {shown(self.output, None)}: {n['ranks']} ranks, {n['entries']:,} Flight Recorder entries "
-                f"({', '.join(shown(f, 40) for f in n['forms'])}, version {', '.join(shown(v, 40) for v in n['versions'])})"
+                f"({forms}, version {versions})"
                 + (f", {left:,} left out (see --json)" if left else "")
                 + f"; look further: prism-rr diagnose {shown(self.output, None)}"]
 
@@ -674,6 +676,7 @@ def scale_lines(note: dict[str, Any], output, *, bandwidth_given: bool = False) 
             out.append(f"compared with {against}: {c['calls']} calls, total transfer time "
                        f"{c['total_error_pct']:+.1f}%, mean abs error per call {c['call_mape_pct']:.1f}%")
             for fam, row in c["ops"].items():
-                out.append(f"  {shown(fam, 60):<15} {row['calls']:>5} calls  recorded {row['recorded_mean_us']:>10.1f} us  "
+                out.append(f"  {shown(fam, 60):<15} {row['calls']:>5} calls  "
+                           f"recorded {row['recorded_mean_us']:>10.1f} us  "
                            f"predicted {row['predicted_mean_us']:>10.1f} us  ({row['mean_error_pct']:+.1f}%)")
     return out

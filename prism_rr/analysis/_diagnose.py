@@ -1326,7 +1326,8 @@ def _gaps(g: "_Run") -> list[Finding]:
             mk = failed[0]
             out.append(Finding(kind="recorder_failed", ranks=(rank,),
                                message=(f"The recorder turned itself off on rank {rank} in step {mk.step}"
-                                        f"{': ' + shown(mk.text) if mk.text else ''}; later events of this rank are missing."),
+                                        f"{': ' + shown(mk.text) if mk.text else ''}; later events of this rank "
+                                        "are missing."),
                                details={"step": mk.step, "text": mk.text}))
     dropped = {r: t.dropped for r, t in g.traces.items() if t.dropped}
     if dropped:

@@ -137,8 +137,10 @@ class ReplayPolicy(Policy):
             s.diverge(gid, seq, op, _REPORTED.get(d.field, d.field), expected, got)
             return False
         if predicted:
-            diffs = [{"field": name, "predicted": str(_shapes(getattr(own, name))), "live": str(_shapes(getattr(live, name)))}
-                     for name in _SHAPE_FIELDS[type(own)] if _shapes(getattr(own, name)) != _shapes(getattr(live, name))]
+            pairs = ((name, _shapes(getattr(own, name)), _shapes(getattr(live, name)))
+                     for name in _SHAPE_FIELDS[type(own)])
+            diffs = [{"field": name, "predicted": str(want), "live": str(got)}
+                     for name, want, got in pairs if want != got]
             s.shapes_predicted(gid, op, seq, diffs)
             if diffs:
                 return False
