@@ -286,12 +286,15 @@ def verify(bundle) -> VerifyReport:
         return verify_bundle(b)
 
 
-def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip: bool | None = None) -> dict:
+def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip: bool | None = None,
+           attempt: int | str | None = None) -> dict:
     """Write `bundle` in format `fmt`, only `ranks` ("0,2,4-7") and `steps` ("A:B", B
     excluded) if given; returns what was written. chrome: a trace file for Perfetto
     ({events, ranks, flows}; gzipped if `gzip`, or if None when `output` ends in .gz).
     chakra: `output`.<rank>.et and `output`.comm_groups.json ({files, nodes, comp, comm,
-    unmapped}). parquet: tables in the directory `output` (rows per table)."""
+    unmapped}). parquet: tables in the directory `output` (rows per table). `attempt`: of a
+    restarted job's bundle, that attempt (default: its default one), or "all" (chrome: every
+    attempt on one timeline, a process per attempt and rank)."""
     from prism_rr.analysis import export_chakra, export_chrome, export_parquet
     from prism_rr.format import open_bundle
 
@@ -299,9 +302,24 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
         raise UsageError(f"--format must be chrome, chakra or parquet, not {fmt!r}")
     window = step_window(steps)
     rank_list = list(parse_ranks(ranks)) if ranks else None
-    with open_bundle(bundle) as b:
+    every = attempt == "all"
+    if every and fmt != "chrome":
+        raise UsageError("--attempt all is for --format chrome; chakra and parquet take one attempt at a time")
+    if isinstance(attempt, str) and not every:
+        try:
+            attempt = int(attempt)
+        except ValueError:
+            raise UsageError(f"--attempt takes an attempt's number or all, not {attempt!r}") from None
+    with open_bundle(bundle, None if every else attempt) as b:
         if fmt == "chrome":
-            return export_chrome(b, output, ranks=rank_list, steps=window, gzip=gzip)
+            if not every:
+                return export_chrome(b, output, ranks=rank_list, steps=window, gzip=gzip)
+            others = [open_bundle(bundle, a["attempt"]) for a in b.attempts if a["attempt"] != b.attempt]
+            try:
+                return export_chrome(b, output, ranks=rank_list, steps=window, gzip=gzip, also=others)
+            finally:
+                for o in others:
+                    o.close()
         writer = export_chakra if fmt == "chakra" else export_parquet
         return writer(b, output, ranks=rank_list, steps=window)
 
@@ -397,12 +415,13 @@ class BundleInfo:
         return info_lines(self.facts)
 
 
-def info(bundle) -> BundleInfo:
+def info(bundle, *, attempt: int | None = None) -> BundleInfo:
     """Format, world, ranks, groups, steps, events, size, losses and the manifest's notes
-    (flight dump, nodes, clocks, import) of `bundle`; reads no chunk."""
+    (flight dump, nodes, clocks, import) of `bundle`, of `attempt` (default: the bundle's
+    default one), and every attempt's ending; reads no chunk."""
     from prism_rr.format import open_bundle
 
-    with open_bundle(bundle) as b:
+    with open_bundle(bundle, attempt) as b:
         return BundleInfo(facts=b.facts())
 
 
@@ -454,19 +473,21 @@ WindowProgress = Callable[[int, int, tuple[int, int], bool], None]  # (done, tot
 RetimeProgress = Callable[[int, int, int], None]  # (step, steps done, steps in all)
 
 
-def diagnose(bundle, *, window_events: int | None = None, progress: WindowProgress | None = None,
-             retimed: RetimeProgress | None = None) -> Diagnosis:
+def diagnose(bundle, *, attempt: int | None = None, window_events: int | None = None,
+             progress: WindowProgress | None = None, retimed: RetimeProgress | None = None) -> Diagnosis:
     """Crashes, hangs, mismatches, stragglers and lost records in `bundle`, and what each
     straggler cost. A bundle of more than `window_events` events is read in windows of
     steps (`progress` hears of each); a straggler's cost re-times every step on the
     execution graph, as `analyze` does, for the late ranks only (`retimed` hears of each
-    step: on 8192 ranks a minute or more)."""
-    from prism_rr.analysis import attribute, straggler_totals
+    step: on 8192 ranks a minute or more). Of `attempt` (default: the bundle's default
+    one); a bundle of several attempts also says how each ended and what changed between
+    them (findings of kind "attempt")."""
+    from prism_rr.analysis import attempt_findings, attribute, straggler_totals
     from prism_rr.analysis import diagnose as find
     from prism_rr.format import open_bundle
 
-    with open_bundle(bundle) as b:
-        findings = find(b, window_events=window_events, progress=progress)
+    with open_bundle(bundle, attempt) as b:
+        findings = attempt_findings(b) + find(b, window_events=window_events, progress=progress)
         late = {r for f in findings if f.kind == "straggler" for r in f.ranks}
         costs: list[dict] = []
         if late:
@@ -482,7 +503,15 @@ def diagnose(bundle, *, window_events: int | None = None, progress: WindowProgre
     return Diagnosis(findings=tuple(findings), straggler_cost=tuple(costs))
 
 
-def analyze(bundle, *, steps=None, ranks=None) -> Iterator[StepAttribution]:
+def attempts_of(bundle) -> list[int]:
+    """The attempts a bundle holds (one, numbered 0, before format 1.2), in order."""
+    from prism_rr.format import open_bundle
+
+    with open_bundle(bundle) as b:
+        return [a["attempt"] for a in b.attempts]
+
+
+def analyze(bundle, *, steps=None, ranks=None, attempt: int | None = None) -> Iterator[StepAttribution]:
     """Per step, where each rank's time went (compute, overlapped, exposed, waiting), the
     critical path and each late rank's straggler cost: one step at a time, as it is read
     (the bundle stays open until the iterator is done). `steps` "A:B" (B excluded) and
@@ -491,7 +520,7 @@ def analyze(bundle, *, steps=None, ranks=None) -> Iterator[StepAttribution]:
 
     window = step_window(steps)
     chosen = list(parse_ranks(ranks)) if ranks else None
-    b = open_bundle(bundle)
+    b = open_bundle(bundle, attempt)
     try:
         if chosen is not None and not set(chosen) & set(b.recorded_ranks):
             raise UsageError(f"none of ranks {ranks} was recorded; recorded: {format_ranks(b.recorded_ranks)}")
@@ -522,15 +551,17 @@ def analysis_json_text(attributions) -> Iterator[str]:
     return attribution_json_text(attributions)
 
 
-def diff(a, b) -> BundleDiff:
+def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None) -> BundleDiff:
     """Do two recordings issue the same collectives (`same`), where do they first part,
     and where did the time go, per step and rank? Its `lines()` and `json()` are what
     `prism-rr diff` prints. Calls are compared as replay compares a replayed call with
-    its recording (`prism_rr.analysis.call_divergence`)."""
+    its recording (`prism_rr.analysis.call_divergence`). `attempt` of `a`, `other_attempt`
+    of `b` (default: each bundle's default one): two attempts of one restarted job are
+    two recordings to compare."""
     from prism_rr.analysis import diff_bundles
     from prism_rr.format import open_bundle
 
-    with open_bundle(a) as ba, open_bundle(b) as bb:
+    with open_bundle(a, attempt) as ba, open_bundle(b, other_attempt) as bb:
         return diff_bundles(ba, bb)
 
 
@@ -634,7 +665,7 @@ def replay_demo(output, plan: DemoPlan) -> ReplayResult:
     return demo.replay(output, plan)
 
 
-def browse(bundle, compare=None) -> int:
+def browse(bundle, compare=None, *, attempt: int | None = None) -> int:
     """Browse `bundle` in the terminal UI (with `compare`, a replay's bundle beside it)
     until the user quits; returns the app's exit code. A malformed bundle raises its
     FormatError before the terminal is taken over, or, found while browsing, once the app
@@ -642,10 +673,10 @@ def browse(bundle, compare=None) -> int:
     from prism_rr.format import open_bundle
     from prism_rr.tui.app import PrismApp
 
-    for path in (bundle, compare):  # one line, exit 4, before the screen changes
-        if path is not None:
-            open_bundle(path).close()
-    app = PrismApp(bundle, compare)
+    open_bundle(bundle, attempt).close()  # one line, exit 4 (or 2: no such attempt), before the screen changes
+    if compare is not None:
+        open_bundle(compare).close()
+    app = PrismApp(bundle, compare, attempt=attempt)
     app.run()
     if app.bundle_error is not None:
         raise app.bundle_error

@@ -46,6 +46,13 @@ app = typer.Typer(
 )
 
 
+def _attempt_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--attempt takes an attempt's number or all, not {text!r}") from None
+
+
 def _say(message: str) -> None:
     """People read stderr; stdout is kept for data."""
     print(message, file=sys.stderr)
@@ -74,11 +81,13 @@ def _root(
 def info(
     bundle: Path = typer.Argument(..., help="The .prism bundle to describe."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", metavar="N", help="Of a restarted job's bundle, attempt N (default: the last that failed, else the last; `info` lists them)."),
 ) -> None:
-    """Describe a bundle: format, world, ranks, steps, events, size (reads no chunks)."""
+    """Describe a bundle: format, world, ranks, steps, events, size (reads no chunks), and,
+    of a restarted job, every attempt and how each ended (exit codes, signals, who first)."""
     from prism_rr import api
 
-    described = api.info(bundle)
+    described = api.info(bundle, attempt=attempt)
     if as_json:
         print(json.dumps(described.json()))
     else:
@@ -387,6 +396,7 @@ def diagnose(
              "events, one at a time, so memory follows the window, not the bundle (at most about 2 GiB at "
              "the default; lower it on a small machine). The findings are the same.",
     ),
+    attempt: Optional[int] = typer.Option(None, "--attempt", metavar="N", help="Of a restarted job's bundle, attempt N (default: the last that failed, else the last; `info` lists them)."),
 ) -> None:
     """Find crashes, hangs, mismatched calls, stragglers and lost records, and explain them.
 
@@ -401,7 +411,9 @@ def diagnose(
     Stragglers: ranks that arrive last far more often than chance, with the time the
     others lost waiting, and what each late rank cost: how much sooner the steps would
     have ended had it been on time, re-timed on the execution graph (see `prism-rr
-    analyze --help`). Also dropped records and truncated spools.
+    analyze --help`). Also dropped records and truncated spools. Of a restarted job's
+    bundle: what ended each attempt (who first, how, in which step) and what changed from
+    one attempt to the next (world, groups, hosts).
     """
     import time
 
@@ -419,7 +431,7 @@ def diagnose(
             _say(f"diagnose: the stragglers' cost: step {step} re-timed ({done} of {total or '?'} steps)")
             said[0] = time.monotonic()
 
-    found = api.diagnose(bundle, window_events=window, progress=progress, retimed=retimed)
+    found = api.diagnose(bundle, attempt=attempt, window_events=window, progress=progress, retimed=retimed)
     if as_json:
         print(json.dumps(found.json()))
     else:
@@ -434,6 +446,7 @@ def analyze(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: {steps: [{step, ranks, critical_path, stragglers}, ...], stragglers}."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Only steps A:B (B excluded)."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. 0,2,4-7 (the others' calls are then unseen)."),
+    attempt: Optional[str] = typer.Option(None, "--attempt", metavar="N|all", help="Of a restarted job's bundle, attempt N (default: the last that failed, else the last; `info` lists them), or all, one after the other."),
 ) -> None:
     """Where each rank's step time went, and who made each step slow, by how much.
 
@@ -454,14 +467,24 @@ def analyze(
     """
     from prism_rr import api
 
-    steps_read = api.analyze(bundle, steps=steps, ranks=ranks)
-    if as_json:
-        for piece in api.analysis_json_text(steps_read):
-            print(piece, end="")
-        print()
-    else:
-        for line in api.analysis_lines(steps_read):
-            print(line)
+    attempts = api.attempts_of(bundle) if attempt == "all" else [None if attempt is None else _attempt_number(attempt)]
+    if as_json and len(attempts) > 1:
+        print('{"attempts": [', end="")
+    for i, k in enumerate(attempts):
+        steps_read = api.analyze(bundle, steps=steps, ranks=ranks, attempt=k)
+        if as_json:
+            if len(attempts) > 1:
+                print(("" if i == 0 else ", ") + f'{{"attempt": {k}, "analysis": ', end="")
+            for piece in api.analysis_json_text(steps_read):
+                print(piece, end="")
+            print("}" if len(attempts) > 1 else "", end="" if len(attempts) > 1 else "\n")
+        else:
+            if len(attempts) > 1:
+                print(f"{'' if i == 0 else chr(10)}attempt {k}")
+            for line in api.analysis_lines(steps_read):
+                print(line)
+    if as_json and len(attempts) > 1:
+        print("]}")
 
 
 DIFF_CODES = """\
@@ -475,6 +498,8 @@ def diff(
     a: Path = typer.Argument(..., help="The reference bundle (A)."),
     b: Path = typer.Argument(..., help="The bundle to compare with it (B)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: first_difference, times, ..."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", metavar="N", help="Attempt N of A (a restarted job's bundle; default: its default attempt)."),
+    other_attempt: Optional[int] = typer.Option(None, "--other-attempt", metavar="M", help="Attempt M of B: `diff run.prism run.prism --attempt 0 --other-attempt 1` compares two attempts of one job."),
 ) -> None:
     """Do two recordings issue the same collectives, and where did the time go?
 
@@ -489,7 +514,7 @@ def diff(
     """
     from prism_rr import api
 
-    result = api.diff(a, b)
+    result = api.diff(a, b, attempt=attempt, other_attempt=other_attempt)
     if as_json:
         print(json.dumps(result.json()))
     else:
@@ -512,6 +537,7 @@ def export(
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. 0,2,4-7."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Only steps A:B (B excluded)."),
     gzip: bool = typer.Option(False, "--gzip", help="chrome: write it gzipped (as when OUTPUT ends in .gz)."),
+    attempt: Optional[str] = typer.Option(None, "--attempt", metavar="N|all", help="Of a restarted job's bundle, attempt N (default: the last that failed, else the last; `info` lists them); chrome: all, every attempt on one timeline."),
 ) -> None:
     """Export a bundle for other tools, written as it is read (large bundles never sit in
     memory whole).
@@ -527,7 +553,7 @@ def export(
     """
     from prism_rr import api
 
-    stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None)
+    stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt)
     if fmt == "chrome":
         _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
              f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")
@@ -562,6 +588,7 @@ def redact_cmd(
 def tui(
     bundle: Path = typer.Argument(..., help="The .prism bundle to browse."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A replay's bundle to compare with the recording."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", metavar="N", help="Of a restarted job's bundle, open attempt N first (the overview's attempt selector switches; default: the last that failed, else the last)."),
 ) -> None:
     """Browse a bundle in the terminal: overview, rank timelines, collectives, diagnosis,
     and recorded-vs-replayed comparison.
@@ -571,7 +598,7 @@ def tui(
     """
     from prism_rr import api
 
-    code = api.browse(bundle, compare)  # a malformed bundle: one line, exit 4
+    code = api.browse(bundle, compare, attempt=attempt)  # a malformed bundle: one line, exit 4
     if code:
         raise typer.Exit(code)
 

@@ -17,6 +17,7 @@ from prism_rr.analysis._attribution import (
     straggler_lines,
     straggler_totals,
 )
+from prism_rr.analysis._attempts import attempt_findings
 from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
 from prism_rr.analysis._chakra import export_chakra
 from prism_rr.analysis._chrome import export_chrome
@@ -63,6 +64,7 @@ __all__ = [
     "StragglerCost",
     "WINDOW_EVENTS",
     "analyze_step",
+    "attempt_findings",
     "attribute",
     "attribute_step",
     "attribution_json",

@@ -33,36 +33,30 @@ def export_chrome(
     ranks: list[int] | None = None,
     steps: tuple[int, int] | None = None,
     gzip: bool | None = None,
+    also: list[Bundle] = (),
 ) -> dict[str, int]:
     """Write `bundle` (optionally some ranks, steps a..b) as a Chrome trace, gzipped when
-    `gzip` is true or, when None, when the name ends in .gz; returns counts."""
-    graph = build_graph(bundle, steps=steps, ranks=ranks)
-    flow_ids: dict[tuple, int] = {}
-    roles: dict[tuple, dict[int, str]] = {}  # call key -> rank -> "s" | "t" | "f"
-    for key, call in graph.calls.items():
-        if len(call.members) < 2:
-            continue
-        flow_ids[key] = len(flow_ids) + 1
-        order = sorted(call.members, key=lambda m: (m.enter_ns, m.rank))
-        roles[key] = {m.rank: "t" for m in order}
-        roles[key][order[0].rank] = "s"
-        roles[key][order[-1].rank] = "f"
-    for key, pm in graph.p2p.items():
-        if pm.send is not None and pm.recv is not None:
-            flow_ids[key] = len(flow_ids) + 1
-            roles[key] = {pm.src: "s", pm.dst: "f"} if pm.src != pm.dst else {pm.src: "s"}
-    t0 = graph.t0_ns
+    `gzip` is true or, when None, when the name ends in .gz; returns counts. `also`: other
+    attempts of the same restarted job (Bundle views of one file), written beside it on
+    one timeline, a process per attempt and rank ("attempt 1, rank 0")."""
+    views = [bundle, *also]
+    graphs = [build_graph(b, steps=steps, ranks=ranks) for b in views]
+    several = len(views) > 1
+    t0 = min(g.t0_ns for g in graphs)
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.name + ".partial")
-    counts = {"events": 0, "ranks": len(graph.ranks), "flows": 0}
+    counts = {"events": 0, "ranks": sum(len(g.ranks) for g in graphs), "flows": 0}
     if gzip is None:
         gzip = out_path.name.endswith(".gz")
     # gzip's level 6: a third of level 9's time for 7% more bytes
     f = gz.open(tmp, "wt", encoding="utf-8", compresslevel=6) if gzip else open(tmp, "w", encoding="utf-8")
     with f:
         f.write('{"displayTimeUnit": "ns", "otherData": ')
-        f.write(json.dumps({"world_size": bundle.world_size, "format": bundle.format_version,
-                            "recorded_ranks": graph.ranks, "clock": "rank 0's monotonic clock, from the first event"}))
+        other = {"world_size": bundle.world_size, "format": bundle.format_version, "recorded_ranks": graphs[0].ranks,
+                 "clock": "rank 0's monotonic clock, from the first event"}
+        if several:
+            other["attempts"] = [b.attempt for b in views]
+        f.write(json.dumps(other))
         f.write(', "traceEvents": [\n')
         first = [True]
 
@@ -74,87 +68,115 @@ def export_chrome(
             f.write(json.dumps(ev, separators=(",", ":")))
             counts["events"] += 1
 
-        def us(t: int) -> float:
-            return round((t - t0) / 1000, 3)
-
-        for rank in graph.ranks:
-            trace = graph.traces[rank]
-            off = trace.offset_ns
-            emit({"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}})
-            emit({"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}})
-            for tid, name in ((_TID_STEPS, "steps"), (_TID_COMPUTE, "compute"), (_TID_OPS, "operators")):
-                emit({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name", "args": {"name": name}})
-                emit({"ph": "M", "pid": rank, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-            lanes: list[int] = []  # end of the last call in each communication lane
-            end_of_rank = trace.last_ns if trace.last_ns is not None else t0
-            for rec in bundle.events(rank, steps=steps):
-                start = rec.start_ns - off
-                end = None if rec.end_ns is None else rec.end_ns - off
-                cls = type(rec)
-                if cls is Compute:
-                    if end is None:
-                        continue
-                    tid = _TID_COMPUTE if rec.name is None else _TID_OPS
-                    emit({"ph": "X", "pid": rank, "tid": tid, "name": rec.name or "compute", "cat": "compute",
-                          "ts": us(start), "dur": round((end - start) / 1000, 3), "args": {"step": rec.step}})
-                elif cls is Collective or cls is PointToPoint:
-                    stop = end if end is not None else max(end_of_rank, start)
-                    lane = next((i for i, e in enumerate(lanes) if e <= start), None)
-                    if lane is None:
-                        lane = len(lanes)
-                        lanes.append(stop)
-                        name = "communication" if lane == 0 else f"communication {lane + 1}"
-                        emit({"ph": "M", "pid": rank, "tid": _TID_COMM + lane, "name": "thread_name",
-                              "args": {"name": name}})
-                        emit({"ph": "M", "pid": rank, "tid": _TID_COMM + lane, "name": "thread_sort_index",
-                              "args": {"sort_index": _TID_COMM + lane}})
-                    else:
-                        lanes[lane] = max(lanes[lane], stop)
-                    tid = _TID_COMM + lane
-                    if cls is Collective:
-                        key = (rec.group, rec.seq)
-                        name = rec.op
-                        args = {"group": rec.group, "seq": rec.seq, "step": rec.step,
-                                "shapes": [list(s) for s in rec.in_shapes], "dtypes": list(rec.in_dtypes),
-                                "bytes": rec.in_bytes, "reduce_op": rec.reduce_op, "root": rec.root,
-                                "async": rec.async_op}
-                    else:
-                        sending = not ops.receives(rec.op)
-                        key = (rec.group, rank, rec.peer, rec.seq) if sending else (rec.group, rec.peer, rank, rec.seq)
-                        name = f"{rec.op} {'to' if sending else 'from'} {rec.peer}"
-                        args = {"group": rec.group, "seq": rec.seq, "peer": rec.peer, "step": rec.step,
-                                "shapes": [list(s) for s in rec.shapes], "dtypes": list(rec.dtypes),
-                                "bytes": rec.nbytes, "async": rec.async_op}
-                    if end is None:
-                        name += " (never completed)"
-                        args["never_completed"] = True
-                    if rec.stack:
-                        args["stack"] = list(rec.stack)
-                    emit({"ph": "X", "pid": rank, "tid": tid, "name": name, "cat": "communication",
-                          "ts": us(start), "dur": round((stop - start) / 1000, 3), "args": args})
-                    fid = flow_ids.get(key)
-                    role = roles[key].get(rank) if fid is not None else None
-                    if role is not None:
-                        flow = f"{rec.op} {key}" if cls is Collective else f"p2p {key}"
-                        emit({"ph": role, "pid": rank, "tid": tid, "name": flow, "cat": "flow", "id": fid,
-                              "ts": us(start), "bp": "e"})
-                        counts["flows"] += role == "s"
-                    if rec.mem_alloc is not None:
-                        emit({"ph": "C", "pid": rank, "name": "memory", "ts": us(start),
-                              "args": {"allocated": rec.mem_alloc}})
-                elif cls is Step:
-                    if end is not None:
-                        emit({"ph": "X", "pid": rank, "tid": _TID_STEPS, "name": f"step {rec.step}", "cat": "step",
-                              "ts": us(start), "dur": round((end - start) / 1000, 3),
-                              "args": {"step": rec.step, "mem_peak": rec.mem_peak}})
-                elif cls is Memory:
-                    emit({"ph": "C", "pid": rank, "name": "memory", "ts": us(start),
-                          "args": {"allocated": rec.mem_alloc}})
-                    emit({"ph": "C", "pid": rank, "name": "memory peak", "ts": us(start),
-                          "args": {"peak": rec.mem_peak}})
-                elif cls is Marker:
-                    emit({"ph": "i", "pid": rank, "tid": _TID_STEPS, "s": "p", "name": rec.name, "cat": "marker",
-                          "ts": us(start), "args": {"value": rec.value, "text": rec.text}})
+        flows = [0]  # flow ids, unique across attempts
+        stride = max(b.world_size for b in views)
+        for i, (b, graph) in enumerate(zip(views, graphs)):
+            _write_attempt(b, graph, emit, counts, flows, steps, t0, pid_base=i * stride,
+                           label=f"attempt {b.attempt}, " if several else "")
         f.write("\n]}\n")
     os.replace(tmp, out_path)
     return counts
+
+
+def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps, t0: int, *, pid_base: int,
+                   label: str) -> None:
+    """One attempt's ranks, each a process `pid_base + rank` named `label` + "rank R"."""
+    flow_ids: dict[tuple, int] = {}
+    roles: dict[tuple, dict[int, str]] = {}  # call key -> rank -> "s" | "t" | "f"
+    for key, call in graph.calls.items():
+        if len(call.members) < 2:
+            continue
+        flows[0] += 1
+        flow_ids[key] = flows[0]
+        order = sorted(call.members, key=lambda m: (m.enter_ns, m.rank))
+        roles[key] = {m.rank: "t" for m in order}
+        roles[key][order[0].rank] = "s"
+        roles[key][order[-1].rank] = "f"
+    for key, pm in graph.p2p.items():
+        if pm.send is not None and pm.recv is not None:
+            flows[0] += 1
+            flow_ids[key] = flows[0]
+            roles[key] = {pm.src: "s", pm.dst: "f"} if pm.src != pm.dst else {pm.src: "s"}
+
+    def us(t: int) -> float:
+        return round((t - t0) / 1000, 3)
+
+    for rank in graph.ranks:
+        trace = graph.traces[rank]
+        off = trace.offset_ns
+        pid = pid_base + rank
+        emit({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{label}rank {rank}"}})
+        emit({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+        for tid, name in ((_TID_STEPS, "steps"), (_TID_COMPUTE, "compute"), (_TID_OPS, "operators")):
+            emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+        lanes: list[int] = []  # end of the last call in each communication lane
+        end_of_rank = trace.last_ns if trace.last_ns is not None else t0
+        for rec in bundle.events(rank, steps=steps):
+            start = rec.start_ns - off
+            end = None if rec.end_ns is None else rec.end_ns - off
+            cls = type(rec)
+            if cls is Compute:
+                if end is None:
+                    continue
+                tid = _TID_COMPUTE if rec.name is None else _TID_OPS
+                emit({"ph": "X", "pid": pid, "tid": tid, "name": rec.name or "compute", "cat": "compute",
+                      "ts": us(start), "dur": round((end - start) / 1000, 3), "args": {"step": rec.step}})
+            elif cls is Collective or cls is PointToPoint:
+                stop = end if end is not None else max(end_of_rank, start)
+                lane = next((i for i, e in enumerate(lanes) if e <= start), None)
+                if lane is None:
+                    lane = len(lanes)
+                    lanes.append(stop)
+                    name = "communication" if lane == 0 else f"communication {lane + 1}"
+                    emit({"ph": "M", "pid": pid, "tid": _TID_COMM + lane, "name": "thread_name",
+                          "args": {"name": name}})
+                    emit({"ph": "M", "pid": pid, "tid": _TID_COMM + lane, "name": "thread_sort_index",
+                          "args": {"sort_index": _TID_COMM + lane}})
+                else:
+                    lanes[lane] = max(lanes[lane], stop)
+                tid = _TID_COMM + lane
+                if cls is Collective:
+                    key = (rec.group, rec.seq)
+                    name = rec.op
+                    args = {"group": rec.group, "seq": rec.seq, "step": rec.step,
+                            "shapes": [list(s) for s in rec.in_shapes], "dtypes": list(rec.in_dtypes),
+                            "bytes": rec.in_bytes, "reduce_op": rec.reduce_op, "root": rec.root,
+                            "async": rec.async_op}
+                else:
+                    sending = not ops.receives(rec.op)
+                    key = (rec.group, rank, rec.peer, rec.seq) if sending else (rec.group, rec.peer, rank, rec.seq)
+                    name = f"{rec.op} {'to' if sending else 'from'} {rec.peer}"
+                    args = {"group": rec.group, "seq": rec.seq, "peer": rec.peer, "step": rec.step,
+                            "shapes": [list(s) for s in rec.shapes], "dtypes": list(rec.dtypes),
+                            "bytes": rec.nbytes, "async": rec.async_op}
+                if end is None:
+                    name += " (never completed)"
+                    args["never_completed"] = True
+                if rec.stack:
+                    args["stack"] = list(rec.stack)
+                emit({"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": "communication",
+                      "ts": us(start), "dur": round((stop - start) / 1000, 3), "args": args})
+                fid = flow_ids.get(key)
+                role = roles[key].get(rank) if fid is not None else None
+                if role is not None:
+                    flow = f"{rec.op} {key}" if cls is Collective else f"p2p {key}"
+                    emit({"ph": role, "pid": pid, "tid": tid, "name": flow, "cat": "flow", "id": fid,
+                          "ts": us(start), "bp": "e"})
+                    counts["flows"] += role == "s"
+                if rec.mem_alloc is not None:
+                    emit({"ph": "C", "pid": pid, "name": "memory", "ts": us(start),
+                          "args": {"allocated": rec.mem_alloc}})
+            elif cls is Step:
+                if end is not None:
+                    emit({"ph": "X", "pid": pid, "tid": _TID_STEPS, "name": f"step {rec.step}", "cat": "step",
+                          "ts": us(start), "dur": round((end - start) / 1000, 3),
+                          "args": {"step": rec.step, "mem_peak": rec.mem_peak}})
+            elif cls is Memory:
+                emit({"ph": "C", "pid": pid, "name": "memory", "ts": us(start),
+                      "args": {"allocated": rec.mem_alloc}})
+                emit({"ph": "C", "pid": pid, "name": "memory peak", "ts": us(start),
+                      "args": {"peak": rec.mem_peak}})
+            elif cls is Marker:
+                emit({"ph": "i", "pid": pid, "tid": _TID_STEPS, "s": "p", "name": rec.name, "cat": "marker",
+                      "ts": us(start), "args": {"value": rec.value, "text": rec.text}})

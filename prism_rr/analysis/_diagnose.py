@@ -21,7 +21,7 @@ __all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "f
 
 # Finding kinds, in the order they are reported.
 KINDS = (
-    "crashed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p", "straggler",
+    "attempt", "crashed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p", "straggler",
     "call_failed", "recorder_failed", "dropped", "truncated",
 )
 _MAX_LISTED = 20  # seqs listed in a coalesced finding's details

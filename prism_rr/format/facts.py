@@ -13,7 +13,7 @@ from typing import Any
 from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks
 
-__all__ = ["bundle_facts", "info_lines"]
+__all__ = ["FATAL_SIGNALS", "attempt_endings", "bundle_facts", "crash_reason", "info_lines"]
 
 _LISTED_NODES = 8  # nodes named on info's line; the rest are counted
 _LISTED_WORDS = 4  # forms and versions of imported dumps named
@@ -29,6 +29,8 @@ def bundle_facts(bundle) -> dict[str, Any]:
     return {
         "path": str(bundle.path),
         "format_version": bundle.format_version,
+        "attempt": bundle.attempt,
+        "attempts": _attempts_facts(bundle),
         "tool": manifest.get("tool", "unknown"),
         "world_size": bundle.world_size,
         "recorded_ranks": bundle.recorded_ranks,
@@ -75,6 +77,13 @@ def info_lines(facts: dict[str, Any]) -> list[str]:
         missing = clock["ranks_without_offset"]
         lines.append(f"clocks          aligned to rank 0 by {shown(clock['method'], 40)}, {err}"
                      + (f"; {missing} ranks without an offset" if missing else ""))
+    attempts = facts["attempts"]
+    if len(attempts) > 1:
+        lines.append(f"attempts        {len(attempts)}, the facts above of attempt {facts['attempt']} (--attempt N "
+                     f"for another)")
+        for a in attempts:
+            lines.append(f"  attempt {a['attempt']:<5} world {a['world_size']}, ranks {format_ranks(a['recorded_ranks'])}: "
+                         + ending_line(a["ended"]))
     imported = facts["imported"]
     if imported is not None:
         lines.append(f"imported        from PyTorch Flight Recorder dumps ({_words(imported['forms'])}, "
@@ -120,6 +129,96 @@ def _flight_lines(flight: dict | None) -> list[str]:
         lines.append(f"                ranks {format_ranks(flight['ranks_missing'])} are not in it "
                      f"(another node's spool directory: pack them together)")
     return lines
+
+
+# --- attempts ---------------------------------------------------------------------------
+
+# faulthandler's words for the fatal signals it handles (a crash file's first line)
+FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+
+
+def crash_reason(crash) -> str | None:
+    """faulthandler's words ("Aborted", ...) in a rank info's `crash`, or None."""
+    if type(crash) is not dict or type(crash.get("text")) is not str:
+        return None
+    for line in crash["text"][:4096].splitlines():
+        if line.startswith("Fatal Python error: "):
+            return line[len("Fatal Python error: "):].strip()[:100]
+    return "unknown"
+
+
+def attempt_endings(bundle) -> dict[str, Any]:
+    """How the open attempt of `bundle` ended, from its rank info and indexes (no chunk is
+    read): {"failed": bool, "ranks": {rank: {"how", "code", "signal", "step", "last_ns"}},
+    "first": the rank that ended first among those that did not end cleanly (by their
+    last record, on rank 0's clock), or None}. A rank's `how` is what its process said
+    (sys.exit's code, an unhandled exception, a signal), its crash file's signal, or
+    "no word" (SIGKILL, os._exit: its records just end)."""
+    ranks: dict[int, dict] = {}
+    summaries = bundle.summaries["ranks"]
+    for rank in bundle.recorded_ranks:
+        info = bundle.rank_info(rank)
+        end = info.get("exit")
+        crash = crash_reason(info.get("crash"))
+        entry: dict[str, Any] = {"how": "no word (killed, or os._exit)", "code": None, "signal": None}
+        if crash is not None:
+            entry.update(how=f"crashed ({crash})", signal=FATAL_SIGNALS.get(crash, "fatal error"))
+        elif type(end) is dict:
+            how = end.get("how")
+            code, sig = end.get("code"), end.get("signal")
+            entry.update(how=how if type(how) is str else "?", code=code if type(code) is int else None,
+                         signal=sig if type(sig) is str else None)
+        chunks = bundle.chunks(rank)
+        entry["step"] = chunks[-1].step_last if chunks else None
+        last = summaries.get(rank, {}).get("t_last")
+        offset = info.get("clock_offset", {}).get("offset_ns") if type(info.get("clock_offset")) is dict else None
+        entry["last_ns"] = None if type(last) is not int else last - (offset if type(offset) is int else 0)
+        ranks[rank] = entry
+    bad = {r: e for r, e in ranks.items() if e["signal"] or e["code"] not in (0,)}
+    first = min((r for r in bad if bad[r]["last_ns"] is not None), key=lambda r: bad[r]["last_ns"], default=None)
+    return {"failed": bool(bad), "ranks": ranks, "first": first}
+
+
+def ending_line(ended: dict[str, Any]) -> str:
+    """An attempt's ending (attempt_endings) in a few words for people."""
+    ranks = ended["ranks"]
+    if not ended["failed"]:
+        return "ended cleanly" + (f" (rank {min(ranks)} and the others: {shown(ranks[min(ranks)]['how'], 60)})"
+                                  if ranks else "")
+    first = ended["first"]
+    parts = []
+    order = sorted(ranks, key=lambda r: (r != first, ranks[r]["last_ns"] is None, ranks[r]["last_ns"] or 0))
+    for r in order:
+        e = ranks[r]
+        if not e["signal"] and e["code"] == 0:
+            continue
+        step = "" if e["step"] is None else f" in step {e['step']}"
+        how = shown(e["how"], 120)
+        if e["code"] is not None and not e["signal"]:
+            how = f"exited {e['code']}: {how}"
+        elif e["code"] is None and not e["signal"]:
+            how = f"ended with {how}"
+        parts.append(f"rank {r} {how}{step}")
+    return "failed: " + "; then ".join(parts[:4]) + (f"; and {len(parts) - 4} more" if len(parts) > 4 else "")
+
+
+def _attempts_facts(bundle) -> list[dict]:
+    """Every attempt the bundle holds: {attempt, default, world_size, recorded_ranks,
+    ended}; each but the open one read from its own view of the file."""
+    out = []
+    for entry in bundle.attempts:
+        if entry["attempt"] == bundle.attempt:
+            ended = attempt_endings(bundle)
+        else:
+            with type(bundle)(bundle.path, entry["attempt"]) as view:
+                ended = attempt_endings(view)
+        out.append({"attempt": entry["attempt"], "default": entry["default"], "world_size": entry["world_size"],
+                    "recorded_ranks": list(entry["recorded_ranks"]), "ended": ended})
+    return out
 
 
 # --- the manifest's and rank info's fields, type-checked ------------------------------

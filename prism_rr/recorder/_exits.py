@@ -9,6 +9,7 @@ SIGINT). A crash by a fatal signal is the crash file's to tell, a SIGKILL or an
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 
@@ -16,7 +17,8 @@ __all__ = ["how", "on_failing_exit", "watch"]
 
 _seen: dict = {}  # {"code": ..., "how": ...} of the process's way out, once known
 _installed = False
-_on_failing: list = []  # called with _seen when sys.exit gets a code other than 0
+_on_failing: list = []
+_SOURCE = re.compile(r"^\[[^\]\n]{1,300}\] ")  # called with _seen when sys.exit gets a code other than 0
 
 
 def on_failing_exit(callback) -> None:
@@ -51,7 +53,9 @@ def watch(rec) -> None:
 
     def excepthook(kind, value, tb):
         if not _seen and not issubclass(kind, SystemExit):
-            _seen.update(code=1, how=f"an unhandled {kind.__name__}: {value}"[:500])
+            # gloo's and c10d's messages begin with their source line: "[/path/pair.cc:553] ..."
+            text = _SOURCE.sub("", str(value))
+            _seen.update(code=1, how=f"an unhandled {kind.__name__}: {text}"[:500])
         previous(kind, value, tb)
 
     sys.excepthook = excepthook

@@ -79,18 +79,19 @@ class PrismApp(App):
         Binding("3", "switch_mode('collectives')", "Collectives", id="app.collectives"),
         Binding("4", "switch_mode('compare')", "Compare", id="app.compare"),
         Binding("5", "switch_mode('heatmap')", "Heat map", id="app.heatmap"),
+        Binding("a", "attempts", "Attempts", id="app.attempts"),
         Binding("ctrl+s", "screenshot", "Screenshot", id="app.screenshot"),
     ]
 
     def __init__(self, bundle: Bundle | str | os.PathLike, compare: Bundle | str | os.PathLike | None = None,
-                 *, start: str = "overview", keymap: dict[str, str] | None = None) -> None:
+                 *, start: str = "overview", keymap: dict[str, str] | None = None, attempt: int | None = None) -> None:
         super().__init__()
-        self.bundle = bundle if isinstance(bundle, Bundle) else open_bundle(bundle)
+        self.bundle = bundle if isinstance(bundle, Bundle) else open_bundle(bundle, attempt)
         self.replay = compare if compare is None or isinstance(compare, Bundle) else open_bundle(compare)
         self.model = TimelineModel(self.bundle)
         self.findings: list = []
         self.start_mode = start
-        self.sub_title = shown(self.bundle.path.name)
+        self.sub_title = self._title()
         path = os.environ.get("PRISM_RR_KEYMAP")
         self._user_keymap = {**(load_keymap(path) if path else {}), **(keymap or {})}
 
@@ -117,6 +118,49 @@ class PrismApp(App):
                             f"{', '.join(unknown)} (F1 lists the ids)", severity="warning", timeout=15,
                             markup=False)
         self.switch_mode(self.start_mode)
+
+    def _title(self) -> str:
+        b = self.bundle
+        attempt = f" · attempt {b.attempt} of {len(b.attempts)} (a: others)" if len(b.attempts) > 1 else ""
+        return shown(b.path.name) + attempt
+
+    # --- attempts ----------------------------------------------------------------------
+
+    def action_attempts(self) -> None:
+        """The attempts of a restarted job (the `a` key): the chosen one is opened in
+        every screen, one attempt at a time."""
+        from prism_rr.format.facts import bundle_facts
+        from prism_rr.tui.screens.attempts import AttemptsScreen
+
+        if len(self.bundle.attempts) < 2:
+            self.notify("this bundle holds one attempt", title="Attempts", markup=False)
+            return
+
+        def chosen(k: int | None) -> None:
+            if k is not None and k != self.bundle.attempt:
+                self.run_worker(self.open_attempt(k), exclusive=True, group="attempt")
+
+        self.push_screen(AttemptsScreen(bundle_facts(self.bundle)["attempts"], self.bundle.attempt), chosen)
+
+    async def open_attempt(self, attempt: int) -> None:
+        """Show `attempt` of the bundle: every screen is made anew on it."""
+        from textual.screen import Screen
+
+        old = self.bundle
+        self.bundle = open_bundle(old.path, attempt)
+        self.model = TimelineModel(self.bundle)
+        self.findings = []
+        self.sub_title = self._title()
+        current = self.current_mode
+        self.add_mode("attempt-switch", Screen)
+        await self.switch_mode("attempt-switch")
+        for mode, screen in self.MODES.items():
+            await self.remove_mode(mode)
+            self.add_mode(mode, screen)
+        await self.switch_mode(current if current in self.MODES else "overview")
+        await self.remove_mode("attempt-switch")
+        old.close()
+        self.notify(f"attempt {attempt}", title="Attempts", markup=False)
 
     # --- what other screens ask for ------------------------------------------------
 

@@ -120,3 +120,92 @@ def test_an_attempt_killed_while_the_next_starts_loses_no_call(tmp_path):
     with open_bundle(out, attempt=1) as clean:
         assert [clean.rank_info(r)["exit"]["code"] for r in (0, 1)] == [0, 0]
         assert all(c.end_ns is not None for r in (0, 1) for c in _calls(clean, r))
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "prism_rr.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env=ENV, cwd=cwd)
+
+
+@pytest.mark.timeout(240)
+def test_every_command_shows_the_attempts(restarted, tmp_path):
+    """info lists the attempts and how each ended; diagnose names what ended the failed
+    one; analyze and export show them side by side; diff compares two attempts."""
+    _, out = restarted
+    info = _cli("info", out)
+    assert info.returncode == 0, info.stderr
+    text = info.stdout
+    assert "attempts        2, the facts above of attempt 0" in text
+    assert "attempt 0     world 2, ranks 0-1: failed: rank 1 exited 17: sys.exit(17) in step 2" in text, text
+    assert "attempt 1     world 2, ranks 0-1: ended cleanly" in text, text
+    facts = __import__("json").loads(_cli("info", out, "--json", "--attempt", "1").stdout)
+    assert facts["attempt"] == 1 and [a["attempt"] for a in facts["attempts"]] == [0, 1]
+    ended = facts["attempts"][0]["ended"]
+    assert ended["failed"] and ended["first"] == 1 and ended["ranks"]["1"]["code"] == 17
+    assert not facts["attempts"][1]["ended"]["failed"]
+
+    found = _cli("diagnose", out, "--json")
+    assert found.returncode == 5, found.stderr
+    first = __import__("json").loads(found.stdout)["findings"][0]
+    assert first["kind"] == "attempt" and first["ranks"] == [1], first
+    assert first["message"].startswith("Attempt 0 failed: rank 1 exited 17: sys.exit(17) in step 2; then rank 0 ")
+    assert first["message"].endswith("; the job was restarted as attempt 1."), first["message"]
+    assert "[/" not in first["message"]  # the exception's text, without gloo's source line
+    later = __import__("json").loads(_cli("diagnose", out, "--json", "--attempt", "1").stdout)["findings"]
+    # attempt 1 itself ended cleanly: the attempt finding (of attempt 0) and, at most, the
+    # start-up's noise read as a straggler
+    assert later[0]["kind"] == "attempt" and {f["kind"] for f in later[1:]} <= {"straggler"}, later
+
+    side = _cli("analyze", out, "--attempt", "all")
+    assert side.returncode == 0 and "attempt 0\nstep 0:" in side.stdout and "\nattempt 1\nstep 0:" in side.stdout
+    trace = tmp_path / "both.json"
+    assert _cli("export", out, "--format", "chrome", "-o", trace, "--attempt", "all").returncode == 0
+    names = {e["args"]["name"] for e in __import__("json").loads(trace.read_text())["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert names == {"attempt 0, rank 0", "attempt 0, rank 1", "attempt 1, rank 0", "attempt 1, rank 1"}
+    assert _cli("export", out, "--format", "parquet", "-o", tmp_path / "t", "--attempt", "all").returncode == 2
+
+    # the same program, restarted: the steps both attempts hold issue the same calls
+    compared = _cli("diff", out, out, "--attempt", "0", "--other-attempt", "1")
+    assert compared.returncode == 0 and "step 0 " in compared.stdout and "step 1 " in compared.stdout, compared
+    missing = _cli("info", out, "--attempt", "7")
+    assert missing.returncode == 2 and "holds no attempt 7 (it holds 0, 1)" in missing.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_tui_opens_one_attempt_at_a_time(restarted):
+    """The title and the overview name the attempt; `a` lists them, Enter opens another
+    in every screen."""
+    import asyncio
+
+    from textual.widgets import OptionList
+
+    from prism_rr.tui.app import PrismApp
+    from prism_rr.tui.screens.attempts import AttemptsScreen
+
+    _, out = restarted
+
+    async def browse():
+        app = PrismApp(out)
+        async with app.run_test(size=(160, 45)) as pilot:
+            await pilot.pause()
+            assert app.bundle.attempt == 0 and "attempt 0 of 2" in app.sub_title
+            await pilot.press("a")
+            await pilot.pause()
+            assert isinstance(app.screen, AttemptsScreen)
+            listed = [str(o.prompt) for o in app.screen.query_one(OptionList).options]
+            assert listed[0].startswith("▶ attempt 0") and "failed: rank 1 exited 17" in listed[0]
+            assert "ended cleanly" in listed[1]
+            await pilot.press("down", "enter")
+            for _ in range(20):
+                await pilot.pause(0.1)
+                if app.bundle.attempt == 1:
+                    break
+            assert app.bundle.attempt == 1 and app.model.bundle is app.bundle
+            assert "attempt 1 of 2" in app.sub_title
+            await pilot.press("2")
+            await pilot.pause()
+            assert app.screen.timeline.cursor_rank == 0
+            assert app.model.step_stats() and [s["step"] for s in app.model.step_stats()] == [0, 1, 2, 3]
+
+    asyncio.run(browse())

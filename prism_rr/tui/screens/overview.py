@@ -181,6 +181,11 @@ class OverviewScreen(Screen):
             + (f", ... ({len(kinds) - GROUP_KINDS} more kinds)" if len(kinds) > GROUP_KINDS else ""))
         steps = b.steps
         row("steps", f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
+        if len(b.attempts) > 1:
+            from prism_rr.format.facts import attempt_endings, ending_line
+
+            row("attempt", f"{b.attempt} of {', '.join(str(a['attempt']) for a in b.attempts)} "
+                           f"(a: pick another): {ending_line(attempt_endings(b))}")
         versions = info.get("versions")
         if isinstance(versions, dict):
             row("versions", ", ".join(f"{shown(k, 40)} {shown(v, 60)}" for k, v in list(versions.items())[:16]))
