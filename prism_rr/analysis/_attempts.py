@@ -38,14 +38,14 @@ def attempt_findings(bundle) -> list[Finding]:
         if not ended["failed"]:
             continue
         first = ended["first"]
-        ranks = (first,) if first is not None else tuple(r for r, e in ended["ranks"].items() if e["signal"]
+        ranks = (first,) if first is not None else tuple(int(r) for r, e in ended["ranks"].items() if e["signal"]
                                                           or e["code"] not in (0,))
         nxt = next((g["attempt"] for g in facts if g["attempt"] > f["attempt"]), None)
         after = f"; the job was restarted as attempt {nxt}" if nxt is not None else "; no attempt came after it"
         out.append(Finding(
             kind="attempt", ranks=ranks,
             message=f"Attempt {f['attempt']} {ending_line(ended)}{after}.",
-            details={"attempt": f["attempt"], "ended": _plain(ended), "next": nxt}))
+            details={"attempt": f["attempt"], "ended": ended, "next": nxt}))
     for a, b in zip(facts, facts[1:]):
         changes = _changes(a, b)
         if changes:
@@ -89,8 +89,3 @@ def _changes(a: dict, b: dict) -> list[str]:
         out.append(f"ranks on other hosts: {listed}{more}")
     return out
 
-
-def _plain(ended: dict) -> dict:
-    """attempt_endings with string keys (for JSON)."""
-    return {"failed": ended["failed"], "first": ended["first"],
-            "ranks": {str(r): e for r, e in ended["ranks"].items()}}

@@ -157,7 +157,8 @@ def attempt_endings(bundle) -> dict[str, Any]:
     "first": the rank that ended first among those that did not end cleanly (by their
     last record, on rank 0's clock), or None}. A rank's `how` is what its process said
     (sys.exit's code, an unhandled exception, a signal), its crash file's signal, or
-    "no word" (SIGKILL, os._exit: its records just end)."""
+    "no word" (SIGKILL, os._exit: its records just end). The ranks are keyed by their
+    number as a string, so that the whole is JSON as it stands."""
     ranks: dict[int, dict] = {}
     summaries = bundle.summaries["ranks"]
     for rank in bundle.recorded_ranks:
@@ -180,12 +181,12 @@ def attempt_endings(bundle) -> dict[str, Any]:
         ranks[rank] = entry
     bad = {r: e for r, e in ranks.items() if e["signal"] or e["code"] not in (0,)}
     first = min((r for r in bad if bad[r]["last_ns"] is not None), key=lambda r: bad[r]["last_ns"], default=None)
-    return {"failed": bool(bad), "ranks": ranks, "first": first}
+    return {"failed": bool(bad), "ranks": {str(r): e for r, e in ranks.items()}, "first": first}
 
 
 def ending_line(ended: dict[str, Any]) -> str:
     """An attempt's ending (attempt_endings) in a few words for people."""
-    ranks = ended["ranks"]
+    ranks = {int(r): e for r, e in ended["ranks"].items()}
     if not ended["failed"]:
         return "ended cleanly" + (f" (rank {min(ranks)} and the others: {shown(ranks[min(ranks)]['how'], 60)})"
                                   if ranks else "")

@@ -250,6 +250,12 @@ def pack(
         }
         if manifest_extra:
             manifest.update(manifest_extra)
+        if "groups" in manifest:
+            # A rewrite (scale) gives the groups of the world it writes: they replace the
+            # default attempt's groups section, as folded from the records.
+            packed = codec.compress(msgpack.packb(manifest.pop("groups"), use_bin_type=True))
+            parts[default]["sections"] = [(sid, packed if sid == layout.SEC_GROUPS else payload)
+                                          for sid, payload in parts[default]["sections"]]
         blob_index = b"".join(sorted(blob_rows))
         sections = [
             (layout.SEC_CHUNKS, chunks_at, chunks_len, chunks_crc & 0xFFFFFFFF),
