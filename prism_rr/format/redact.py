@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from prism_rr.format import layout
+from prism_rr.format.facts import crash_reason
 from prism_rr.format.reader import open_bundle
 from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint
 from prism_rr.format.rewrite import Rewrite, new_output
@@ -29,7 +30,7 @@ __all__ = ["redact"]
 # Rank-info keys kept as they are (their values are numbers, versions or options).
 _INFO_KEEP = frozenset({
     "rank", "world_size", "local_rank", "backend", "device", "device_name", "versions", "payload",
-    "steps", "ranks", "ops", "memory", "clock", "clock_offset", "mesh", "synthetic",
+    "steps", "ranks", "ops", "memory", "clock", "clock_offset", "mesh", "synthetic", "attempt", "incarnation",
 })
 _RUN_KEEP = frozenset({"prism_rr_version", "started_wall_ns", "ended_wall_ns", "exit_code", "timed_out", "options"})
 _ENV_NAMES = frozenset({
@@ -202,6 +203,17 @@ def _info(info: dict, scrub: _Scrubber, dropped: set) -> dict:
             out[key] = scrub.path(value)
         elif key == "env":
             out[key] = scrub.env(value)
+        elif key == "exit" and type(value) is dict:
+            # How the rank ended: its code and signal; of the words, what kind of end it was
+            # (an exception's type, not its message, which may quote anything).
+            end = {k: value[k] for k in ("code", "signal") if type(value.get(k)) in (int, str)}
+            if type(value.get("how")) is str:
+                end["how"] = scrub.text(value["how"].split(":", 1)[0][:200])
+            out[key] = end
+        elif key == "crash" and crash_reason(value) is not None:
+            # The fatal error's name only (faulthandler's first line), not its stacks.
+            out[key] = {"text": f"Fatal Python error: {crash_reason(value)}"}
+            dropped.add("crash.stacks")
         else:
             dropped.add(str(key))
     return out
@@ -217,53 +229,65 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
     with open_bundle(in_path) as bundle:
         manifest = bundle.manifest
         run = manifest.get("run", {})
-        infos = {r: bundle.rank_info(r) for r in bundle.recorded_ranks}
-        # Host names first, so that free text anywhere can be cleaned of them.
-        scrub.add_host(run.get("hostname"))
-        for info in infos.values():
-            scrub.add_host(info.get("hostname"))
-            env = info.get("env")
-            if type(env) is dict and type(env.get("MASTER_ADDR")) is str:
-                scrub.host(env["MASTER_ADDR"])
-        summaries = bundle.summaries["ranks"]
-        truncated = sorted(r for r in bundle.recorded_ranks if summaries.get(r, {}).get("truncated"))
-        with Rewrite(out_path, prefix=".redact-") as rewrite:
-            for rank in bundle.recorded_ranks:
-                info = _info(infos[rank], scrub, dropped_keys)
-                info.setdefault("world_size", bundle.world_size)
-                info.setdefault("rank", rank)
-                chunks = ([_record(r, scrub, stacks, counts) for r in bundle.read_chunk(ref)]
-                          for ref in bundle.chunks(rank))
-                rewrite.write_rank(rank, info, chunks, torn=rank in truncated)
-            new_run = {k: scrub.value(v) for k, v in run.items() if k in _RUN_KEEP}
-            if "command" in run:
-                new_run["command"] = scrub.argv(run["command"])
-            if "cwd" in run and type(run["cwd"]) is str:
-                new_run["cwd"] = scrub.path(run["cwd"])
-            if "hostname" in run:
-                new_run["hostname"] = scrub.host(str(run["hostname"]))
-            dropped_keys |= {f"run.{k}" for k in run if k not in _RUN_KEEP | {"command", "cwd", "hostname"}}
-            blobs = layout.SEC_BLOB_INDEX in bundle.sections and bundle.sections[layout.SEC_BLOB_INDEX].length > 0
-            note = {
-                "payload_blobs": "removed" if blobs or counts["blob_refs"] else "none recorded",
-                "blob_refs_removed": counts["blob_refs"],
-                "stacks": "base name and line" if stacks else "removed",
-                "hosts": len(set(scrub.hosts.values())),
-                "ip_addresses": len(scrub.ips),
-                "paths": len(scrub.dirs),
-                "rank_info": "allow-list",
-                "environment": "allow-list; other values replaced by <redacted>",
-                "argv": "flags and numbers kept; paths as placeholders; other values <arg>",
-                "dropped_keys": sorted(dropped_keys),
-                "truncated_ranks": truncated,
-            }
-            features = set(manifest.get("features_optional", ())) - {"blobs"}
-            features |= {"summaries", "redacted"}
-            extra = {"redacted": note, "features_optional": sorted(features)}
-            flight = _flight(manifest.get("flight"))
-            if flight is not None:  # what fired, where and when: numbers; no host, no text
-                extra["flight"] = flight
-            rewrite.pack(new_run, manifest_extra=extra)
+        # Every attempt of a restarted job: each is read from its own view of the file.
+        views = [bundle] + [type(bundle)(bundle.path, e["attempt"]) for e in bundle.attempts
+                            if e["attempt"] != bundle.attempt]
+        try:
+            infos = {(v.attempt, r): v.rank_info(r) for v in views for r in v.recorded_ranks}
+            # Host names first, so that free text anywhere can be cleaned of them.
+            scrub.add_host(run.get("hostname"))
+            for info in infos.values():
+                scrub.add_host(info.get("hostname"))
+                env = info.get("env")
+                if type(env) is dict and type(env.get("MASTER_ADDR")) is str:
+                    scrub.host(env["MASTER_ADDR"])
+            truncated = sorted({r for v in views for r in v.recorded_ranks
+                                if v.summaries["ranks"].get(r, {}).get("truncated")})
+            with Rewrite(out_path, prefix=".redact-") as rewrite:
+                for view in views:
+                    summaries = view.summaries["ranks"]
+                    for rank in view.recorded_ranks:
+                        info = _info(infos[view.attempt, rank], scrub, dropped_keys)
+                        info.setdefault("world_size", view.world_size)
+                        info.setdefault("rank", rank)
+                        if len(views) > 1:
+                            info["attempt"] = view.attempt
+                        chunks = ([_record(r, scrub, stacks, counts) for r in view.read_chunk(ref)]
+                                  for ref in view.chunks(rank))
+                        rewrite.write_rank(rank, info, chunks, torn=bool(summaries.get(rank, {}).get("truncated")),
+                                           attempt=view.attempt if len(views) > 1 else 0)
+                new_run = {k: scrub.value(v) for k, v in run.items() if k in _RUN_KEEP}
+                if "command" in run:
+                    new_run["command"] = scrub.argv(run["command"])
+                if "cwd" in run and type(run["cwd"]) is str:
+                    new_run["cwd"] = scrub.path(run["cwd"])
+                if "hostname" in run:
+                    new_run["hostname"] = scrub.host(str(run["hostname"]))
+                dropped_keys |= {f"run.{k}" for k in run if k not in _RUN_KEEP | {"command", "cwd", "hostname"}}
+                blobs = layout.SEC_BLOB_INDEX in bundle.sections and bundle.sections[layout.SEC_BLOB_INDEX].length > 0
+                note = {
+                    "payload_blobs": "removed" if blobs or counts["blob_refs"] else "none recorded",
+                    "blob_refs_removed": counts["blob_refs"],
+                    "stacks": "base name and line" if stacks else "removed",
+                    "hosts": len(set(scrub.hosts.values())),
+                    "ip_addresses": len(scrub.ips),
+                    "paths": len(scrub.dirs),
+                    "rank_info": "allow-list",
+                    "environment": "allow-list; other values replaced by <redacted>",
+                    "argv": "flags and numbers kept; paths as placeholders; other values <arg>",
+                    "dropped_keys": sorted(dropped_keys),
+                    "truncated_ranks": truncated,
+                }
+                features = set(manifest.get("features_optional", ())) - {"blobs"}
+                features |= {"summaries", "redacted"}
+                extra = {"redacted": note, "features_optional": sorted(features)}
+                flight = _flight(manifest.get("flight"))
+                if flight is not None:  # what fired, where and when: numbers; no host, no text
+                    extra["flight"] = flight
+                rewrite.pack(new_run, manifest_extra=extra)
+        finally:
+            for view in views[1:]:
+                view.close()
     return note
 
 

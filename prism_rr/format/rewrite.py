@@ -56,10 +56,11 @@ class Rewrite:
             shutil.rmtree(self.spool_dir, ignore_errors=True)
 
     def write_rank(self, rank: int, info: dict[str, Any], chunks: Iterable[Sequence[Record]], *,
-                   torn: bool = False) -> None:
-        """The spool of `rank`: its rank info, then one events frame per chunk. `torn` ends
-        it with a torn frame header, so that the new bundle marks the rank truncated too."""
-        with open(spool_path(self.spool_dir, rank), "wb") as f:
+                   torn: bool = False, attempt: int = 0) -> None:
+        """The spool of `rank` (of `attempt`, whose number its info must carry too): its rank
+        info, then one events frame per chunk. `torn` ends it with a torn frame header, so
+        that the new bundle marks the rank truncated too."""
+        with open(spool_path(self.spool_dir, rank, attempt), "wb") as f:
             f.write(spool_header(rank))
             f.write(encode_frame(layout.FRAME_RANK_INFO, rank, 0, info=info))
             for i, records in enumerate(chunks):

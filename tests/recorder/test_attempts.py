@@ -173,6 +173,28 @@ def test_every_command_shows_the_attempts(restarted, tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_redact_keeps_every_attempt(restarted, tmp_path):
+    """A redacted copy of a restarted job holds every attempt, each rank's exit code and
+    the kind of its end, never an exception's message; info reads the same endings."""
+    _, out = restarted
+    clean = tmp_path / "clean.prism"
+    got = _cli("redact", out, "-o", clean)
+    assert got.returncode == 0, got.stderr
+    with open_bundle(clean) as b:
+        verify(b)
+        assert [e["attempt"] for e in b.attempts] == [0, 1] and b.attempt == 0
+        assert b.rank_info(1)["exit"] == {"code": 17, "how": "sys.exit(17)"}
+        how = b.rank_info(0)["exit"].get("how", "")
+        assert "Connection closed" not in how and len(how) < 60, how  # the type, not the message
+        with open_bundle(out) as original:
+            assert [c.seq for c in _calls(b, 1)] == [c.seq for c in _calls(original, 1)]
+    with open_bundle(clean, attempt=1) as second:
+        assert second.steps == [0, 1, 2, 3] and second.rank_info(1)["exit"]["code"] == 0
+    info = _cli("info", clean)
+    assert "attempt 0     world 2, ranks 0-1: failed: rank 1 exited 17: sys.exit(17) in step 2" in info.stdout
+
+
+@pytest.mark.timeout(120)
 def test_the_tui_opens_one_attempt_at_a_time(restarted):
     """The title and the overview name the attempt; `a` lists them, Enter opens another
     in every screen."""
