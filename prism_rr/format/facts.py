@@ -47,6 +47,7 @@ def bundle_facts(bundle) -> dict[str, Any]:
         "nodes": _node_facts(manifest.get("nodes")),
         "clock": _clock_facts(manifest.get("clock")),
         "imported": _imported_facts(manifest.get("imported")),
+        "cpu": cpu_sharing(bundle),
     }
 
 
@@ -84,6 +85,9 @@ def info_lines(facts: dict[str, Any]) -> list[str]:
         for a in attempts:
             lines.append(f"  attempt {a['attempt']:<5} world {a['world_size']}, ranks {format_ranks(a['recorded_ranks'])}: "
                          + ending_line(a["ended"]))
+    cpu = facts["cpu"]
+    if cpu is not None:
+        lines.append(f"cpu             {cpu_line(cpu)}")
     imported = facts["imported"]
     if imported is not None:
         lines.append(f"imported        from PyTorch Flight Recorder dumps ({_words(imported['forms'])}, "
@@ -129,6 +133,57 @@ def _flight_lines(flight: dict | None) -> list[str]:
         lines.append(f"                ranks {format_ranks(flight['ranks_missing'])} are not in it "
                      f"(another node's spool directory: pack them together)")
     return lines
+
+
+# --- cores -----------------------------------------------------------------------------
+
+def cpu_sharing(bundle) -> dict[str, Any] | None:
+    """Whether the recorded ranks computed on cores of their own, from the rank info's
+    `cpu` (recorded since 1.2): per host, the ranks the recording ran there (every rank of
+    the world on it, from LOCAL_WORLD_SIZE where not all were recorded), the CPUs they
+    could run on and torch's threads. {"hosts": [{"host", "ranks", "cpus", "threads"}],
+    "shared": bool (a host ran more threads than it had CPUs), "worst": the most threads
+    per CPU}; None when no rank info says (older bundles, imports) or the ranks computed
+    on a GPU."""
+    hosts: dict[str, dict] = {}
+    for rank in bundle.recorded_ranks:
+        info = bundle.rank_info(rank)
+        cpu = info.get("cpu")
+        if type(cpu) is not dict or str(info.get("device", "cpu")).startswith("cuda"):
+            continue
+        allowed, threads = cpu.get("allowed"), cpu.get("threads")
+        if type(allowed) is not int or type(threads) is not int or allowed < 1 or threads < 1:
+            continue
+        host = info.get("hostname") if type(info.get("hostname")) is str else "?"
+        h = hosts.setdefault(host, {"host": host, "ranks": 0, "cpus": 0, "threads": 0, "local": 0})
+        h["ranks"] += 1
+        h["cpus"] = max(h["cpus"], allowed)
+        h["threads"] += threads
+        env = info.get("env") if type(info.get("env")) is dict else {}
+        local = env.get("LOCAL_WORLD_SIZE")
+        if type(local) is str and local.isdigit():
+            h["local"] = max(h["local"], int(local))
+    if not hosts:
+        return None
+    for h in hosts.values():
+        local = h.pop("local")
+        if local > h["ranks"]:  # ranks the recording ran there but did not record
+            h["threads"] = round(h["threads"] / h["ranks"] * local)
+            h["ranks"] = local
+    listed = sorted(hosts.values(), key=lambda h: -h["threads"] / h["cpus"])
+    worst = listed[0]["threads"] / listed[0]["cpus"]
+    return {"hosts": listed[:_LISTED_NODES], "shared": worst > 1.0, "worst": round(worst, 2)}
+
+
+def cpu_line(cpu: dict[str, Any]) -> str:
+    """cpu_sharing in a few words for people."""
+    h = cpu["hosts"][0]
+    where = f" on {shown(h['host'], 40)}" if len(cpu["hosts"]) > 1 else ""
+    said = f"{h['ranks']} ranks, {h['threads']} torch threads on {h['cpus']} CPUs{where}"
+    if cpu["shared"]:
+        return (f"{said}: the ranks shared cores ({cpu['worst']:g} threads per CPU), so their compute "
+                f"ran slower than a replay of fewer ranks will")
+    return f"{said}: cores of their own"
 
 
 # --- attempts ---------------------------------------------------------------------------

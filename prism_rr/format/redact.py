@@ -30,7 +30,7 @@ __all__ = ["redact"]
 # Rank-info keys kept as they are (their values are numbers, versions or options).
 _INFO_KEEP = frozenset({
     "rank", "world_size", "local_rank", "backend", "device", "device_name", "versions", "payload",
-    "steps", "ranks", "ops", "memory", "clock", "clock_offset", "mesh", "synthetic", "attempt", "incarnation",
+    "steps", "ranks", "ops", "memory", "clock", "clock_offset", "mesh", "synthetic", "attempt", "incarnation", "cpu",
 })
 _RUN_KEEP = frozenset({"prism_rr_version", "started_wall_ns", "ended_wall_ns", "exit_code", "timed_out", "options"})
 _ENV_NAMES = frozenset({

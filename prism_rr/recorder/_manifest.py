@@ -64,6 +64,7 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
             "steps": options.flight, "hang_s": options.flight_hang, "slow": options.flight_slow,
             "budget": options.flight_budget, "at_exit": options.flight_at_exit},
         "clock": {"monotonic_ns": mono, "wall_ns": wall},
+        "cpu": cpu_info(),
     }
     if device.startswith("cuda"):
         try:
@@ -71,6 +72,27 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
         except Exception:
             pass
     return info
+
+
+def cpu_info() -> dict:
+    """What this rank had to compute with: the host's CPUs, those it may run on, and the
+    threads torch uses (intra-op, inter-op). A replay's fidelity card reads them: ranks
+    that shared cores when recorded computed slower than a replay of fewer ranks will."""
+    import torch
+
+    from prism_rr.specs import format_ranks
+
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = list(range(os.cpu_count() or 1))
+    return {
+        "count": os.cpu_count() or 1,
+        "allowed": len(allowed),
+        "affinity": format_ranks(allowed)[:200],
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+    }
 
 
 def store_clock_offset(store, rank: int, world_size: int, *, prefix: str, rounds: int = 4,

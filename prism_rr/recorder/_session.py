@@ -30,7 +30,7 @@ from prism_rr.format.names import claim_attempt
 from prism_rr.format.records import Compute, GroupInfo, Marker, Memory
 from prism_rr.format.spool import spool_path
 from prism_rr.intercept.steps import OptimizerSteps
-from prism_rr.recorder import _exits, _signals
+from prism_rr.recorder import _exits, _manifest, _signals
 from prism_rr.recorder._calls import CallRecorder
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._slicing import Slicing
@@ -193,7 +193,8 @@ class Recording:
         try:
             self._steps.stop()
             self.window.stop_modes()
-            self.log.info({"exit": _exits.how(reason)})
+            # threads as the program left them (it may set them after init_process_group)
+            self.log.info({"exit": _exits.how(reason), "cpu": _manifest.cpu_info()})
             if was_on or self.failure is not None:
                 t = monotonic_ns()
                 self.log.record(codec.as_row(Marker(start_ns=t, end_ns=t, step=self.step, name="recording_end",

@@ -118,3 +118,22 @@ def test_a_full_disk_while_recording(small_disk, tmp_path):
     facts = json.loads(_cli("info", elsewhere, "--json").stdout)
     assert facts["recorder_failed_ranks"] == [0, 1]
     assert all("No space left on device" in f["reason"] for f in facts["recorder_failures"])
+
+
+@pytest.mark.timeout(200)
+def test_info_says_when_ranks_shared_cores(tmp_path):
+    """Each rank records the CPUs it could run on and torch's threads, as the program left
+    them; info says whether the ranks computed on cores of their own. steps.py sets one
+    thread per rank: 2 ranks fit this machine's cores, twice as many CPUs' worth do not."""
+    cpus = len(os.sched_getaffinity(0))
+    for nproc, shared in ((cpus, False), (2 * cpus, True)):
+        out = tmp_path / f"w{nproc}.prism"
+        got = _cli("record", "-o", out, "--nproc", nproc, "--timeout", 150, "--", sys.executable,
+                   SCRIPTS / "steps.py", timeout=180)
+        assert got.returncode == 0, got.stderr[-3000:]
+        facts = json.loads(_cli("info", out, "--json").stdout)
+        cpu = facts["cpu"]
+        assert cpu["shared"] is shared and cpu["hosts"][0]["ranks"] == nproc, cpu
+        assert cpu["hosts"][0]["threads"] == nproc and cpu["hosts"][0]["cpus"] == cpus, cpu
+        text = _cli("info", out).stdout
+        assert ("the ranks shared cores" in text) is shared, text
