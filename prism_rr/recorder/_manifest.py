@@ -63,7 +63,7 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
         "flight": None if options.flight is None else {
             "steps": options.flight, "hang_s": options.flight_hang, "slow": options.flight_slow,
             "budget": options.flight_budget, "at_exit": options.flight_at_exit},
-        "clock": {"monotonic_ns": mono, "wall_ns": wall},
+        "clock": {"monotonic_ns": mono, "wall_ns": wall, "process_start_ns": process_start_ns()},
         "cpu": cpu_info(),
     }
     if device.startswith("cuda"):
@@ -72,6 +72,20 @@ def rank_info(options, rank: int, world_size: int, backend: str, device: str) ->
         except Exception:
             pass
     return info
+
+
+def process_start_ns() -> int | None:
+    """When this process started, on the monotonic clock (to the kernel's tick, 10 ms),
+    from /proc; None where there is none. What a rank spent before init_process_group
+    (imports, its launcher) is what a replacement process spends again."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start_boot_ns = int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        boot, mono = time.clock_gettime_ns(time.CLOCK_BOOTTIME), time.monotonic_ns()
+        return mono - (boot - start_boot_ns)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def cpu_info() -> dict:
