@@ -11,8 +11,9 @@ sizes and dtypes, when it was created, its state and, in the pickle, its Python 
 The dumps become one spool per rank (group records, then one record per entry, then a
 `recording_end` marker: the rank was alive when it dumped), packed through `Rewrite`, so
 `info`, `verify`, `diagnose`, `export` and `tui` read the bundle as they read a recording.
-The manifest's `imported` says where it came from; `replay` refuses it, for it holds no
-command and no payloads.
+The manifest's `imported` says where it came from. `replay` runs the program the user
+gives against it (the dump names no command and holds no payloads): `entry_views` says how
+an entry of a dump stands for a call the program makes.
 
 The pickle is a stranger's: it is read by `safe_loads`, an interpreter of the pickle
 opcodes that build plain containers and scalars, and of nothing else. Every opcode that
@@ -32,7 +33,7 @@ import re
 import struct
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -43,7 +44,7 @@ from prism_rr.format.records import Collective, GroupInfo, Marker, PointToPoint,
 from prism_rr.format.rewrite import Rewrite
 from prism_rr.format.spool import encode_frame, spool_header, spool_path
 
-__all__ = ["MAX_DUMP_BYTES", "import_fr", "read_dump", "safe_loads"]
+__all__ = ["MAX_DUMP_BYTES", "entry_views", "import_fr", "read_dump", "safe_loads"]
 
 MAX_DUMP_BYTES = 256 << 20  # 2,000 entries: 0.3 MB of pickle (with stacks), 1 MB of JSON
 MAX_DEPTH = 32  # open MARKs, and tuples in tuples: a dump nests 5 deep
@@ -761,8 +762,10 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
                 note["coalesced"] += 1
                 continue
             seen.add((e.pg_name, e.seq))
+        # pg_status counts what completed only where the backend tracks states (nccl):
+        # gloo's counter also counts sends and receives, which its collective seqs do not
         done = (e.state == "completed" or e.completed_ns is not None
-                or e.seq <= dump.completed.get((e.pg_id, e.p2p is not None), -1)
+                or (tracks_state and e.seq <= dump.completed.get((e.pg_id, e.p2p is not None), -1))
                 or (e.retired and not tracks_state))
         start = e.created_ns
         end = None
@@ -798,6 +801,20 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
                            shapes=sizes, dtypes=dtypes, nbytes=_bytes(sizes, dtypes), stack=e.stack)
     yield Marker(start_ns=last, end_ns=last, step=0, name="recording_end", value=open_calls,
                  text=f"Flight Recorder dump {dump.path.name}")
+
+
+def entry_views(call: Collective, group_size: int) -> list[Collective]:
+    """The entries torch's Flight Recorder may have written for `call` (a call as a replay
+    sees the program make it), each as `import fr` reads an entry: the call itself, then
+    under each name a backend records it by (ops.FR_ALIASES), and a reduce_scatter's list
+    of equal inputs as the one stacked tensor nccl flattens it into. A dump holds neither
+    a reduce op nor a root, so no view has them."""
+    plain = replace(call, reduce_op=None, root=None)
+    views = [plain] + [replace(plain, op=name) for name in ops.FR_ALIASES.get(call.op, ())]
+    ins = call.in_shapes
+    if call.op == "reduce_scatter" and len(ins) == group_size and ins and len(set(ins)) == 1:
+        views.append(replace(plain, in_shapes=((group_size, *ins[0]),), in_dtypes=call.in_dtypes[:1]))
+    return views
 
 
 def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *, jobs: int | None = None,
@@ -854,7 +871,7 @@ def import_fr(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *, job
                     progress(len(items) + i + 1, steps)
             imported = {
                 "from": "flight_recorder", "forms": sorted(plan.forms), "versions": sorted(plan.versions),
-                "ranks": len(dumps), "replayable": False, **totals,
+                "ranks": len(dumps), "replayable": True, **totals,
             }
             new.pack({"command": ["prism-rr", "import", "fr"], "imported": "flight_recorder"},
                      manifest_extra={"imported": imported})

@@ -33,7 +33,7 @@ from math import ceil, log2
 from typing import NamedTuple
 
 __all__ = [
-    "BACKEND_NAMES", "FAMILIES", "FAMILY_NAMES", "FORMS", "OPS", "Op", "algorithm_factor", "family",
+    "BACKEND_NAMES", "FAMILIES", "FAMILY_NAMES", "FORMS", "FR_ALIASES", "FR_SEQS", "OPS", "Op", "algorithm_factor", "family",
     "from_backend", "is_p2p", "joined", "latency_steps", "lookup", "receives", "shard_side",
 ]
 
@@ -119,6 +119,22 @@ BACKEND_NAMES: dict[str, str] = {
     "all_to_all_v_single": "all_to_all_single", "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
     "all_reduce_barrier": "barrier",
 }
+
+
+# Calls a backend's Flight Recorder writes under another op's name, as `import fr` reads
+# that entry: gloo records an all_gather_into_tensor as all_gather, a reduce_scatter_tensor
+# as the all_reduce it runs, an all_to_all_single as all_to_all and an all_reduce_coalesced
+# as all_reduce (measured on torch 2.13). A replay of a dump matches a call to an entry of
+# its own name or of one of these.
+FR_ALIASES: dict[str, tuple[str, ...]] = {
+    "all_gather_into_tensor": ("all_gather",),
+    "reduce_scatter_tensor": ("all_reduce",),
+    "all_to_all_single": ("all_to_all",),
+    "all_reduce_coalesced": ("all_reduce",),
+}
+# Sequence numbers a call takes in its backend's Flight Recorder, where not one: gloo's
+# monitored_barrier takes two and writes no entry (measured on torch 2.13).
+FR_SEQS: dict[str, int] = {"monitored_barrier": 2}
 
 
 def from_backend(name: str) -> str:
