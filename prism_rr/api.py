@@ -326,23 +326,24 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
 
 def replay(bundle, **options) -> ReplayResult:
     """Replay `bundle`: some ranks for real, the others as virtual peers; the options are
-    `prism_rr.replayer.replay`'s. Never raises on a divergence: see the result's exit_code."""
+    `prism_rr.replayer.replay`'s (`attempt=N`: an attempt of a restarted job). Never raises
+    on a divergence or a recorded hang: see the result's exit_code (3, 7)."""
     from prism_rr.replayer import replay as run_replay
 
-    check_replayable(bundle)
+    check_replayable(bundle, cmd=options.get("cmd"))
     return run_replay(bundle, **options)
 
 
-def recorded_commands(bundle, ranks=(0,)) -> dict[int, tuple[list[str], str]]:
+def recorded_commands(bundle, ranks=(0,), *, attempt: int | None = None) -> dict[int, tuple[list[str], str]]:
     """What a replay with run_recorded_command=True would run for each rank: (argv, cwd),
     for showing to a user before they agree to run it."""
     from prism_rr.replayer.launch import recorded_commands as commands
 
     check_replayable(bundle)
-    return commands(bundle, ranks)
+    return commands(bundle, ranks, attempt=attempt)
 
 
-def recorded_command_lines(bundle, ranks=(0,)) -> list[str]:
+def recorded_command_lines(bundle, ranks=(0,), *, attempt: int | None = None) -> list[str]:
     """`recorded_commands` for people to read before they agree to run them: each
     distinct command and directory once, with the ranks that run it. Shown whole (a
     command cut short would hide what runs), every character that could draw on the
@@ -353,23 +354,25 @@ def recorded_command_lines(bundle, ranks=(0,)) -> list[str]:
 
     name = Path(bundle).name
     by_command: dict[tuple[str, str], list[int]] = {}
-    for r, (argv, cwd) in recorded_commands(bundle, ranks).items():
+    for r, (argv, cwd) in recorded_commands(bundle, ranks, attempt=attempt).items():
         by_command.setdefault((shown(shlex.join(argv), None), shown(cwd, None)), []).append(r)
     return [f"{shown(name, None)} names this command for rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)}:\n"
             f"  {argv}\n  in {cwd}" for (argv, cwd), rs in by_command.items()]
 
 
-def check_replayable(bundle) -> None:
-    """UsageError for a bundle replay cannot run: one imported from another tool's dumps
-    (`prism-rr import fr`) holds no command, payloads or steps to replay."""
+def check_replayable(bundle, *, cmd=None) -> None:
+    """UsageError for a replay that cannot run as asked: a bundle imported from PyTorch
+    Flight Recorder dumps (`prism-rr import fr`) names no command, so it replays only the
+    program given (`cmd`)."""
     from prism_rr.format import open_bundle
+    from prism_rr.format.text import shown
 
     with open_bundle(bundle) as b:
         imported = b.manifest.get("imported")
-    if isinstance(imported, dict):
-        raise UsageError(f"{Path(bundle).name} was imported from PyTorch Flight Recorder dumps, which hold no "
-                         f"command, payloads or steps: replay cannot run it (info, diagnose, export, tui and "
-                         f"diff read it)")
+    if isinstance(imported, dict) and not cmd:
+        name = shown(Path(bundle).name)
+        raise UsageError(f"{name} was imported from PyTorch Flight Recorder dumps, which name no command: give "
+                         f"the program that made them after -- (prism-rr replay {name} --ranks 0 -- python train.py)")
 
 
 def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = None, mesh=None,

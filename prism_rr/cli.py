@@ -24,7 +24,9 @@ EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
 4 bundle malformed or of an unsupported version · 5 diagnose found problems ·
 6 replay: the program ended before making the recorded calls ·
-6 diff: the collective sequences of the two bundles differ."""
+6 diff: the collective sequences of the two bundles differ ·
+7 replay: the end of a recorded hang (a call a peer never joined, or a program that ended
+without the call its peers wait in)."""
 
 HELP_OPTIONS = ["-h", "--help"]
 
@@ -266,7 +268,8 @@ def _say_spools(spool_dir: Path, output: Path) -> None:
 
 @app.command(
     epilog="Example: prism-rr replay run.prism --ranks 0 --report fidelity.json -- python train.py\n\n"
-    + EXIT_CODES + "\nReplay also: 6 the program ended before making the recorded calls · 124 --timeout.",
+    + EXIT_CODES + "\nReplay also: 6 the program ended before making the recorded calls · 7 a recorded hang's "
+    "end · 124 --timeout.",
 )
 def replay(
     bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),
@@ -283,6 +286,7 @@ def replay(
     continue_on_divergence: bool = typer.Option(False, "--continue-on-divergence", help="Log a divergence and go on instead of stopping (exit 3)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the replay after this many seconds."),
     launcher: Optional[bool] = typer.Option(None, "--launcher/--no-launcher", help="CMD is a launcher that starts one worker per real rank (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT); default: when CMD is torchrun or python -m torch.distributed.run."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", metavar="N", help="Of a restarted job's bundle, replay attempt N, each rank with that attempt's restart count (default: the last that failed, else the last; `info` lists them)."),
 ) -> None:
     """Replay a recording: the selected ranks run the original training code for real,
     every other rank is a virtual peer driven from the bundle.
@@ -302,6 +306,13 @@ def replay(
     same replay on every node (same bundle, ranks and command; only --node-rank differs);
     nnodes x nproc-per-node must equal the number of real ranks. The real ranks meet on
     torchrun's store, through which every node's fidelity card covers every real rank.
+
+    A hang: replay a recording of one (`prism-rr import fr` of Flight Recorder dumps, a
+    flight dump, a windowed recording) with the program that made it. A real rank that
+    reaches a call a peer never joined stops there, and the replay names the peers that
+    never joined and the last call each made (exit 7); a rank whose program ends while a
+    peer waits for a call it never made is named as the one they wait for (exit 7). A
+    call that completes one every peer waits in resolves the hang, and the replay goes on.
     """
     from prism_rr import api
 
@@ -309,15 +320,15 @@ def replay(
         raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
     if cmd and run_recorded:
         raise UsageError("give either -- CMD or --run-recorded-command, not both")
-    api.check_replayable(bundle)
+    api.check_replayable(bundle, cmd=cmd)
     if not cmd:
-        _consent_to_recorded_command(bundle, ranks, asked=run_recorded)
+        _consent_to_recorded_command(bundle, ranks, asked=run_recorded, attempt=attempt)
     result = api.replay(
         bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
         output_payload=output_payload, timing=timing, comm_scale=comm_scale,
         compute_scale=compute_scale, slow_rank=slow_rank,
         continue_on_divergence=continue_on_divergence, timeout=timeout,
-        run_recorded_command=not cmd, launcher=launcher,
+        run_recorded_command=not cmd, launcher=launcher, attempt=attempt,
     )
     _report_replay(result, report)
 
@@ -335,7 +346,7 @@ def _report_replay(result, report: Path | None) -> None:
         raise typer.Exit(result.exit_code)
 
 
-def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
+def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool, attempt: int | None = None) -> None:
     """Show the command and directory the bundle names; go on only if the user asked for
     them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
     from prism_rr import api
@@ -345,7 +356,7 @@ def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool) -> None:
               f"or pass --run-recorded-command")
     if not asked and not sys.stdin.isatty():
         raise UsageError(refuse)
-    for line in api.recorded_command_lines(bundle, ranks):
+    for line in api.recorded_command_lines(bundle, ranks, attempt=attempt):
         _say(line)
     if asked:
         return
@@ -636,7 +647,7 @@ def scale(
 
 import_app = typer.Typer(
     name="import",
-    help="Make a bundle of another tool's recording, for info, diagnose, export, tui and diff.",
+    help="Make a bundle of another tool's recording, for info, diagnose, export, tui, diff and replay.",
     no_args_is_help=True,
     context_settings={"help_option_names": HELP_OPTIONS},
 )
@@ -651,7 +662,8 @@ def import_fr(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that read the dumps (default: one per CPU, up to 32, for 64 dumps or more on 4 CPUs or more)."),
 ) -> None:
     """Import PyTorch Flight Recorder dumps (one per rank) as a bundle that info, verify,
-    diagnose, export, tui and diff read; replay cannot run it.
+    diagnose, export, tui and diff read, and that replay runs the program that made them
+    against (prism-rr replay fr.prism --ranks 0 -- python train.py): the hang reproduced.
 
     Each entry becomes a call: its process group (named as torch named it), sequence
     number, op, sizes, dtypes, when it was created and whether it completed, and the

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DivergenceError",
     "FormatError",
+    "HangError",
     "PrismError",
     "RecorderError",
     "ReplayError",
@@ -58,6 +59,13 @@ class DivergenceError(ReplayError):
     """A replayed rank did something other than what was recorded."""
 
     exit_code = 3
+
+
+class HangError(ReplayError):
+    """A replayed rank reached the end of a recorded hang: a call that a peer never joined
+    in the recording, or the end of its program while a peer waits for a call it never made."""
+
+    exit_code = 7
 
 
 def exit_code_for(error: BaseException) -> int:

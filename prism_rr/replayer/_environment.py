@@ -70,12 +70,14 @@ def _same_torch(a: str, b: str) -> bool:
     return a.split("+")[0] == b.split("+")[0]  # 2.5.1+cu121 replays on 2.5.1+cpu
 
 
-def check_environment(infos: dict[int, dict], *, timing: str) -> list[str]:
+def check_environment(infos: dict[int, dict], *, timing: str, dump: bool = False) -> list[str]:
     """One line per difference that a replay survives; UsageError where it cannot run.
 
     A recording made on CUDA (nccl) replays here only with CUDA, or with `timing="virtual"`
     on CPU, where the program must fall back to gloo on CPU by itself (as the demo does)
-    and the real rank's compute is scaled to the recorded one.
+    and the real rank's compute is scaled to the recorded one. A Flight Recorder `dump`
+    has no compute to score: it replays on CPU with any timing (a hang found on a GPU
+    cluster, reproduced on a laptop), the program falling back to gloo as above.
     """
     here = current_versions()
     warnings: list[str] = []
@@ -96,6 +98,10 @@ def check_environment(infos: dict[int, dict], *, timing: str) -> list[str]:
         if ("nccl" in backend or device.startswith("cuda")) and "cuda" not in seen:
             seen.add("cuda")
             if _cuda_here():
+                continue
+            if dump:
+                warnings.append(f"rank {rank}'s dump is of CUDA ({shown(backend)}); replaying on CPU (the program "
+                                f"must fall back to gloo), the peers at the dump's times")
                 continue
             if timing != "virtual":
                 raise UsageError(

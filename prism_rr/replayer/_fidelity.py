@@ -6,6 +6,7 @@ from __future__ import annotations
 from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
 from prism_rr.format.text import shown
+from prism_rr.replayer._hang import sentence
 
 __all__ = ["card", "fidelity_report", "how_far"]
 
@@ -98,6 +99,8 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # "fidelity": the replay of the recording as it ran; "prediction": of another run
         # (a scaled bundle, a what-if), whose `prediction` says what it predicts
         "mode": "prediction" if prediction else "fidelity",
+        # a bundle `import fr` made of Flight Recorder dumps: calls are checked, nothing is scored
+        "imported": isinstance(bundle.manifest.get("imported"), dict),
         "prediction": prediction,
         "predicted_keys": ["iteration_time_error_pct", "peak_memory_error_pct", "step_peak_memory_error_pct"]
         if prediction else [],
@@ -260,12 +263,13 @@ def card(report: dict) -> str:
     ]
     early = report.get("stopped_early") or []
     if not report["steps"] and early:
+        lines += _attempt_lines(report)
         # Nothing to score: say who ended, where, and what it printed last.
         first = (report.get("recorded_steps") or [None])[0]
         for e in early:
             before = f"before the end of step {first}, the recording's first" if first is not None else \
                 "before the end of any step"
-            lines.append(f"  stopped early: rank {e.get('rank')} {_ended(e)} {before} ({_made(e)})")
+            lines.append(f"  stopped early: rank {e.get('rank')} {_ended(e)} {before} ({_made(e)}){_recorded(e)}")
             tail = e.get("output_tail")
             if tail:
                 lines.append(f"  the last lines rank {e.get('rank')} wrote:")
@@ -273,7 +277,12 @@ def card(report: dict) -> str:
             elif tail is None:
                 lines.append(f"  (rank {e.get('rank')}'s output is above)")
         return "\n".join(lines)
-    lines += _predicted_lines(report) if report.get("prediction") else _measured_lines(report)
+    lines += _attempt_lines(report)
+    if report.get("imported") and not report["steps"]:
+        lines.append("  calls checked against Flight Recorder dumps, which hold no steps to score and no data "
+                     "(outputs are made up, the same each run)")
+    else:
+        lines += _predicted_lines(report) if report.get("prediction") else _measured_lines(report)
     if report.get("setup_s") is not None:
         share = report.get("replayer_setup_s")
         lines.append(f"  set-up {report['setup_s']:.2f} s before the first step"
@@ -294,12 +303,38 @@ def card(report: dict) -> str:
                      f"expected {shown(d['expected'])}, got {shown(d['got'])}")
     elif not early:
         lines.append("  diverged: no")
+    lines.extend(f"  {sentence(h)}" for h in report.get("resolved") or ())
+    if report.get("hang"):
+        lines.append(f"  {sentence(report['hang'])}")
     lines.extend(f"  {'failed' if e.get('complete') else 'stopped early'}: {how_far(e)}" for e in early)
     if early and d is None:
         lines.append("  no divergence in the calls made")
     if report.get("unreported"):
         lines.append(f"  no results from rank(s) {report['unreported']} (another node's replay has them)")
     return "\n".join(lines)
+
+
+def _attempt_lines(report: dict) -> list[str]:
+    """Which attempt of a restarted job the replay ran, where the bundle holds several."""
+    a = report.get("attempt") or {}
+    if len(a.get("attempts") or ()) < 2:
+        return []
+    default = " (the bundle's default)" if a.get("attempt") == a.get("default") else ""
+    return [f"  attempt {a['attempt']} of the job's attempts {', '.join(map(str, a['attempts']))}{default}"]
+
+
+def _recorded(e: dict) -> str:
+    """How the rank's program ended in the recording, beside how it ended now."""
+    was = e.get("recorded_exit")
+    if not isinstance(was, dict):
+        return ""
+    how = f" ({shown(was['how'])})" if isinstance(was.get("how"), str) else ""
+    code = was.get("code")
+    if type(code) is int and code == e.get("exit_code"):
+        return f", as in the recording{how}"
+    if type(code) is int:
+        return f"; in the recording it exited with code {code}{how}"
+    return f"; in the recording{how or ' it ended otherwise'}"
 
 
 def _ended(e: dict) -> str:
@@ -331,4 +366,4 @@ def how_far(e: dict) -> str:
     where = ""
     if e.get("step") is not None and last is not None and calls:
         where = f", in step {e['step']} (the recording's last is {last})"
-    return f"rank {e.get('rank')} {ended} {made}{where}"
+    return f"rank {e.get('rank')} {ended} {made}{where}{_recorded(e)}"

@@ -22,6 +22,7 @@ class ReplayOptions:
 
     bundle: str
     ranks: tuple[int, ...]  # the real ranks, sorted
+    attempt: int | None = None  # the attempt of a restarted job replayed (None: the bundle's default)
     work_dir: str  # where each real rank writes rank-NNNNN.json (stats, divergences)
     timing: str = "live"
     continue_on_divergence: bool = False
@@ -63,6 +64,7 @@ class ReplayOptions:
             raise UsageError(f"{ENV_VAR} must be a JSON object with a bundle")
         return cls(
             bundle=str(d["bundle"]),
+            attempt=None if d.get("attempt") is None else int(d["attempt"]),
             ranks=tuple(sorted(int(r) for r in d.get("ranks", ()))),
             work_dir=str(d["work_dir"]),
             timing=str(d.get("timing", "live")),

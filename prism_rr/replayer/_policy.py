@@ -14,6 +14,7 @@ timing model says so:
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import replace
 from time import monotonic_ns
 
@@ -24,11 +25,15 @@ from prism_rr.analysis import call_divergence
 from prism_rr.errors import DivergenceError
 from prism_rr.format import ops
 from prism_rr.format.blobs import blob_id
+from prism_rr.format.fr import entry_views
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.intercept.group import Policy, completed_work
 from prism_rr.intercept.payload import describe, digests, host_bytes
 from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, plausible, write
+from prism_rr.replayer._divergence import user_stack
+from prism_rr.replayer._hang import NEVER_JOINED, RESOLVED
 from prism_rr.replayer._install import BACKEND
+from prism_rr.replayer._schedule import direction
 
 __all__ = ["Absent", "ReplayPolicy"]
 
@@ -51,6 +56,7 @@ def _shapes(x) -> tuple:
 
 
 _SHAPE_FIELDS = {Collective: ("in_shapes", "out_shapes"), PointToPoint: ("shapes",)}
+_FROM_ROOT = ("copy_root", "scatter_root")  # forms whose outputs are the root's data alone
 _REPORTED = {"blob_in": "payload_in", "blob": "payload"}  # a divergence's field, as the report names it
 
 
@@ -65,10 +71,12 @@ class ReplayPolicy(Policy):
         self._all_real = all_real
         real_ranks = set(session.real)
         self._real_members = [g for g in ranks if g in real_ranks]  # global ranks, group order
+        self._virtual_members = [g for g in ranks if g not in real_ranks]
         self._sub = {g: i for i, g in enumerate(self._real_members)}  # global rank -> rank in real_pg
         self._peers = _peer_classes(session, gid, ranks, real_ranks)
         self._single = all(len(c.positions) == 1 for c in self._peers)
         self._srcs = {c.key: c.src for c in self._peers if c.key != c.src}  # timing key -> clock of
+        self._dump_shift = 0  # a Flight Recorder dump's seq of this group's next call, less the program's
         # The last small non-floating message this rank sent each virtual peer, by
         # (peer, dtypes, shapes): a handshake's answer when the bundle lacks it (_echo).
         self._sent: dict[tuple, list] = {}
@@ -100,12 +108,27 @@ class ReplayPolicy(Policy):
     def run(self, group, call):
         s = self._session
         entry = s.enter()
+        if s.schedule.imported and not call.p2p:
+            call = self._numbered_as_dumped(call)
+        s.made_call((group.gid, direction(call.op), call.peer) if call.p2p else (group.gid,), call.seq)
         try:
             if call.p2p:
                 return s.aside(self._p2p, group, call, entry)
             return s.aside(self._collective, group, call, entry)
         finally:
             s.returned()
+
+    def _numbered_as_dumped(self, call):
+        """The call under the seq a Flight Recorder dump gives it: after a call that takes
+        more of its recorder's numbers than one (ops.FR_SEQS: gloo's monitored_barrier,
+        two, and no entry), this group's calls are further on in the dump than the
+        program counts them."""
+        numbered = call
+        if self._dump_shift:
+            numbered = copy(call)  # the observer's call keeps the program's count
+            numbered.seq = call.seq + self._dump_shift
+        self._dump_shift += ops.FR_SEQS.get(call.op, 1) - 1
+        return numbered
 
     def _check(self, group, call, own, live) -> bool:
         """Compare the live call (`live`: a record of what the program passed, without
@@ -114,9 +137,12 @@ class ReplayPolicy(Policy):
         s = self._session
         gid, seq, op = group.gid, call.seq, call.op
         if own is None:
-            if s.schedule.windowed.get(s.rank, False):
-                return False
-            s.diverge(gid, seq, op, "call", "no such call (the recording ends before it)", op)
+            self._unrecorded(group, call, live)
+            return False
+        if s.schedule.imported:  # a Flight Recorder dump: as its backend wrote the call
+            d = _dump_divergence(own, live, group.size())
+            if d is not None:
+                s.diverge(gid, seq, op, d.field, _shown_value(d.field, d.expected), _shown_value(d.field, d.got))
             return False
         # `scale` predicted this call's shapes (FSDP2 pads each parameter's dim 0 to a
         # multiple of the group size, which the recording cannot tell): the live shapes
@@ -145,6 +171,52 @@ class ReplayPolicy(Policy):
             if diffs:
                 return False
         return True
+
+    def _unrecorded(self, group, call, live) -> None:
+        """A call this rank did not make in the recording. One that completes a call every
+        virtual member entered and never completed resolves a recorded hang; before a
+        recording's window, past the end of a resolved hang, and where a Flight Recorder
+        dump holds no entry for it, it is answered without checking; else it diverges."""
+        s = self._session
+        sched = s.schedule
+        gid, seq = group.gid, call.seq
+        waiting = None if call.p2p else s.ends.waiting_in(self._virtual_members, gid, seq)
+        if waiting:
+            self._resolve(group, call, live, waiting)
+        elif sched.windowed.get(s.rank, False) or s.ends.past_end(self._virtual_members):
+            return
+        elif sched.imported and _outside_dump(sched, s.rank, gid, seq, call.p2p):
+            return
+        else:
+            s.diverge(gid, seq, call.op, "call", "no such call (the recording ends before it)", call.op)
+
+    def _resolve(self, group, call, live, waiting: list) -> None:
+        """This rank's call completes one that every virtual member waits in: the recorded
+        hang is resolved, if the call is the one they wait in."""
+        s = self._session
+        rec = waiting[0]
+        if s.schedule.imported:
+            d = _dump_divergence(rec, live, group.size())
+        else:
+            d = call_divergence(rec, live, shapes=not s.schedule.shape_predicted(group.gid, rec.op))
+        if d is not None:
+            s.diverge(group.gid, call.seq, call.op, d.field, _shown_value(d.field, d.expected),
+                      _shown_value(d.field, d.got))
+            return
+        peers = [{"rank": p, "call": s.ends.call(r)} for p, r in zip(self._virtual_members, waiting)]
+        s.resolve({"kind": RESOLVED, "rank": s.rank, "peers": peers,
+                   "call": s.ends.live(group.gid, call.seq, call.op, user_stack())})
+
+    def _joined(self, group, call, peers) -> None:
+        """Stop at the end of a recorded hang: a call this rank made in the recording that
+        a virtual peer never joined there (with `peers` the ones that never did)."""
+        s = self._session
+        if not peers:
+            return
+        ends = [s.ends.peer_end(p, s.rank, s.made) for p in peers]
+        s.stop_at_hang({"kind": NEVER_JOINED, "rank": s.rank, "peers": ends,
+                        "call": s.ends.live(group.gid, call.seq, call.op, user_stack(),
+                                            peer=call.peer if call.p2p else None)})
 
     @staticmethod
     def _with_data(live, own, ins):
@@ -177,6 +249,8 @@ class ReplayPolicy(Policy):
                           in_shapes=_shapes(in_shapes), in_dtypes=tuple(in_dtypes), out_shapes=_shapes(out_shapes),
                           out_dtypes=tuple(out_dtypes), reduce_op=call.reduce_op, root=call.root)
         matched = self._check(group, call, own, live)
+        if own is not None:
+            self._joined(group, call, s.ends.never_joined(self._virtual_members, group.gid, call.seq, own))
         if self._all_real:
             return self._real_call(group, call, entry)
         return self._virtual(group, call, entry, own, matched)
@@ -254,6 +328,11 @@ class ReplayPolicy(Policy):
                               in_splits=in_splits, out_splits=out_splits)
             if not known and outs:
                 s.made_up()
+                if sched.imported and call.root not in (None, *self._sub) and ops.OPS[op].form in _FROM_ROOT:
+                    # A dump's virtual root sent data no dump holds: as a replica of this rank,
+                    # the buffer would keep whatever it held (torch.empty's memory): made up, seeded.
+                    for i, t in enumerate(outs):
+                        plausible(t, hash((gid, call.root, seq, i)))
         s.own_ns += monotonic_ns() - work_from
         records = {g: sched.collective(g, gid, seq) for g in self._real_members}
         records.update(vrecs)
@@ -304,6 +383,10 @@ class ReplayPolicy(Policy):
                             peer=peer if own is None else own.peer, tag=call.tag, shapes=_shapes(shapes),
                             dtypes=tuple(dtypes))
         matched = self._check(group, call, own, live)
+        if not self._all_real and peer not in self._sub and own is not None:
+            way = "recv" if call.receives else "send"
+            if s.ends.never_answered(peer, group.gid, way, s.rank, call.seq, own):
+                self._joined(group, call, [peer])
         if self._all_real:
             return call.fn(*call.args)
         if peer in self._sub:
@@ -447,6 +530,42 @@ def _family_group(session, gid: int, rank: int) -> int:
         if len(ranks) == size and sched.descs.get(other) == desc and rank in ranks:
             return other
     return gid
+
+
+def _dump_divergence(own, live, size: int):
+    """How a live call differs from the Flight Recorder entry of it (`own`, as `import fr`
+    read it), or None: the entry may name and shape the call as its backend ran it
+    (format.fr.entry_views); a barrier's tensors are the backend's own; a message's tag
+    and blocking are not in a dump."""
+    if type(own) is PointToPoint and type(live) is PointToPoint:
+        return call_divergence(own, replace(live, op=direction(live.op), tag=own.tag))
+    if type(own) is Collective and type(live) is Collective:
+        if ops.family(own.op) == "barrier" and ops.family(live.op) == "barrier":
+            return None
+        found = [call_divergence(own, view) for view in entry_views(live, size)]
+        if any(d is None for d in found):
+            return None
+        named = [d for d, view in zip(found, entry_views(live, size)) if view.op == own.op]
+        return (named or found)[0]
+    return call_divergence(own, live)
+
+
+def _outside_dump(sched, rank: int, gid: int, seq: int, p2p: bool) -> bool:
+    """Whether a Flight Recorder dump holds no entry for this call because it lies outside
+    what the dump recorded: before the group's first entry (a ring begins in the middle of
+    the run), between two of this rank's entries (an op its backend's recorder does not
+    write, as gloo's monitored_barrier, or a later op of a coalesced call), or a message
+    where the dump holds none (gloo's recorder writes no sends and receives)."""
+    if p2p:
+        return rank not in sched.p2p_recorded
+    first = sched.first_seq.get(gid)
+    return first is None or seq < first or sched.last_seq(rank, gid) > seq
+
+
+def _shown_value(field: str, v):
+    if field.endswith("shapes") and v is not None:
+        return _shapes(v)
+    return v
 
 
 def _hex(values) -> str:

@@ -28,6 +28,18 @@ class Schedule:
         self.descs = {g["id"]: str(g.get("desc") or "") for g in bundle.groups}
         self._calls: dict[tuple, object] = {}
         self.windowed: dict[int, bool] = {}
+        # A bundle `import fr` made of Flight Recorder dumps: each rank's calls from the
+        # middle of the run (its ring) to its dump, no command, data or steps.
+        imported = bundle.manifest.get("imported")
+        self.imported = isinstance(imported, dict) and imported.get("from") == "flight_recorder"
+        # How the recording ends (the end of a hang, see _hang.py): each rank's last call,
+        # the calls it entered and never completed, its last seq per group and how it ended.
+        self.last: dict[int, Collective | PointToPoint] = {}
+        self.pending: dict[int, list[Collective | PointToPoint]] = {}
+        self.exits: dict[int, dict] = {}
+        self._last_seq: dict[tuple, int] = {}  # (rank, group) or p2p's (rank, group, way, peer) -> last seq
+        self.first_seq: dict[int, int] = {}  # group -> the lowest collective seq recorded on it
+        self.p2p_recorded: set[int] = set()  # ranks with a point-to-point call in the recording
         self.clock_offset: dict[int, int] = {}
         self.step_ends: dict[int, dict[int, int]] = {}  # rank -> step -> its Step record's end
         # A bundle made by `prism-rr scale` predicts the shapes of some calls on the groups
@@ -49,14 +61,30 @@ class Schedule:
                 # (milliseconds on a loaded machine).
                 offset = 0
             self.clock_offset[rank] = offset
+            if isinstance(info.get("exit"), dict):
+                self.exits[rank] = info["exit"]
             ends = self.step_ends[rank] = {}
             for rec in bundle.events(rank):
                 if isinstance(rec, Collective):
                     self._calls[(rank, rec.group, rec.seq)] = rec
+                    self._note(rank, rec, (rank, rec.group))
+                    self.first_seq[rec.group] = min(rec.seq, self.first_seq.get(rec.group, rec.seq))
                 elif isinstance(rec, PointToPoint):
                     self._calls[(rank, rec.group, direction(rec.op), rec.peer, rec.seq)] = rec
+                    self._note(rank, rec, (rank, rec.group, direction(rec.op), rec.peer))
+                    self.p2p_recorded.add(rank)
                 elif isinstance(rec, Step) and rec.end_ns is not None:
                     ends[rec.step] = rec.end_ns
+
+    def _note(self, rank: int, rec, key: tuple) -> None:
+        """Keep what the end of the recording needs of a call: whether it is the rank's
+        last, and whether it was entered and never completed."""
+        self._last_seq[key] = max(rec.seq, self._last_seq.get(key, rec.seq))
+        last = self.last.get(rank)
+        if last is None or rec.start_ns >= last.start_ns:
+            self.last[rank] = rec
+        if rec.end_ns is None:
+            self.pending.setdefault(rank, []).append(rec)
 
     @classmethod
     def for_real_ranks(cls, bundle, real, roles=None) -> Schedule:
@@ -85,6 +113,12 @@ class Schedule:
 
     def p2p(self, rank: int, group: int, way: str, peer: int, seq: int) -> PointToPoint | None:
         return self._calls.get((rank, group, way, peer, seq))
+
+    def last_seq(self, rank: int, group: int, way: str | None = None, peer: int | None = None) -> int:
+        """The last seq `rank` recorded on `group` (collectives, or with `way` and `peer` its
+        messages that way to or from `peer`); -1 where it recorded none."""
+        key = (rank, group) if way is None else (rank, group, way, peer)
+        return self._last_seq.get(key, -1)
 
     def shape_predicted(self, group: int, op: str) -> bool:
         """Were this call's shapes predicted by `scale` rather than recorded?"""

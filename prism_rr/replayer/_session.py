@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 from time import monotonic_ns
 
-from prism_rr.errors import DivergenceError, ReplayError
+from prism_rr.errors import DivergenceError, HangError, ReplayError
 from prism_rr.format import open_bundle
 from prism_rr.intercept import dispatch
 from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._environment import _cuda_here
+from prism_rr.replayer._hang import WAITED_FOR, RecordingEnd, sentence
 from prism_rr.replayer._options import ReplayOptions
 from prism_rr.replayer._schedule import Schedule
 from prism_rr.replayer._timing import PeerClock
@@ -97,7 +98,7 @@ class ReplaySession:
         self.setup_ns: int | None = None  # ... and how long making this session took
         self.options = options
         self.rank = rank
-        self.bundle = open_bundle(options.bundle)
+        self.bundle = open_bundle(options.bundle, attempt=options.attempt)
         if world_size != self.bundle.world_size:
             raise ReplayError(f"the program made a world of {world_size}; the recording has {self.bundle.world_size}")
         if rank not in self.bundle.recorded_ranks:
@@ -113,6 +114,10 @@ class ReplaySession:
             self.roles = Roles.from_manifest(roles)
         self.scaled = isinstance(self.bundle.manifest.get("scale"), dict)
         self.schedule = Schedule.for_real_ranks(self.bundle, self.real, self.roles)
+        self.ends = RecordingEnd(self.schedule)
+        self.made: dict[tuple, int] = {}  # next seq per group (and per group, direction, peer for messages)
+        self.hang: dict | None = None  # the end of a recorded hang this rank stopped at
+        self.resolved: list[dict] = []  # recorded hangs this rank's calls resolved
         self.clock = PeerClock(rank, self.schedule.clock_offset, compute_scale=options.compute_scale,
                                slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale,
                                pure_transfer=self.scaled)
@@ -127,6 +132,7 @@ class ReplaySession:
         self.trace: list | None = [] if os.environ.get("PRISM_RR_REPLAY_TRACE") else None
         self.alarm = _Alarm()
         self.divergences: list[Divergence] = []
+        self.waited_for: dict | None = None  # at the program's end: peers waiting for this rank
         self.stopped: Divergence | None = None
         self.synthetic = False  # data made up for virtual peers has flowed into this rank's numerics
         self.made_up_from_ns: int | None = None  # since when (monotonic): its calls' data is no longer checked
@@ -208,6 +214,8 @@ class ReplaySession:
         t = monotonic_ns()
         if self.stopped is not None:
             raise DivergenceError(self.stopped.paragraph())
+        if self.hang is not None:
+            raise HangError(sentence(self.hang))
         gap = t - self.last_return if self.last_return is not None and t > self.last_return else 0
         self.compute_ns += gap
         if self.live and self._pad != 1.0 and gap:
@@ -285,14 +293,47 @@ class ReplaySession:
         self.write()
         raise DivergenceError(d.paragraph())
 
-    def _exit_diverged(self) -> None:
+    def _exit_stopped(self, code: int) -> None:
         self.write()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
-        os._exit(3)
+        os._exit(code)
+
+    # --- the end of a recorded hang (_hang.py) -------------------------------------
+
+    def made_call(self, key: tuple, seq: int) -> None:
+        """The program made call `seq` of `key` (a group; a group, direction and peer)."""
+        if self.made.get(key, 0) <= seq:
+            self.made[key] = seq + 1
+
+    def stop_at_hang(self, found: dict) -> None:
+        """Stop the program at the end of a recorded hang (exit 7 once it has unwound)."""
+        self.hang = found
+        text = sentence(found)
+        log.error("prism-rr: %s", text)
+        self.write()
+        raise HangError(text)
+
+    def resolve(self, found: dict) -> None:
+        """A call of this rank resolved a recorded hang: its peers go on past their recording."""
+        self.ends.release(p["rank"] for p in found["peers"])
+        self.resolved.append(found)
+        log.warning("prism-rr: %s", sentence(found))
+
+    def _waited_for(self) -> dict | None:
+        """At the program's end: the virtual peers that wait, in the recording, in calls
+        with this rank that it never made (it is the rank they wait for)."""
+        peers = []
+        for peer in sorted(self.schedule.pending):
+            if peer in self.real:
+                continue
+            calls = self.ends.waits_for(peer, self.rank, self.made)
+            if calls:
+                peers.append({"rank": peer, "calls": [self.ends.call(c) for c in calls]})
+        return {"kind": WAITED_FOR, "rank": self.rank, "peers": peers} if peers else None
 
     # --- steps --------------------------------------------------------------------
 
@@ -346,6 +387,9 @@ class ReplaySession:
             "predicted_shape_examples": self.predicted_shape_examples,
             "divergences": [d.to_dict() for d in self.divergences[:100]],
             "stopped": self.stopped is not None,
+            "hang": self.hang,
+            "resolved": self.resolved,
+            "waited_for": self.waited_for,
             "timing": self.options.timing,
             "calibration": self.calibration,
             "trace": self.trace,
@@ -365,6 +409,11 @@ class ReplaySession:
 
     def _at_exit(self) -> None:
         self.exiting = True  # the program is done: its results stand (see launch)
+        if self.stopped is None and self.hang is None:
+            try:
+                self.waited_for = self._waited_for()
+            except Exception as exc:
+                log.warning("prism-rr: could not tell who waits for this rank: %s", exc)
         for ref in self.policies:
             policy = ref()
             if policy is not None:
@@ -382,4 +431,6 @@ class ReplaySession:
             except Exception as exc:
                 log.warning("prism-rr: could not gather the other real ranks' results: %s", exc)
         if self.stopped is not None:
-            self._exit_diverged()
+            self._exit_stopped(3)
+        if self.hang is not None:
+            self._exit_stopped(7)

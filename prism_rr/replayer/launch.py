@@ -55,6 +55,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _POLL_S = 0.02
 DIVERGED = 3
 INCOMPLETE = 6  # the program ended (exit 0) before making the calls the recording holds
+HUNG = 7  # the replay reached the end of a recorded hang (_hang.py)
 TIMED_OUT = 124
 
 
@@ -62,7 +63,7 @@ TIMED_OUT = 124
 class ReplayResult:
     """How a replay ended and what the fidelity report says."""
 
-    exit_code: int  # 0 ok, 3 diverged, 6 incomplete, 124 timed out, else the first failing rank's code
+    exit_code: int  # 0 ok, 3 diverged, 6 incomplete, 7 a recorded hang, 124 timed out, else the first failing rank's
     rank_codes: dict[int, int]
     report: dict
     card: str
@@ -101,7 +102,7 @@ def _recorded_cwd(info: dict) -> str:
     return os.getcwd()
 
 
-def recorded_commands(bundle_path, ranks=(0,)) -> dict[int, tuple[list[str], str]]:
+def recorded_commands(bundle_path, ranks=(0,), attempt: int | None = None) -> dict[int, tuple[list[str], str]]:
     """What `replay(..., run_recorded_command=True)` would run for each rank: (argv, cwd).
 
     A rank that was not recorded (a sliced or scaled bundle) runs its role's
@@ -109,7 +110,7 @@ def recorded_commands(bundle_path, ranks=(0,)) -> dict[int, tuple[list[str], str
     """
     real = parse_ranks(ranks) or ()
     out = {}
-    with open_bundle(Path(bundle_path)) as bundle:
+    with open_bundle(Path(bundle_path), attempt=attempt) as bundle:
         recorded = bundle.recorded_ranks
         for r in real:
             source = r if r in recorded else _representative(bundle, r)
@@ -145,13 +146,15 @@ def _check_launcher(cmd, real: tuple, output) -> None:
 
 def _child_env(info: dict, options: ReplayOptions, env: dict | None, rank_vars: dict | None = None) -> dict:
     """A replayed process's environment: this one's, the bundle's allow-listed names where
-    this machine sets none, the rank's, the caller's, and the start-up hook."""
+    this machine sets none, the rank's, the attempt's restart count, the caller's, and the
+    start-up hook."""
     child = dict(os.environ)
     child.pop("PRISM_RR_RECORD", None)
     for name, value in replay_env(info).items():  # the allow-list only; this machine's win
         child.setdefault(name, value)
     child.setdefault("OMP_NUM_THREADS", "1")
     child.update(rank_vars or {})
+    child.update(_attempt_env(info))  # over torchrun's: the attempt's own
     child.update(env or {})
     path = [str(HOOK_DIR)]
     if child.get("PYTHONPATH"):
@@ -160,6 +163,17 @@ def _child_env(info: dict, options: ReplayOptions, env: dict | None, rank_vars: 
     child["PYTHONPATH"] = os.pathsep.join(path)
     child[ENV_VAR] = options.to_json()
     return child
+
+
+def _attempt_env(info: dict) -> dict[str, str]:
+    """TorchElastic's restart count of the replayed attempt, where it ran under one: a
+    program may do otherwise in a restart (resume from a checkpoint, skip a step), and a
+    replay of attempt N runs it as attempt N ran. A number, never text from the bundle."""
+    incarnation = info.get("incarnation") if isinstance(info, dict) else None
+    count = incarnation.get("restart_count") if isinstance(incarnation, dict) else None
+    if type(count) is int and 0 <= count < 1 << 20:
+        return {"TORCHELASTIC_RESTART_COUNT": str(count)}
+    return {}
 
 
 def _read_stats(work: Path, rank: int) -> dict | None:
@@ -225,6 +239,7 @@ def replay(
     env: dict | None = None,
     run_recorded_command: bool = False,
     launcher: bool | None = None,
+    attempt: int | None = None,
 ) -> ReplayResult:
     """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence).
 
@@ -247,6 +262,18 @@ def replay(
     ranks meet on torchrun's store; through it every node gathers every real rank's results,
     so each node's report covers them all (those that did not arrive within a bounded wait
     are in the report's `unreported`). A node's workers have one exit code, torchrun's.
+
+    `attempt`: which attempt of a restarted job to replay (default: the bundle's default
+    one, the last that failed, else the last); each real rank runs as that attempt's did
+    (its TorchElastic restart count), and the report says which (`attempt`). A rank that
+    failed in the recording and fails again keeps its exit code; the report says how it
+    ended in the recording (`stopped_early[].recorded_exit`).
+
+    A recording of a hang (`import fr` of Flight Recorder dumps, flight mode's dump on a
+    hang, a windowed recording) ends in the report's `hang` (exit 7): a real rank made a
+    call that a virtual peer never joined in the recording, or its program ended while a
+    virtual peer waits in a call with it that it never made. A call that completes one
+    every virtual peer waits in resolves it (`resolved`), and the replay goes on.
     """
     from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
 
@@ -257,11 +284,15 @@ def replay(
     if not cmd and not run_recorded_command:
         raise UsageError(f"{bundle_path.name}: the command a bundle names runs only when asked: "
                          f"give the command to run, or run_recorded_command=True")
-    with open_bundle(bundle_path) as bundle:
+    with open_bundle(bundle_path, attempt=attempt) as bundle:
         world = bundle.world_size
         missing = [r for r in real if r not in bundle.recorded_ranks]
         roles_entry = bundle.manifest.get("roles")
+        attempt, default_attempt = bundle.attempt, bundle.default_attempt
     if missing and isinstance(roles_entry, dict):
+        if attempt != default_attempt:
+            raise UsageError(f"{bundle_path.name}: ranks {missing} were not recorded in attempt {attempt}; a rank "
+                             f"is replayed as its role's only in the default attempt ({default_attempt})")
         # A sliced or scaled bundle: a rank that was not recorded does its role's work.
         # Write its representative's records mapped onto it (its groups, peers, roots)
         # and replay that.
@@ -272,10 +303,12 @@ def replay(
         with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
             derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
             return replay(derived, **args)
-    with open_bundle(bundle_path) as bundle:
+    with open_bundle(bundle_path, attempt=attempt) as bundle:
         if missing:
             raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}")
         infos = {r: bundle.rank_info(r) for r in real}
+        attempts = [e["attempt"] for e in bundle.attempts]
+        dump = isinstance(bundle.manifest.get("imported"), dict)
         outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
         if outside:
             raise UsageError(f"slow_rank {outside[0][0]} is not a rank of the recorded world of {world}")
@@ -283,7 +316,7 @@ def replay(
         launcher = is_launcher(cmd)
     if launcher:
         _check_launcher(cmd, real, output)
-    warnings = check_environment(infos, timing=timing)
+    warnings = check_environment(infos, timing=timing, dump=dump)
     for w in warnings:
         log.warning("prism-rr: %s", w)
     spool_dir = None
@@ -298,7 +331,7 @@ def replay(
         if output_payload is None:
             output_payload = str(infos[real[0]].get("payload") or "digest")
     work = Path(tempfile.mkdtemp(prefix="prism-rr-replay-"))
-    options = ReplayOptions(bundle=str(bundle_path), ranks=real, work_dir=str(work), timing=timing,
+    options = ReplayOptions(bundle=str(bundle_path), attempt=attempt, ranks=real, work_dir=str(work), timing=timing,
                             continue_on_divergence=continue_on_divergence, launcher=launcher, world_size=world,
                             real_port=free_port() if len(real) > 1 and not launcher else 0,
                             comm_scale=float(comm_scale), compute_scale=float(compute_scale),
@@ -370,7 +403,7 @@ def replay(
             code = codes.pop(-1)
             unreported = [r for r in real if r not in stats]
             codes = {r: code for r in real if r in stats}
-        with open_bundle(bundle_path) as bundle:
+        with open_bundle(bundle_path, attempt=attempt) as bundle:
             rep = fidelity_report(bundle, real, stats, timing=timing, what_if=_what_if(options))
         traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
         if traces:  # PRISM_RR_REPLAY_TRACE: each call's entries and completion, for debugging the model
@@ -398,18 +431,31 @@ def replay(
         rep["teardown_aborts"] = torn
         codes = {r: (0 if r in torn else c) for r, c in codes.items()}
     stopped = any(st.get("stopped") for st in stats.values())
-    rep["stopped_early"] = _stopped_early(rep["progress"], codes, stats, timed_out=timed_out, diverged=stopped)
+    hung = next((st["hang"] for _, st in sorted(stats.items()) if isinstance(st.get("hang"), dict)), None)
+    rep["stopped_early"] = _stopped_early(rep["progress"], codes, stats, timed_out=timed_out,
+                                          diverged=stopped or hung is not None)
+    for e in rep["stopped_early"]:
+        e["recorded_exit"] = _recorded_exit(infos.get(e["rank"]))
     if logs is not None:  # the ranks' output went to files: the card shows how each ended
         for e in rep["stopped_early"]:
             e["output_tail"] = _tail(logs / f"rank{e['rank']}.stderr")
+    rep["resolved"] = [h for _, st in sorted(stats.items()) for h in st.get("resolved") or ()]
     if timed_out:
         code = TIMED_OUT
     elif stopped:
         code = DIVERGED
+    elif hung is not None:
+        code = HUNG
     else:
         code = exit_code(list(codes.values()))  # the rank that failed on its own, as localrun's
         if not code and rep["stopped_early"]:
             code = INCOMPLETE
+        if not code:  # every program ended well: did one end without a call its peers wait in?
+            hung = next((st["waited_for"] for _, st in sorted(stats.items())
+                         if isinstance(st.get("waited_for"), dict)), None)
+            code = HUNG if hung is not None else 0
+    rep["hang"] = hung
+    rep["attempt"] = {"attempt": attempt, "attempts": attempts, "default": default_attempt}
     rep["exit_code"] = code
     rep["environment_warnings"] = warnings
     rep["what_if"] = _what_if(options)
@@ -421,6 +467,12 @@ def replay(
     return ReplayResult(exit_code=code, rank_codes=codes, report=rep, card=card(rep), timed_out=timed_out,
                         log_dir=logs, commands=commands, warnings=tuple(warnings),
                         output=output if spool_dir is not None else None)
+
+
+def _recorded_exit(info) -> dict | None:
+    """How a rank's program ended in the recording (rank info `exit`), where it says."""
+    how = info.get("exit") if isinstance(info, dict) else None
+    return how if isinstance(how, dict) else None
 
 
 def _what_if(options) -> dict:
@@ -443,12 +495,12 @@ def _tail(path: Path, lines: int = 8) -> list[str]:
 
 def _stopped_early(progress: dict, codes: dict, stats: dict, *, timed_out: bool, diverged: bool) -> list[dict]:
     """The real ranks that did not make every call the recording holds, or failed: how far
-    each got. A rank stopped by a divergence (and those ended because of it) is left to
-    the divergence report."""
+    each got. A rank stopped by a divergence or at a recorded hang (and those ended because
+    of it) is left to that report."""
     out = []
     for r in sorted(codes):
         st, c, p = stats.get(r), codes[r], progress.get(str(r), {})
-        if st is not None and st.get("stopped"):
+        if st is not None and (st.get("stopped") or st.get("hang")):
             continue
         if diverged and c < 0:
             continue
