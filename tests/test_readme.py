@@ -99,6 +99,11 @@ PLACEHOLDERS: dict[str, object] = {
     "reference.prism": "run.prism",  # diff's reference: the README's own run
     # Flight Recorder dumps of 3 gloo ranks, rank 1 skipping an all_reduce (tests/data/fr)
     "fr-dumps/": ["cp", "-r", str(Path(__file__).parent / "data" / "fr" / "skip" / "pickle"), "fr-dumps"],
+    # A real two-rank hang's dumps (rank 1 skips a call rank 0 makes) and the program that made
+    # them, which imports its dumping watchdog (tests/replayer/scripts; test_fr_replay.py)
+    "hang-dumps/": ["cp", "-r", str(Path(__file__).parent / "data" / "fr" / "hang" / "pickle"), "hang-dumps"],
+    "hang.py": ["sh", "-c", 'cp "$0/fr_hang.py" hang.py && cp "$0/fr_watchdog.py" .',
+                str(Path(__file__).parent / "replayer" / "scripts")],
     # A replay's own recording, to compare with the recording in the TUI.
     "replay.prism": [*PRISM, "replay", "run.prism", "--ranks", "0", "-o", "replay.prism", "--timeout", "120",
                      "--", sys.executable, "train.py"],
@@ -120,7 +125,7 @@ SKIPPED: dict[str, str] = {
 }
 
 OUTPUT_OPTIONS = {"-o", "--output", "--report"}
-FILE = re.compile(r".*\.(py|prism|prism\.d|json)$|^fr-dumps/$")
+FILE = re.compile(r".*\.(py|prism|prism\.d|json)$|^(fr|hang)-dumps/$")
 EXIT = re.compile(r"\(exit (\d+)( if any)?\)")
 
 
