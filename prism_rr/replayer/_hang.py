@@ -74,12 +74,13 @@ class RecordingEnd:
     def waiting_in(self, peers, gid: int, seq: int) -> list | None:
         """The records of collective (gid, seq) of `peers` when every one of them entered
         it and never completed it in the recording; else None."""
-        if not peers:
-            return None
-        recs = [self._schedule.collective(p, gid, seq) if self._open(p) else None for p in peers]
-        if all(r is not None and r.end_ns is None for r in recs):
-            return recs
-        return None
+        recs = []
+        for p in peers:
+            rec = self._schedule.collective(p, gid, seq) if self._open(p) else None
+            if rec is None or rec.end_ns is not None:
+                return None
+            recs.append(rec)
+        return recs or None
 
     def past_end(self, peers) -> bool:
         """Whether every one of `peers` went on past the end of its recording."""
