@@ -42,10 +42,19 @@ from prism_rr.analysis._divergence import (
 from prism_rr.analysis._diff import BundleDiff, SequenceDifference, diff_bundles, diff_json, diff_lines
 from prism_rr.analysis._model import MatchedCall, Member, P2PMatch, RankTrace, StepStats
 from prism_rr.analysis._parquet import export_parquet
-from prism_rr.analysis._steps import CriticalPath, Segment, StepAnalysis, analyze_step, step_durations
+from prism_rr.analysis._steps import (
+    CLOCKS,
+    CriticalPath,
+    Segment,
+    StepAnalysis,
+    StepDurations,
+    analyze_step,
+    step_durations,
+)
 
 __all__ = [
     "BundleDiff",
+    "CLOCKS",
     "CallDivergence",
     "CriticalPath",
     "ExecutionGraph",
@@ -60,6 +69,7 @@ __all__ = [
     "SequenceDifference",
     "StepAnalysis",
     "StepAttribution",
+    "StepDurations",
     "StepStats",
     "StragglerCost",
     "WINDOW_EVENTS",

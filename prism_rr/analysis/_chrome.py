@@ -3,9 +3,12 @@
 A process per rank; threads for steps, compute, operators and communication lanes
 (overlapping calls of one rank go to separate lanes, since slices on one thread must
 nest); flow arrows join the members of each collective and each send to its receive;
-counters show memory. Events are written one at a time: the whole list never exists.
-A name ending in .gz (or gzip=True) writes it gzipped: a trace of thousands of ranks is
-mostly repeated keys, and Perfetto opens .json.gz as it is.
+counters show memory. Where the bundle has device time (format 1.3), each rank also has
+"device" threads: its steps and calls as the device passed them, placed on the host
+timeline by the rank's device epoch (`otherData.device_clock` says which clock).
+Events are written one at a time: the whole list never exists. A name ending in .gz
+(or gzip=True) writes it gzipped: a trace of thousands of ranks is mostly repeated
+keys, and Perfetto opens .json.gz as it is.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from typing import Any
 
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
-from prism_rr.format.records import Collective, Compute, Marker, Memory, PointToPoint, Step
+from prism_rr.format.facts import device_time_facts
+from prism_rr.format.records import Collective, Compute, DeviceTime, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import build_graph
 
 __all__ = ["export_chrome"]
 
-_TID_STEPS, _TID_COMPUTE, _TID_OPS, _TID_COMM = 1, 2, 3, 10
+_TID_STEPS, _TID_COMPUTE, _TID_OPS, _TID_DEVICE_STEPS, _TID_COMM, _TID_DEVICE = 1, 2, 3, 4, 10, 1000
 
 
 def export_chrome(
@@ -54,6 +58,10 @@ def export_chrome(
         f.write('{"displayTimeUnit": "ns", "otherData": ')
         other = {"world_size": bundle.world_size, "format": bundle.format_version, "recorded_ranks": graphs[0].ranks,
                  "clock": "rank 0's monotonic clock, from the first event"}
+        device = device_time_facts(bundle)
+        if device is not None:
+            other["device_clock"] = (", ".join(device["clocks"]) + ": the device threads' times, each rank's "
+                                     "placed by its device epoch's host time")
         if several:
             other["attempts"] = [b.attempt for b in views]
         f.write(json.dumps(other))
@@ -112,11 +120,17 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
             emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
         lanes: list[int] = []  # end of the last call in each communication lane
         end_of_rank = trace.last_ns if trace.last_ns is not None else t0
+        epoch = bundle.rank_info(rank).get("device_time")
+        epoch = epoch.get("epoch_host_ns") if type(epoch) is dict else None
+        device: list[DeviceTime] = []
         for rec in bundle.events(rank, steps=steps):
             start = rec.start_ns - off
             end = None if rec.end_ns is None else rec.end_ns - off
             cls = type(rec)
-            if cls is Compute:
+            if cls is DeviceTime:
+                if type(epoch) is int:
+                    device.append(rec)
+            elif cls is Compute:
                 if end is None:
                     continue
                 tid = _TID_COMPUTE if rec.name is None else _TID_OPS
@@ -180,3 +194,46 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
             elif cls is Marker:
                 emit({"ph": "i", "pid": pid, "tid": _TID_STEPS, "s": "p", "name": rec.name, "cat": "marker",
                       "ts": us(start), "args": {"value": rec.value, "text": rec.text}})
+        if device:
+            _write_device(device, epoch - off, pid, emit, us)
+
+
+def _write_device(records: list[DeviceTime], base: int, pid: int, emit, us) -> None:
+    """A rank's DeviceTime records as slices on its device threads, each device time
+    placed at `base` + it (the epoch's host time, on rank 0's clock): steps on one thread,
+    calls from their issue to where the program's wait for them returned, in lanes."""
+    thread = {_TID_DEVICE_STEPS: "device: steps"}
+    lanes: list[int] = []
+    slices = []
+    for rec in records:
+        first = rec.dev_start_ns if rec.dev_start_ns is not None else rec.dev_wait_ns
+        if first is None or rec.dev_end_ns is None or rec.dev_end_ns < first:
+            continue
+        args = {"step": rec.step, "device_ns": [first, rec.dev_end_ns]}
+        if rec.name == "step":
+            slices.append((first, rec.dev_end_ns, _TID_DEVICE_STEPS, f"step {rec.step}", "step", args))
+            continue
+        args.update(group=rec.group, seq=rec.seq)
+        if rec.peer is not None:
+            args["peer"] = rec.peer
+        if rec.dev_wait_ns is not None:
+            args["waited_us"] = round((rec.dev_end_ns - rec.dev_wait_ns) / 1000, 3)
+        if rec.dev_duration_ns is not None:
+            args["backend_us"] = round(rec.dev_duration_ns / 1000, 3)
+        slices.append((first, rec.dev_end_ns, None, rec.op or "call", "communication", args))
+    slices.sort(key=lambda s: s[0])
+    for first, last, tid, name, cat, args in slices:
+        if tid is None:
+            lane = next((i for i, e in enumerate(lanes) if e <= first), None)
+            if lane is None:
+                lane = len(lanes)
+                lanes.append(last)
+            else:
+                lanes[lane] = last
+            tid = _TID_DEVICE + lane
+            thread.setdefault(tid, "device: calls" if lane == 0 else f"device: calls {lane + 1}")
+        emit({"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": us(base + first),
+              "dur": round((last - first) / 1000, 3), "args": args})
+    for tid, name in thread.items():
+        emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+        emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})

@@ -24,15 +24,16 @@ from prism_rr.format.reader import Bundle, ChunkRef
 from prism_rr.format.records import (
     Collective, Compute, GroupInfo, K_ASYNC, K_END, K_GROUP, K_IN_DTYPES, K_IN_SHAPES, K_NAME, K_OP,
     K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
-    K_VALUE, K_ISSUED, K_TAG, Marker, Memory, PointToPoint, Step,
+    K_VALUE, K_ISSUED, K_TAG, DeviceTime, Marker, Memory, PointToPoint, Step,
 )
 from prism_rr.analysis._divergence import structure_of
 
 __all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
 
 _COLL, _P2P, _COMPUTE, _STEP, _MARKER = Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Marker.KIND
-_KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND)
-_SKIPPED = (Memory.KIND, GroupInfo.KIND)
+_KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND,
+          DeviceTime.KIND)
+_SKIPPED = (Memory.KIND, GroupInfo.KIND, DeviceTime.KIND)  # counted, not read
 _NO_FIGURES = (*_SKIPPED, Compute.KIND)
 # the columns read of each kind (the others are skipped unread)
 _TIMES = frozenset({K_START, K_END, K_STEP})

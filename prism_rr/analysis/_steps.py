@@ -10,15 +10,43 @@ from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
 from prism_rr.analysis._build import clock_offsets
 
-__all__ = ["CriticalPath", "Segment", "StepAnalysis", "analyze_step", "step_durations"]
+__all__ = ["CLOCKS", "CriticalPath", "Segment", "StepAnalysis", "StepDurations", "analyze_step", "step_durations"]
+
+CLOCKS = ("device", "host")
 
 
-def step_durations(bundle, step: int) -> dict[int, int]:
-    """Each rank's time for `step` (ns): its Step record's end - start, as the summaries
-    hold it; ranks that did not finish the step are left out. `bundle`: a Bundle, or
-    anything that carries its `summaries` (the TUI's timeline model)."""
-    per_rank = bundle.summaries["steps"].get(step, {})
-    return {r: v[1] - v[0] for r, v in per_rank.items() if v[1] is not None}
+class StepDurations(dict):
+    """{rank: ns} of one step, and the clock they were taken on (`clock`): "device" (the
+    device's own, FORMAT.md "Device time") or "host" (the host's monotonic clock)."""
+
+    __slots__ = ("clock",)
+
+    def __init__(self, values=(), clock: str = "host"):
+        super().__init__(values)
+        self.clock = clock
+
+
+def step_durations(bundle, step: int, clock: str | None = None) -> StepDurations:
+    """Each rank's time for `step` (ns), as the summaries hold it; ranks that did not
+    finish the step are left out. On the device's clock where the bundle has device
+    time for the step (a step from its start to its end as the device passed them),
+    else the host's (its Step record's end - start); `clock` "device" or "host" asks for
+    one (device: empty where there is none). The result's `clock` says which.
+    `bundle`: a Bundle, or anything that carries its `summaries` (the TUI's timeline
+    model)."""
+    if clock not in (None, *CLOCKS):
+        raise ValueError(f"clock is {clock!r}, not one of {', '.join(CLOCKS)}")
+    summaries = bundle.summaries
+    device = summaries.get("device_steps")
+    if clock != "host" and device is not None:
+        per_rank = device.get(step, {})
+        out = {r: v[1] - v[0] for r, v in per_rank.items() if v[0] is not None and v[1] is not None}
+        if out or clock == "device":
+            return StepDurations(out, "device")
+    elif clock == "device":
+        return StepDurations((), "device")
+    per_rank = summaries["steps"].get(step, {})
+    return StepDurations({r: v[1] - v[0] for r, v in per_rank.items() if v[1] is not None}, "host")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +94,9 @@ class CriticalPath:
 
 @dataclass(slots=True)
 class StepAnalysis:
-    """Per-rank figures of one step (ns) and its critical path."""
+    """Per-rank figures of one step (ns) and its critical path. `iteration_ns` is on the
+    clock `clock` names (step_durations: the device's where the bundle has it); the
+    other figures and the path are the host's."""
 
     step: int
     iteration_ns: dict[int, int] = field(default_factory=dict)
@@ -76,6 +106,7 @@ class StepAnalysis:
     start_ns: dict[int, int] = field(default_factory=dict)
     end_ns: dict[int, int] = field(default_factory=dict)
     critical_path: CriticalPath = field(default_factory=CriticalPath)
+    clock: str = "host"
 
     @property
     def slowest_rank(self) -> int | None:
@@ -102,6 +133,7 @@ def analyze_step(bundle: Bundle, step: int, *, ranks: list[int] | None = None) -
     offsets = clock_offsets(bundle, ranks)
     durations = step_durations(bundle, step)
     out.iteration_ns = {r: durations[r] for r in ranks if r in durations}
+    out.clock = durations.clock
     for rank in ranks:
         off = offsets[rank]
         items: list[_Item] = []

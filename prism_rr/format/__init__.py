@@ -10,6 +10,7 @@ from prism_rr.format.reader import Bundle, ChunkRef, open_bundle
 from prism_rr.format.records import (
     Collective,
     Compute,
+    DeviceTime,
     GroupInfo,
     Marker,
     Memory,
@@ -25,6 +26,7 @@ __all__ = [
     "ChunkRef",
     "Collective",
     "Compute",
+    "DeviceTime",
     "GroupInfo",
     "MAJOR",
     "MINOR",

@@ -20,6 +20,7 @@ from prism_rr.format.records import (
     K_RANKS,
     K_START,
     RECORD_TYPES,
+    DeviceTime,
     GroupInfo,
     Marker,
     Record,
@@ -348,6 +349,7 @@ S_DROPPED = 2  # records dropped before this chunk
 S_GROUPS = 3  # [[group, ranks, name, desc, backend], ...]
 S_MEM_PEAK = 4  # largest mem_peak in the chunk
 S_OPEN = 5  # calls that never completed
+S_DEVICE_STEPS = 6  # [[step, dev_start, dev_end], ...] from DeviceTime records of steps (format 1.3)
 
 
 def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
@@ -450,6 +452,11 @@ def _summarise(buckets: dict[type, list], counts: dict[int, int], group_ranks: S
         dropped = sum(m.value or 0 for m in markers if m.name == "records_dropped")
         if dropped:
             summary[S_DROPPED] = dropped
+    device = buckets.get(DeviceTime)
+    if device:
+        rows = [[d.step, d.dev_start_ns, d.dev_end_ns] for d in device if d.name == "step"]
+        if rows:
+            summary[S_DEVICE_STEPS] = rows
     groups = buckets.get(GroupInfo)
     if groups:
         summary[S_GROUPS] = [[g.group, ranks, g.name, g.text, g.backend] for g, ranks in zip(groups, group_ranks)]
@@ -526,6 +533,10 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
 _NARROW = {(Marker, "name"): _is_str, (GroupInfo, "text"): _is_str, (GroupInfo, "name"): _is_str}
 _NARROW.update({(GroupInfo, "backend"): _is_str})
 _CHECKS["backend"] = _is_str
+_CHECKS.update({"dev_start_ns": _opt_int, "dev_end_ns": _opt_int, "dev_wait_ns": _opt_int, "dev_duration_ns": _opt_int})
+# A DeviceTime names a step ("step") or a call ("call", with the call's op, group, seq, peer)
+_NARROW.update({(DeviceTime, "name"): _is_str, (DeviceTime, "op"): _opt_str, (DeviceTime, "group"): _opt_int,
+                (DeviceTime, "seq"): _opt_int, (DeviceTime, "peer"): _opt_int})
 
 
 def field_check(cls: type, name: str) -> Callable[[Any], bool]:

@@ -13,7 +13,8 @@ from typing import Any
 from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks
 
-__all__ = ["FATAL_SIGNALS", "attempt_endings", "bundle_facts", "crash_reason", "info_lines"]
+__all__ = ["DEVICE_CLOCKS", "FATAL_SIGNALS", "attempt_endings", "bundle_facts", "crash_reason", "device_time_facts",
+           "device_time_line", "info_lines"]
 
 _LISTED_NODES = 8  # nodes named on info's line; the rest are counted
 _LISTED_WORDS = 4  # forms and versions of imported dumps named
@@ -48,6 +49,7 @@ def bundle_facts(bundle) -> dict[str, Any]:
         "clock": _clock_facts(manifest.get("clock")),
         "imported": _imported_facts(manifest.get("imported")),
         "cpu": cpu_sharing(bundle),
+        "device_time": device_time_facts(bundle),
     }
 
 
@@ -88,6 +90,9 @@ def info_lines(facts: dict[str, Any]) -> list[str]:
     cpu = facts["cpu"]
     if cpu is not None:
         lines.append(f"cpu             {cpu_line(cpu)}")
+    device = facts.get("device_time")
+    if device is not None:
+        lines.append(f"device time     {device_time_line(device)}")
     imported = facts["imported"]
     if imported is not None:
         lines.append(f"imported        from PyTorch Flight Recorder dumps ({_words(imported['forms'])}, "
@@ -278,6 +283,36 @@ def _attempts_facts(bundle) -> list[dict]:
 
 
 # --- the manifest's and rank info's fields, type-checked ------------------------------
+
+
+DEVICE_CLOCKS = {"cuda-events": "CUDA events", "host-events": "host events, a stand-in for a device"}
+_DEVICE_TIME_KIND = 8  # records.DeviceTime.KIND
+
+
+def device_time_facts(bundle) -> dict[str, Any] | None:
+    """Whether steps and calls carry device times (format 1.3, FORMAT.md "Device time"):
+    {records: DeviceTime records, ranks: the ranks with some, clocks: the clocks their
+    rank info names}, or None where no rank has any. From the summaries and rank info."""
+    ranks, records = [], 0
+    for rank, rs in bundle.summaries["ranks"].items():
+        n = rs.get("kinds", {}).get(_DEVICE_TIME_KIND, 0)
+        if n:
+            ranks.append(rank)
+            records += n
+    if not records:
+        return None
+    clocks = set()
+    for rank in ranks:
+        info = bundle.rank_info(rank).get("device_time")
+        clock = info.get("clock") if type(info) is dict else None
+        clocks.add(clock[:40] if type(clock) is str else "unknown")
+    return {"records": records, "ranks": sorted(ranks), "clocks": sorted(clocks)}
+
+
+def device_time_line(device: dict[str, Any]) -> str:
+    """`info`'s words for device_time_facts: "recorded (CUDA events) on ranks 0-1"."""
+    clocks = ", ".join(DEVICE_CLOCKS.get(c) or shown(c, 40) for c in device["clocks"])
+    return f"recorded ({clocks}) on ranks {format_ranks(device['ranks'])}: {device['records']:,} step and call times"
 
 
 def _recorder_failures(bundle) -> list[dict]:

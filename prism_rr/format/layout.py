@@ -10,11 +10,12 @@ from prism_rr.errors import FormatError
 MAJOR = 1
 # 1.1: the summaries section as tables of int64 columns (format/summaries.py)
 # 1.2: attempts: every incarnation of the job in one bundle (section 10, manifest `attempts`)
-MINOR = 2
+# 1.3: device time: DeviceTime records (kind 8) and the summaries' device step table
+MINOR = 3
 
 # Features this reader implements. A bundle lists the ones a reader must know.
 FEATURES_KNOWN = frozenset({"columnar-chunks", "columnar-summaries", "blobs", "summaries", "digests", "redacted",
-                            "attempts"})
+                            "attempts", "device-time"})
 
 SPOOL_MAGIC = b"PRSPOOL\x00"
 SPOOL_HEADER = struct.Struct("<8sHHII")  # magic, major, minor, rank, crc32 of the first 16 bytes
@@ -137,3 +138,4 @@ def bounded(value: int, limit: int, what: str, where: str) -> int:
 # The summaries section's tables (format 1.1, format/summaries.py), by key.
 RANK_TABLE = "rank_table"
 STEP_TABLE = "step_table"
+DEVICE_STEP_TABLE = "device_step_table"  # format 1.3, where a bundle has device time

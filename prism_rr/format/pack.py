@@ -36,10 +36,11 @@ from prism_rr.format import codec, layout
 from prism_rr.format.blobs import blob_id, blob_level, spool_blobs
 from prism_rr.format.compactor import log_frames, open_log, snapshot_calls
 from prism_rr.format.names import parse_rank_file
+from prism_rr.format.records import DeviceTime
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, spool_header, still_open
 
 if TYPE_CHECKING:
-    from prism_rr.format.summaries import StepRows
+    from prism_rr.format.summaries import DeviceStepRows, StepRows
 
 __all__ = ["PackResult", "pack", "spool_dirs"]
 
@@ -210,7 +211,7 @@ def pack(
                     frame.step_first, frame.step_last,
                 ))
                 pos += frame.length
-                _fold(rs, frame, at.step_rows, at.groups, rank, name)
+                _fold(rs, frame, at.step_rows, at.groups, rank, name, at.device_rows)
             for frame in frames:
                 if frame.kind == layout.FRAME_EVENTS:
                     add_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
@@ -242,7 +243,8 @@ def pack(
         parts = {k: at.parts(runs) for k, at in attempts.items()}
         manifest = {
             "format": [layout.MAJOR, layout.MINOR],
-            "features_required": ["columnar-chunks", "columnar-summaries"] + (["attempts"] if len(attempts) > 1 else []),
+            "features_required": ["columnar-chunks", "columnar-summaries"] + (["attempts"] if len(attempts) > 1 else [])
+            + (["device-time"] if any(at.device_time() for at in attempts.values()) else []),
             "features_optional": ["summaries"] + (["blobs"] if blob_rows else []),
             "tool": f"prism-rr {__version__}",
             "created_unix_ns": time.time_ns(),
@@ -323,6 +325,7 @@ class _Attempt:
         self.rank_info: dict[int, dict] = {}
         self.rank_sums: dict[int, dict] = {}
         self.step_rows = summaries.StepRows()
+        self.device_rows = summaries.DeviceStepRows()
         self.groups: dict[int, dict] = {}
         self.chunk_entries: dict[int, list[bytes]] = {}
         self.where: dict[int, str] = {}
@@ -361,8 +364,8 @@ class _Attempt:
         # thousands, and opening a bundle should not decode them.
         group_list = [self.groups[g] for g in sorted(self.groups)]
         sections = [
-            (layout.SEC_SUMMARIES, codec.compress(msgpack.packb(summaries.encode(self.rank_sums, self.step_rows),
-                                                                use_bin_type=True))),
+            (layout.SEC_SUMMARIES, codec.compress(msgpack.packb(
+                summaries.encode(self.rank_sums, self.step_rows, self.device_rows), use_bin_type=True))),
             (layout.SEC_RANK_INDEX, bytes(rank_index)),
             (layout.SEC_CHUNK_INDEX, bytes(chunk_index)),
             (layout.SEC_RANK_INFO, codec.compress(msgpack.packb({r: self.rank_info.get(r, {}) for r in ranks},
@@ -370,6 +373,10 @@ class _Attempt:
             (layout.SEC_GROUPS, codec.compress(msgpack.packb(group_list, use_bin_type=True))),
         ]
         return {"manifest": manifest, "sections": sections, "chunks": n_chunks}
+
+    def device_time(self) -> bool:
+        """Whether a rank of it wrote DeviceTime records (format 1.3's feature "device-time")."""
+        return any(rs["kinds"].get(DeviceTime.KIND) for rs in self.rank_sums.values())
 
     def failed(self) -> bool:
         """Whether a rank of it ended other than cleanly: an exit code other than 0, a
@@ -475,7 +482,8 @@ def _write_all(f, pieces: list) -> None:
                 batch[0] = memoryview(batch[0])[n:]
 
 
-def _fold(rs: dict, frame, step_rows: StepRows, groups: dict, rank: int, where: str) -> None:
+def _fold(rs: dict, frame, step_rows: StepRows, groups: dict, rank: int, where: str,
+          device_rows: DeviceStepRows | None = None) -> None:
     """Add one frame's header and summary to its rank's and the per-step summaries."""
     s = frame.summary
     rs["events"] += frame.count
@@ -493,6 +501,11 @@ def _fold(rs: dict, frame, step_rows: StepRows, groups: dict, rank: int, where: 
             if type(rows) is not tuple:
                 raise TypeError("its steps are not a list")
             step_rows.add(rank, rows)
+        rows = s.get(codec.S_DEVICE_STEPS)
+        if rows and device_rows is not None:
+            if type(rows) is not tuple:
+                raise TypeError("its device steps are not a list")
+            device_rows.add(rank, rows)
         for gid, ranks, name, desc, backend in s.get(codec.S_GROUPS, ()):
             if gid not in groups:
                 codec.unpack_ranks(ranks, f"{where}, offset {frame.offset}")  # refuse nonsense early

@@ -305,7 +305,9 @@ class Bundle:
 
     @cached_property
     def summaries(self) -> dict:
-        """{"ranks": {rank: {...}}, "steps": {step: {rank: (start_ns, end_ns, mem_peak)}}}.
+        """{"ranks": {rank: {...}}, "steps": {step: {rank: (start_ns, end_ns, mem_peak)}}},
+        and, where the bundle has device time (1.3), "device_steps": {step: {rank:
+        (dev_start_ns, dev_end_ns)}}.
 
         Type-checked where read, so no consumer sees a wrong type: ranks are ints below
         world_size; each rank's summary has exactly the keys of _RANK_SUMMARY (absent
@@ -321,10 +323,14 @@ class Bundle:
             from prism_rr.format import summaries  # (numpy: imported for 1.1's tables only)
 
             tables = {k: s.pop(k, None) for k in (layout.RANK_TABLE, layout.STEP_TABLE)}
+            device = s.pop(layout.DEVICE_STEP_TABLE, None)
             codec.check_plain(s, where)  # what else a later minor version adds
             world = self.world_size
-            return {**s, "ranks": summaries.read_rank_table(tables[summaries.RANK_TABLE], world, where),
-                    "steps": summaries.read_step_table(tables[summaries.STEP_TABLE], world, where)}
+            out = {**s, "ranks": summaries.read_rank_table(tables[summaries.RANK_TABLE], world, where),
+                   "steps": summaries.read_step_table(tables[summaries.STEP_TABLE], world, where)}
+            if device is not None:  # 1.3: where the bundle has device time
+                out["device_steps"] = summaries.read_device_step_table(device, world, where)
+            return out
         codec.check_plain(s, where)
         if type(s) is not dict or type(s.get("ranks")) is not dict or type(s.get("steps")) is not dict:
             raise FormatError(f"{where}: summaries are malformed")
@@ -663,7 +669,7 @@ _INFO_FIELDS = {
     "cwd": _is_str, "executable": _is_str, "payload": _is_str, "slice_by": _is_str,
     "argv": _strs, "orig_argv": _strs, "env": _str_map, "versions": _str_map, "clock": _map,
     "clock_offset": _clock_offset, "device_mesh": _mesh, "slice_mesh": _mesh,
-    "fsdp_layouts": _fsdp_layouts,
+    "fsdp_layouts": _fsdp_layouts, "device_time": _map,
 }
 # A rank's summary: key -> (check, default when absent).
 _RANK_SUMMARY = {

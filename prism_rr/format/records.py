@@ -12,6 +12,7 @@ from typing import ClassVar, Union
 __all__ = [
     "Collective",
     "Compute",
+    "DeviceTime",
     "GroupInfo",
     "Marker",
     "Memory",
@@ -54,6 +55,10 @@ K_STACK = 26
 K_RANKS = 27
 K_ISSUED = 28  # when the call returned to its caller (async ops)
 K_BACKEND = 29
+K_DEV_START = 30  # device times: ns from the rank's device epoch (FORMAT.md, "Device time")
+K_DEV_END = 31
+K_DEV_WAIT = 32
+K_DEV_DURATION = 33
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,7 +196,38 @@ class GroupInfo:
     WIRE: ClassVar[tuple[tuple[str, int], ...]]
 
 
-Record = Union[Collective, PointToPoint, Compute, Step, Memory, Marker, GroupInfo]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceTime:
+    """Device times of one step or one call on one rank (format 1.3, FORMAT.md "Device
+    time"): events on the program's stream, read back after the fact. `start_ns` and
+    `end_ns` are the host times of the Step or call it describes (the call's entry, the
+    last mark); the `dev_` fields are ns from the rank's device epoch (its rank info's
+    `device_time`), None where a mark was not made or never resolved.
+
+    A step's marks are its boundaries; a call's, its issue (before the backend is
+    entered), where the program began waiting for it and where that wait returned. A
+    call is its Collective (group, seq) or PointToPoint (group, op, peer, seq) record;
+    one may have two DeviceTime records, the second with the marks of a wait that came
+    after the first was written: readers take each field from the first that has it."""
+
+    KIND: ClassVar[int] = 8
+    start_ns: int
+    end_ns: int | None
+    step: int
+    name: str  # "step" or "call"
+    op: str | None = None  # a call's op, group, seq and peer (point-to-point) as its record's
+    group: int | None = None
+    seq: int | None = None
+    peer: int | None = None
+    dev_start_ns: int | None = None  # a step's start; a call's issue
+    dev_end_ns: int | None = None  # a step's end; where the program's wait for a call returned
+    dev_wait_ns: int | None = None  # where the program began waiting for a call
+    dev_duration_ns: int | None = None  # the collective's own time by its backend (NCCL's timing)
+
+    WIRE: ClassVar[tuple[tuple[str, int], ...]]
+
+
+Record = Union[Collective, PointToPoint, Compute, Step, Memory, Marker, GroupInfo, DeviceTime]
 
 _KEYS = {
     "start_ns": K_START,
@@ -229,10 +265,14 @@ _KEYS = {
     "dtypes": K_IN_DTYPES,
     "nbytes": K_IN_BYTES,
     "backend": K_BACKEND,
+    "dev_start_ns": K_DEV_START,
+    "dev_end_ns": K_DEV_END,
+    "dev_wait_ns": K_DEV_WAIT,
+    "dev_duration_ns": K_DEV_DURATION,
 }
 
 RECORD_TYPES: dict[int, type] = {}
-for _cls in (Collective, PointToPoint, Compute, Step, Memory, Marker, GroupInfo):
+for _cls in (Collective, PointToPoint, Compute, Step, Memory, Marker, GroupInfo, DeviceTime):
     _cls.WIRE = tuple((f.name, _KEYS[f.name]) for f in fields(_cls))
     RECORD_TYPES[_cls.KIND] = _cls
 del _cls

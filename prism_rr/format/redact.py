@@ -31,6 +31,7 @@ __all__ = ["redact"]
 _INFO_KEEP = frozenset({
     "rank", "world_size", "local_rank", "backend", "device", "device_name", "versions", "payload",
     "steps", "ranks", "ops", "memory", "clock", "clock_offset", "mesh", "synthetic", "attempt", "incarnation", "cpu",
+    "device_time",
 })
 _RUN_KEEP = frozenset({"prism_rr_version", "started_wall_ns", "ended_wall_ns", "exit_code", "timed_out", "options"})
 _ENV_NAMES = frozenset({

@@ -25,7 +25,8 @@ import numpy as np
 from prism_rr.errors import FormatError
 from prism_rr.format import layout
 
-__all__ = ["NIL", "RankTable", "StepRows", "StepTable", "encode", "read_rank_table", "read_step_table"]
+__all__ = ["NIL", "DeviceStepRows", "DeviceStepTable", "RankTable", "StepRows", "StepTable", "encode",
+           "read_device_step_table", "read_rank_table", "read_step_table"]
 
 NIL = -(1 << 63)  # a nil value in an int64 column
 MAX_TIME = 1 << 62  # as codec.MAX_TIME: times of records lie within +-2^62 ns
@@ -33,7 +34,10 @@ MIN_STEP, MAX_STEP = -(1 << 31), (1 << 31) - 1
 
 # Keys of the summaries map in format 1.1 (1.0 has "ranks" and "steps" maps instead).
 RANK_TABLE, STEP_TABLE = layout.RANK_TABLE, layout.STEP_TABLE
+DEVICE_STEP_TABLE = layout.DEVICE_STEP_TABLE
 STEP_COLUMNS = ("step", "rank", "start_ns", "end_ns", "mem_peak")
+# format 1.3: a step's device times (DeviceTime records of steps), nil where not resolved
+DEVICE_STEP_COLUMNS = ("step", "rank", "dev_start_ns", "dev_end_ns")
 # A rank table's columns beside "rank" and its map "kinds" {kind: column}: the keys of a
 # rank's summary, with what a value may be (counts are never negative; "opt": nil too).
 RANK_COLUMNS = {
@@ -97,11 +101,81 @@ class StepRows:
         return tuple(np.concatenate(c) for c in zip(*self._blocks))
 
 
-def encode(rank_sums: dict[int, dict], step_rows: StepRows) -> dict:
+class DeviceStepRows:
+    """The chunks' device step rows as pack meets them, `(rank, ((step, dev_start_ns,
+    dev_end_ns), ...))` (codec.S_DEVICE_STEPS), made int64 arrays every BLOCK rows."""
+
+    BLOCK = 1 << 18
+
+    def __init__(self):
+        self._pending: list[tuple[int, tuple]] = []
+        self._rows = 0
+        self._blocks: list[tuple[np.ndarray, ...]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._rows or self._blocks)
+
+    def add(self, rank: int, rows: tuple) -> None:
+        self._pending.append((rank, rows))
+        self._rows += len(rows)
+        if self._rows >= self.BLOCK:
+            self._compact()
+
+    def _compact(self) -> None:
+        pending, self._pending, self._rows = self._pending, [], 0
+        if not pending:
+            return
+        rows = list(chain.from_iterable(r for _, r in pending))
+        if not set(map(type, rows)) <= {tuple} or not set(map(len, rows)) <= {3}:
+            raise FormatError("pack: a chunk summary's device step rows are not [step, dev_start, dev_end]")
+        step, start, end = zip(*rows) if rows else ((), (), ())
+        if not (set(map(type, step)) <= {int} and set(map(type, start)) | set(map(type, end)) <= {int, type(None)}):
+            raise FormatError("pack: a chunk summary's device step rows hold something other than integers")
+        try:
+            rank = np.repeat(np.array([r for r, _ in pending], dtype=np.int64), [len(r) for _, r in pending])
+            step = np.array(step, dtype=np.int64)
+            start, end = (np.array([NIL if v is None else v for v in c], dtype=np.int64) for c in (start, end))
+        except OverflowError:
+            raise FormatError("pack: a chunk summary's device step rows hold an integer beyond int64") from None
+        _check_device_steps(step, rank, start, end, None, "pack", ordered=False)
+        self._blocks.append((step, rank, start, end))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """step, rank, dev_start_ns, dev_end_ns: every row, in the order met."""
+        self._compact()
+        if not self._blocks:
+            return tuple(np.zeros(0, np.int64) for _ in DEVICE_STEP_COLUMNS)
+        return tuple(np.concatenate(c) for c in zip(*self._blocks))
+
+
+def _first_set(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per run of rows beginning at `starts`, its first value that is not nil (else nil)."""
+    n = len(values)
+    index = np.where(values != NIL, np.arange(n), n)
+    first = np.minimum.reduceat(index, starts)
+    return np.where(first < n, values[np.minimum(first, n - 1)], NIL)
+
+
+def _device_step_table(rows: DeviceStepRows) -> dict:
+    """Rows by (step, rank), once each; where a rank has a step twice (a DeviceTime
+    written in two pieces) each column takes its first value that is set, as readers of
+    the records do."""
+    step, rank, start, end = rows.arrays()
+    order = np.lexsort((rank, step))
+    step, rank, start, end = step[order], rank[order], start[order], end[order]
+    new = np.ones(len(step), dtype=bool)
+    new[1:] = (step[1:] != step[:-1]) | (rank[1:] != rank[:-1])
+    starts = np.flatnonzero(new)
+    return {"step": _column(step[starts]), "rank": _column(rank[starts]),
+            "dev_start_ns": _column(_first_set(start, starts)), "dev_end_ns": _column(_first_set(end, starts))}
+
+
+def encode(rank_sums: dict[int, dict], step_rows: StepRows, device_rows: DeviceStepRows | None = None) -> dict:
     """The summaries map of format 1.1: the ranks' summaries (pack's {rank: {events,
     chunks, kinds, ...}}) and the chunks' Step rows; where a rank has a step twice the
-    later row counts, as it did when a map held them. FormatError on a value a reader
-    would refuse (pack reads a stranger's spools too)."""
+    later row counts, as it did when a map held them. With device step rows (1.3), the
+    device step table too. FormatError on a value a reader would refuse (pack reads a
+    stranger's spools too)."""
     ranks = sorted(rank_sums)
     sums = list(map(rank_sums.__getitem__, ranks))
     rank_table: dict[str, Any] = {"rank": _column(ranks)}
@@ -123,7 +197,10 @@ def encode(rank_sums: dict[int, dict], step_rows: StepRows) -> dict:
     step_table = {"step": _column(step[last]), "rank": _column(rank[last]),
                   "start_ns": _column(start[keep]), "end_ns": _column(end[keep]),
                   "mem_peak": _column(peak[keep])}
-    return {RANK_TABLE: rank_table, STEP_TABLE: step_table}
+    out = {RANK_TABLE: rank_table, STEP_TABLE: step_table}
+    if device_rows:
+        out[DEVICE_STEP_TABLE] = _device_step_table(device_rows)
+    return out
 
 
 # --- reading --------------------------------------------------------------------------
@@ -171,6 +248,29 @@ def _check_steps(step, rank, start, end, peak, world: int | None, where: str, *,
         key = (step << 21) + rank
         if not (key[1:] > key[:-1]).all():
             _fail(where, "the step table's rows are not in order of (step, rank), each once")
+
+
+def _check_device_steps(step, rank, start, end, world: int | None, where: str, *, ordered: bool) -> None:
+    if len(step) and not (MIN_STEP <= step.min() and step.max() <= MAX_STEP):
+        _fail(where, "a device step summary's step is out of bounds (int32)")
+    if len(rank) and not (0 <= rank.min() and (world is None or rank.max() < world)):
+        _fail(where, f"a device step summary names a rank that is not one below the world size {world}")
+    for col in (start, end):
+        given = col[col != NIL]
+        if len(given) and not (-MAX_TIME <= given.min() and given.max() <= MAX_TIME):
+            _fail(where, "a device step summary's time is out of bounds (+-2^62 ns)")
+    if ordered and len(step) > 1:
+        key = (step << 21) + rank
+        if not (key[1:] > key[:-1]).all():
+            _fail(where, "the device step table's rows are not in order of (step, rank), each once")
+
+
+def read_device_step_table(table, world: int, where: str) -> "DeviceStepTable":
+    """The device step times of a 1.3 bundle, checked whole as the step table is (times
+    nil or within +-2^62); FormatError on anything else."""
+    _, c = _columns(table, DEVICE_STEP_COLUMNS, where, "device step table")
+    _check_device_steps(c["step"], c["rank"], c["dev_start_ns"], c["dev_end_ns"], world, where, ordered=True)
+    return DeviceStepTable(c["step"], c["rank"], c["dev_start_ns"], c["dev_end_ns"])
 
 
 def read_step_table(table, world: int, where: str) -> "StepTable":
@@ -284,6 +384,73 @@ class StepTable(Mapping):
 
     def __repr__(self) -> str:
         return f"<StepTable of {len(self)} steps, {len(self._cols[0])} rows>"
+
+
+class DeviceStepRow(Mapping):
+    """One step's {rank: (dev_start_ns, dev_end_ns)}, each None where not resolved."""
+
+    __slots__ = ("_ranks", "_start", "_end")
+
+    def __init__(self, ranks, start, end):
+        self._ranks, self._start, self._end = ranks, start, end
+
+    def __getitem__(self, rank) -> tuple:
+        if type(rank) is not int:
+            raise KeyError(rank)
+        i = int(np.searchsorted(self._ranks, rank))
+        if i == len(self._ranks) or self._ranks[i] != rank:
+            raise KeyError(rank)
+        start, end = int(self._start[i]), int(self._end[i])
+        return None if start == NIL else start, None if end == NIL else end
+
+    def __contains__(self, rank) -> bool:
+        try:
+            self[rank]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ranks.tolist())
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    def items(self):
+        return list(zip(self._ranks.tolist(), self.values()))
+
+    def values(self):
+        return list(zip(_opt(self._start.tolist()), _opt(self._end.tolist())))
+
+    def __repr__(self) -> str:
+        return f"DeviceStepRow({dict(self.items())!r})"
+
+
+class DeviceStepTable(Mapping):
+    """{step: DeviceStepRow}, steps ascending, over the columns of a device step table."""
+
+    def __init__(self, step, rank, start, end):
+        cut = np.flatnonzero(step[1:] != step[:-1]) + 1
+        bounds = [0, *cut.tolist(), len(step)]
+        steps = step[bounds[:-1]].tolist() if len(step) else []
+        self._at = {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(steps)}
+        self._cols = (rank, start, end)
+
+    def __getitem__(self, step) -> DeviceStepRow:
+        lo, hi = self._at[step]
+        return DeviceStepRow(*(c[lo:hi] for c in self._cols))
+
+    def __contains__(self, step) -> bool:
+        return step in self._at
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __repr__(self) -> str:
+        return f"<DeviceStepTable of {len(self)} steps, {len(self._cols[0])} rows>"
 
 
 class RankTable(Mapping):

@@ -63,7 +63,7 @@ def test_8192_ranks_of_more_than_128_steps_open(big):
     r = _cli("info", big, "--json")
     assert r.returncode == 0, r.stderr
     facts = json.loads(r.stdout)
-    assert facts["format_version"] == f"{layout.MAJOR}.{layout.MINOR}" == "1.2"
+    assert facts["format_version"] == f"{layout.MAJOR}.{layout.MINOR}" == "1.3"
     assert facts["steps"] == list(range(BIG_STEPS)) and facts["world_size"] == BIG_WORLD
     assert facts["event_count"] == BIG_WORLD * BIG_STEPS
     with open_bundle(big) as b:
