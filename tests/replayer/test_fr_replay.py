@@ -47,15 +47,25 @@ def dumps(out: Path, script: Path, *args) -> Path:
 
 def _flight(d: Path) -> Path:
     """fr_hang.py recorded by flight mode, which dumps every rank on the hang."""
-    out = d / "flight.prism"
-    cmd = [sys.executable, "-m", "prism_rr.cli", "record", "--flight", "2", "--flight-hang", "2", "--timeout",
-           "150", "-o", out, "--nproc", "2", "--", sys.executable, HANG]
-    job = subprocess.Popen(list(map(str, cmd)), env=dict(ENV, JOB_HOLD="1"), cwd=d, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _recorded(d / "flight.prism", "--flight", "2", "--flight-hang", "2", "--timeout", "150")
+
+
+def _windowed(d: Path) -> Path:
+    """fr_hang.py recorded from step 1 on, the hung job ended by record's timeout."""
+    return _recorded(d / "windowed.prism", "--steps", "1:10", "--timeout", "15")
+
+
+def _recorded(out: Path, *options: str) -> Path:
+    """fr_hang.py under `prism-rr record OPTIONS`, ended once the bundle is written."""
+    cmd = [sys.executable, "-m", "prism_rr.cli", "record", *options, "-o", out, "--nproc", "2", "--",
+           sys.executable, HANG]
+    job = subprocess.Popen(list(map(str, cmd)), env=dict(ENV, JOB_HOLD="1"), cwd=out.parent,
+                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while not out.exists():
-            assert job.poll() is None and time.monotonic() < deadline, "no flight dump of the hang"
+            assert time.monotonic() < deadline, f"no {out.name} of the hang"
+            assert job.poll() is None or out.exists(), f"record ended without writing {out.name}"
             time.sleep(0.1)
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -70,8 +80,8 @@ def _flight(d: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory) -> dict[str, Path]:
-    """The one hang three ways: the dumps imported from torch's pickle and from its JSON,
-    and flight mode's recording."""
+    """The one hang four ways: the dumps imported from torch's pickle and from its JSON,
+    flight mode's recording, and a windowed recording that ran until record's timeout."""
     d = tmp_path_factory.mktemp("hang")
     made = dumps(d / "dumps", HANG)
     out = {}
@@ -79,6 +89,7 @@ def hung(tmp_path_factory) -> dict[str, Path]:
         out[form] = d / f"fr-{form}.prism"
         import_fr([made / form], out[form])
     out["flight"] = _flight(d)
+    out["windowed"] = _windowed(d)
     out["dumps"] = made
     return out
 
@@ -106,7 +117,7 @@ def _at(kind: str, line: int) -> str:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("kind", ["pickle", "json", "flight"])
+@pytest.mark.parametrize("kind", ["pickle", "json", "flight", "windowed"])
 def test_rank_0_as_it_ran_stops_at_the_hang_naming_who_never_joined(hung, kind, tmp_path):
     r, rep = replay(hung[kind], 0, tmp=tmp_path)
     assert r.returncode == 7, r.stderr[-3000:]
@@ -119,10 +130,14 @@ def test_rank_0_as_it_ran_stops_at_the_hang_naming_who_never_joined(hung, kind, 
     assert (last["op"], last["group"], last["seq"], last["completed"]) == ("all_reduce", 1, 2, True)
     assert last["stack"][:1] == ([f"fr_hang.py:{LOSS} in <module>"] if kind != "json" else [])
     assert not rep["diverged"]
+    # record's timeout ended the windowed recording's hung job: how rank 1 ended, where its
+    # recording says (its SIGTERM, which it may not have lived to note), is said too
+    assert peer["exit"] in ((None, "stopped by SIGTERM") if kind == "windowed" else (None,))
+    ended = f", and then its program ended ({peer['exit']})" if peer["exit"] else ""
     said = _card_line(r.stderr, "hang:")
     assert said == (f"hang: rank 0's all_reduce (group 1 'row', seq 3) at fr_hang.py:{SKIPPED} in <module> waits "
                     f"for rank 1, which never joined it in the recording; rank 1's last call was all_reduce "
-                    f"(group 1 'row', seq 2){_at(kind, LOSS)}, completed.")
+                    f"(group 1 'row', seq 2){_at(kind, LOSS)}, completed{ended}.")
     assert "Traceback" not in r.stderr.split("prism-rr replay ·")[-1]  # the card says it in one sentence
 
 
@@ -144,7 +159,7 @@ def test_rank_1_as_it_ran_is_the_rank_they_wait_for(hung, kind, tmp_path):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("kind", ["pickle", "json", "flight"])
+@pytest.mark.parametrize("kind", ["pickle", "json", "flight", "windowed"])
 def test_rank_1_fixed_resolves_the_hang(hung, kind, tmp_path):
     r, rep = replay(hung[kind], 1, "fixed", tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
