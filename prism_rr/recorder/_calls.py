@@ -58,6 +58,7 @@ class CallRecorder:
         self.memory = None  # () -> (allocated, peak), when memory is read at each call
         self.ops_mode = None  # the per-operator dispatch mode, while it runs
         self.blob_writer = None  # () -> BlobWriter, for `full` payloads too large for the log
+        self.device = None  # the recording's DeviceTimes, when it has a device clock
         self.inline_max = _payload.INLINE_MAX if not log.flight else log.ring_size // 8
         self._lock = threading.Lock()
         self._thread = threading.get_ident()  # the program's thread
@@ -166,6 +167,8 @@ class CallRecorder:
             call.step = step
             call.issued = 0
             self.open[id(call)] = call
+            if self.device is not None:
+                self.device.call_issued(call)  # on the stream, just before the backend
             return True
         except BaseException as exc:
             self.rec.fail(exc)
@@ -194,14 +197,20 @@ class CallRecorder:
         fn, args = call.fn, call.args
         if not recorded:
             return fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
+        device = self.device
         try:
             work = fn(*args) if mode is None else dispatch.aside(mode, fn, *args)
             issued = call.issued = self.last_return = monotonic_ns()
             if work is not None:  # none: NCCL's blocking call, done as far as this thread can tell
+                if device is not None:
+                    device.keep_work(call, work)
+                    device.call_waiting(call)
                 work.wait()
         except BaseException as exc:
             self.complete(call, exc)
             raise
+        if device is not None:
+            device.call_waited(call)  # NCCL's without a Work ran on the stream: its end
         end = monotonic_ns()
         call.done = True
         self.open.pop(id(call), None)

@@ -172,6 +172,7 @@ def _start_recording(options: RecordOptions, rank: int, world_size: int, dmap: d
     device = "cuda" if "nccl" in names else "cpu"
     info = _manifest.rank_info(options, rank, world_size, backend, device)
     rec = Recording(options, rank, info)
+    rec.time_device(device, durations="nccl" in names)
     if device == "cuda":
         import torch
 

@@ -31,6 +31,13 @@ class RecordingPolicy(Policy):
     def forward(self, fn, args):
         return aside(self.rec.calls.ops_mode, fn, *args)
 
+    def shutdown(self, group) -> None:
+        device = self.rec.device_times
+        if device is not None:  # what has resolved, then no Work kept past its group
+            device.resolve()
+            device.release()
+        super().shutdown(group)
+
 
 class RecordingObserver:
     """Records the calls of a group into `rec` (a Recording)."""
@@ -59,14 +66,19 @@ class RecordingObserver:
     def track(self, call, work, group):
         calls = self.calls
         calls.issued(call)
+        device = calls.device
         if work is None:
             # No Work: NCCL returns none for a blocking call (asyncOp false: it runs in
             # order on the program's stream, seen on torch 2.11 with an H200), nor inside a
             # coalescing block; torch's all_reduce and the others accept that. The call is
             # done as far as the program's CPU thread can tell: its time is the launch's.
+            if device is not None:
+                device.call_waited(call)  # on the stream, after the call: its end there
             calls.complete(call)
             calls.settle(call)
             return None
+        if device is not None:
+            device.keep_work(call, work)
         if call.p2p and call.peer is None:  # a receive from any source: its sender comes at wait()
             return TimedWork(work, calls, call, sourced=group.sourced)
         if not call.async_op and not call.p2p:
@@ -116,11 +128,16 @@ class TimedWork(ForwardingWork):
 def _finish(work, calls, call, timeout: timedelta, sourced=None) -> bool:
     """work.wait(timeout), then the call completed, its outputs read where the program's
     wait returns."""
+    device = calls.device
+    if device is not None:
+        device.call_waiting(call)
     try:
         ok = work.wait(timeout)
     except BaseException as exc:
         calls.complete(call, exc)
         raise
+    if device is not None:
+        device.call_waited(call)  # NCCL's wait() made the stream wait for the call: past it now
     if not call.done:
         peer = None
         if sourced is not None:

@@ -4,6 +4,8 @@ A Recording is made of small parts, each with one job:
 
     calls      the call path (CallRecorder, _calls.py): every call into the call log
     window     the steps and the step window (StepWindow, _window.py)
+    device_times  steps and calls on the device's clock (DeviceTimes, _device_times.py),
+               where there is one (CUDA, or PRISM_RR_DEVICE_CLOCK=host), else None
     memory     the memory it reads at each call and step (MemoryReadings)
     slicing    `--slice roles`: which ranks go on recording (Slicing, _slicing.py)
     flight     flight mode's triggers and dumps (Flight, _flight.py), or None
@@ -112,6 +114,7 @@ class Recording:
         self.failure: tuple[int, str] | None = None  # (step, reason) once the recorder failed
         self.memory = MemoryReadings()
         self.calls = CallRecorder(self, self.log, options.payload, options.stack_depth)
+        self.device_times = None  # a DeviceTimes, from time_device()
         self.window = StepWindow(self)
         self.slicing = Slicing(self)
         self.flight = None  # a Flight (recorder/_flight.py) in flight mode, from start()
@@ -138,6 +141,18 @@ class Recording:
         """Read memory at each call and step: the CUDA allocator's, or a CPU tracker's."""
         self.memory = MemoryReadings(cuda, cpu_tracker)
         self.calls.memory = self.memory.now if self.memory.reads else None
+
+    def time_device(self, device, durations: bool = False) -> None:
+        """Mark steps and calls on `device`'s clock (recorder/_device.py: none on CPU unless
+        PRISM_RR_DEVICE_CLOCK=host); `durations`: ask each call's Work for its backend's
+        own timing (NCCL). Before start()."""
+        from prism_rr.recorder._device import clock_for
+        from prism_rr.recorder._device_times import DeviceTimes
+
+        clock = clock_for(device)
+        if clock is not None:
+            self.device_times = DeviceTimes(self, clock, durations=durations)
+            self.calls.device = self.device_times
 
     # --- life cycle ---------------------------------------------------------------
 
@@ -185,6 +200,11 @@ class Recording:
         calls = self.calls
         if self.on and calls.finished and threading.get_ident() == self._thread:
             calls.write_finished()  # outputs read on the program's thread only
+        device = self.device_times
+        if self.on and device is not None:
+            # what the device has passed; all of it (a bounded wait) at a clean end on the
+            # program's thread, never from a signal
+            device.resolve(final=threading.get_ident() == self._thread and not reason.startswith("SIG"))
         was_on = self.on
         self.on = False
         global _current

@@ -69,6 +69,9 @@ class StepWindow:
         t = monotonic_ns()
         rec.calls.last_return = t
         rec.write(Marker(start_ns=t, end_ns=t, step=rec.calls.step, name="window_start"))
+        device = rec.device_times
+        if device is not None:
+            device.step_started(rec.calls.step, self.start_ns)
         rec.memory.reset()
         if self.options.ops or rec.memory.cpu is not None:
             self.ops_mode = dispatch.start(rec.memory.cpu, rec.operator_ran if self.options.ops else None, rec.fail)
@@ -91,6 +94,9 @@ class StepWindow:
         t = monotonic_ns()
         step = calls.step
         if rec.active:
+            device = rec.device_times
+            if device is not None:
+                device.step_ended(step, t)
             last = calls.last_return
             if last is not None and t > last:
                 rec.write(Compute(start_ns=last, end_ns=t, step=step))
@@ -102,8 +108,13 @@ class StepWindow:
         calls.last_return = t
         was = rec.active
         rec.active = self.options.in_window(step + 1)
+        device = rec.device_times
         if rec.active and not was:
             self.begin()
         elif was and not rec.active:
             self.stop_modes()
             rec.write(Marker(start_ns=t, end_ns=t, step=step + 1, name="window_end"))
+        elif rec.active and device is not None:
+            device.step_started(step + 1, t)
+        if device is not None:
+            device.resolve()  # what the device has passed by now: a step or so back
