@@ -147,9 +147,12 @@ class OverviewScreen(Screen):
             yield Static("", id="findings-note")
             yield DataTable(id="findings", cursor_type="row", zebra_stripes=True)
             yield Static("", id="finding-text")
-            yield Label("Iteration time per step (across ranks)", classes="section")
+            # with device time (format 1.3) the steps' times are the device's, the ranks' the host's
+            device = "device_steps" in self.app.bundle.summaries
+            yield Label("Iteration time per step (across ranks" + (", device clock)" if device else ")"),
+                        classes="section")
             yield DataTable(id="steps", cursor_type="row", zebra_stripes=True)
-            yield Label("Mean iteration time by rank", classes="section")
+            yield Label("Mean iteration time by rank" + (" (host clock)" if device else ""), classes="section")
             yield RankChart(id="rank-spark")
             yield Label("", id="ranks-title", classes="section")
             yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
@@ -181,6 +184,12 @@ class OverviewScreen(Screen):
             + (f", ... ({len(kinds) - GROUP_KINDS} more kinds)" if len(kinds) > GROUP_KINDS else ""))
         steps = b.steps
         row("steps", f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
+        if "device_steps" in b.summaries:
+            from prism_rr.format.facts import device_time_facts, device_time_line
+
+            device = device_time_facts(b)
+            if device is not None:
+                row("device time", device_time_line(device))
         if len(b.attempts) > 1:
             from prism_rr.format.facts import attempt_endings, ending_line
 
