@@ -44,6 +44,9 @@ def test_cuda_recording_without_cuda(monkeypatch):
         check_environment({0: gpu}, timing="live")
     warnings = check_environment({0: gpu}, timing="virtual")  # a CPU replay of a GPU recording
     assert any("virtual clock" in w for w in warnings)
+    # a Flight Recorder dump of a GPU job has no compute to score: any timing, on CPU
+    warnings = check_environment({0: gpu}, timing="live", dump=True)
+    assert any("dump is of CUDA" in w for w in warnings)
 
 
 @pytest.mark.timeout(60)
@@ -52,8 +55,8 @@ def test_replay_refuses_before_starting_anything(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_environment, "_cuda_here", lambda: False)
     monkeypatch.setattr(launch, "check_environment",
-                        lambda infos, timing: _environment.check_environment(
-                            {r: _info(backend="nccl", device="cuda") for r in infos}, timing=timing))
+                        lambda infos, timing, **more: _environment.check_environment(
+                            {r: _info(backend="nccl", device="cuda") for r in infos}, timing=timing, **more))
     started = []
     monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(a))
     bundle = _bundle(tmp_path)
