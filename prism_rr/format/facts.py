@@ -160,8 +160,11 @@ def cpu_sharing(bundle) -> dict[str, Any] | None:
         if type(allowed) is not int or type(threads) is not int or allowed < 1 or threads < 1:
             continue
         host = info.get("hostname") if type(info.get("hostname")) is str else "?"
-        h = hosts.setdefault(host, {"host": host, "ranks": 0, "cpus": 0, "threads": 0, "local": 0})
+        h = hosts.setdefault(host, {"host": host, "ranks": 0, "cpus": 0, "threads": 0, "local": 0, "load": None})
         h["ranks"] += 1
+        load = cpu.get("load_1m")
+        if type(load) in (int, float) and load >= 0:
+            h["load"] = max(h["load"] or 0.0, float(load))
         h["cpus"] = max(h["cpus"], allowed)
         h["threads"] += threads
         env = info.get("env") if type(info.get("env")) is dict else {}
@@ -177,7 +180,12 @@ def cpu_sharing(bundle) -> dict[str, Any] | None:
             h["ranks"] = local
     listed = sorted(hosts.values(), key=lambda h: -h["threads"] / h["cpus"])
     worst = listed[0]["threads"] / listed[0]["cpus"]
-    return {"hosts": listed[:_LISTED_NODES], "shared": worst > 1.0, "worst": round(worst, 2)}
+    # Other work on a host: its load (the run queue's last minute, as the ranks ended)
+    # beyond the ranks' own threads, more than half its CPUs.
+    busy = [h for h in listed if h["load"] is not None and h["load"] - h["threads"] > h["cpus"] / 2]
+    return {"hosts": listed[:_LISTED_NODES], "shared": worst > 1.0, "worst": round(worst, 2),
+            "busy": [{"host": h["host"], "load": h["load"], "cpus": h["cpus"], "threads": h["threads"]}
+                     for h in busy[:_LISTED_NODES]]}
 
 
 def cpu_line(cpu: dict[str, Any]) -> str:
@@ -185,10 +193,14 @@ def cpu_line(cpu: dict[str, Any]) -> str:
     h = cpu["hosts"][0]
     where = f" on {shown(h['host'], 40)}" if len(cpu["hosts"]) > 1 else ""
     said = f"{h['ranks']} ranks, {h['threads']} torch threads on {h['cpus']} CPUs{where}"
+    busy = ""
+    if cpu.get("busy"):
+        b = cpu["busy"][0]
+        busy = f"; the host had other work (load {b['load']:.1f} on {b['cpus']} CPUs as the ranks ended)"
     if cpu["shared"]:
         return (f"{said}: the ranks shared cores ({cpu['worst']:g} threads per CPU), so their compute "
-                f"ran slower than a replay of fewer ranks will")
-    return f"{said}: cores of their own"
+                f"ran slower than a replay of fewer ranks will{busy}")
+    return f"{said}: cores of their own{busy}"
 
 
 # --- attempts ---------------------------------------------------------------------------

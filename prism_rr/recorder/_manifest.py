@@ -106,6 +106,8 @@ def cpu_info() -> dict:
         "affinity": format_ranks(allowed)[:200],
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
+        # the host's run queue over the last minute: other work competing with the ranks
+        "load_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 
 

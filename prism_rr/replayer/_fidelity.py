@@ -7,6 +7,7 @@ from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
 from prism_rr.format.text import shown
 from prism_rr.replayer._hang import sentence
+from prism_rr.replayer._honesty import caveats, noise
 
 __all__ = ["card", "fidelity_report", "how_far"]
 
@@ -95,6 +96,7 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
     rec_step = sum(s["recorded_s"] for s in scored) / len(scored) if scored else None
     rep_step = sum(s["replayed_s"] for s in scored) / len(scored) if scored else None
     prediction = _prediction(bundle, what_if, rec_step, rep_step, rec_peak, rep_peak)
+    warned = caveats(bundle, ranks) if steps else []
     return {
         # "fidelity": the replay of the recording as it ran; "prediction": of another run
         # (a scaled bundle, a what-if), whose `prediction` says what it predicts
@@ -111,6 +113,15 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         "scored_steps": [s["step"] for s in scored],
         "recorded_steps": list(bundle.steps),
         "iteration_time_error_pct": sum(errors) / len(errors) if errors else None,
+        # beside it, to tell fidelity from noise: the recording's own step-to-step spread
+        # (std / mean, and the range) and the error of the mean step
+        **noise(scored),
+        # the clock the step times were taken on (the host's, in the recording and the replay)
+        "clock": "host",
+        # why the error above is not a fidelity figure ([] where it is): the recorded ranks
+        # shared cores, another kind of device, host times of work on a GPU
+        "caveats": warned,
+        "fidelity_figure": not warned,
         "peak_memory_recorded_bytes": rec_peak,
         "peak_memory_replayed_bytes": rep_peak,
         "peak_memory_error_pct": _pct(rec_peak, rep_peak),
@@ -231,12 +242,21 @@ def _what_if_words(asked: dict) -> str:
 
 def _measured_lines(report: dict) -> list[str]:
     """The replay of the recording as it ran: how far the replay is from it."""
-    return [
+    lines = [
         f"  steps {len(report['steps'])} · iteration time error {_fmt(report['iteration_time_error_pct'], '%')} "
-        f"(mean abs, steps {report['scored_steps']})",
+        f"(mean abs, steps {report['scored_steps']}, {report.get('clock', 'host')} clock)",
         f"  peak memory recorded {_mb(report['peak_memory_recorded_bytes'])}, replayed "
         f"{_mb(report['peak_memory_replayed_bytes'])} (error {_fmt(report['peak_memory_error_pct'], '%')})",
     ]
+    spread = report.get("recorded_step_spread_pct")
+    if report.get("mean_step_error_pct") is not None:
+        lines.insert(1, f"  mean step error {_fmt(report['mean_step_error_pct'], '%')}"
+                     + (f" · the recorded steps themselves vary {_fmt(spread, '%')} (std/mean; range "
+                        f"{_fmt(report.get('recorded_step_range_pct'), '%')})" if spread is not None else ""))
+    warned = report.get("caveats") or []
+    for i, c in enumerate(warned):
+        lines.append(("  not a fidelity figure: " if i == 0 else "  and ") + c["text"])
+    return lines
 
 
 def _predicted_lines(report: dict) -> list[str]:

@@ -1,0 +1,88 @@
+"""The fidelity card says what its figures mean (issue 27, honest cards): the recording's
+own step-to-step spread and the error of the mean step beside the mean per-step error,
+and, where the error is not a fidelity figure, why: ranks that shared cores when
+recorded, a busy host, another kind of device, host times of work on a GPU."""
+
+import os
+import sys
+
+import pytest
+
+from prism_rr.format import open_bundle
+from prism_rr.format.rewrite import Rewrite
+from prism_rr.format.synthetic import synthetic_records
+from prism_rr.replayer import replay
+from prism_rr.replayer._honesty import caveats, noise
+
+from replay_helpers import record, stderr_of
+
+STEPS_PY = __import__("pathlib").Path(__file__).parents[1] / "recorder" / "scripts" / "steps.py"
+QUIET = {"cpus": 2, "cuda": False, "device_name": None, "load_1m": 0.0}
+
+
+def _bundle(tmp_path, name, world, *, cpus=2, threads=1, load=0.0, device="cpu", device_name=None):
+    """A real bundle on disk (spools packed) whose ranks' info says what they ran on."""
+    out = tmp_path / f"{name}.prism"
+    with Rewrite(out) as rw:
+        for rank in range(world):
+            info = {"world_size": world, "rank": rank, "backend": "nccl" if device != "cpu" else "gloo",
+                    "device": device, "hostname": "node-a",
+                    "cpu": {"count": cpus, "allowed": cpus, "affinity": f"0-{cpus - 1}", "threads": threads,
+                            "interop_threads": 1, "load_1m": load}}
+            if device_name:
+                info["device_name"] = device_name
+            rw.write_rank(rank, info, [list(synthetic_records(rank, world, 200, tp=1, seed=1))])
+        rw.pack({}, manifest_extra={})
+    return out
+
+
+def _kinds(path, ranks=(0,), machine=QUIET):
+    with open_bundle(path) as b:
+        return [c["kind"] for c in caveats(b, list(ranks), machine=machine)]
+
+
+def test_noise_beside_the_error():
+    rows = [{"recorded_s": 0.100, "replayed_s": 0.110}, {"recorded_s": 0.140, "replayed_s": 0.126},
+            {"recorded_s": 0.120, "replayed_s": 0.120}]
+    got = noise(rows)
+    # the mean step: 0.12 recorded, 0.1187 replayed; the per-step errors 10%, 10%, 0% average 6.7%
+    assert got["mean_step_error_pct"] == pytest.approx(1.111, abs=0.01)
+    assert got["recorded_step_spread_pct"] == pytest.approx(13.6, abs=0.1)
+    assert got["recorded_step_range_pct"] == pytest.approx(33.3, abs=0.1)
+    one = noise(rows[:1])
+    assert one["recorded_step_spread_pct"] is None and one["mean_step_error_pct"] == pytest.approx(10.0)
+    assert noise([])["mean_step_error_pct"] is None
+
+
+def test_caveats_from_what_the_ranks_ran_on(tmp_path):
+    assert _kinds(_bundle(tmp_path, "fits", 2)) == []
+    assert _kinds(_bundle(tmp_path, "shared", 4)) == ["shared_cores"]
+    assert _kinds(_bundle(tmp_path, "threads", 2, threads=2)) == ["shared_cores"]  # 4 threads, 2 CPUs
+    assert _kinds(_bundle(tmp_path, "busy", 2, load=5.0)) == ["busy_host"]
+    assert _kinds(_bundle(tmp_path, "fits2", 2), machine=dict(QUIET, load_1m=4.0)) == ["busy_replay"]
+    assert _kinds(_bundle(tmp_path, "fits3", 2), ranks=(0, 1), machine=dict(QUIET, cpus=1)) == ["replay_shared_cores"]
+    gpu = _bundle(tmp_path, "gpu", 2, device="cuda:0", device_name="NVIDIA H100 80GB HBM3")
+    assert _kinds(gpu) == ["device_kind"]  # replayed on CPU
+    assert _kinds(gpu, machine=dict(QUIET, cuda=True, device_name="NVIDIA H100 80GB HBM3")) == ["host_clock"]
+    assert _kinds(gpu, machine=dict(QUIET, cuda=True, device_name="NVIDIA A100-SXM4-40GB")) == \
+        ["device_kind", "host_clock"]
+    with open_bundle(_bundle(tmp_path, "shared2", 4)) as b:
+        text = caveats(b, [0], machine=QUIET)[0]["text"]
+    assert "4 ranks, 4 torch threads on 2 CPUs" in text and "record at most 2 ranks per 2 CPUs" in text
+
+
+@pytest.mark.timeout(300)
+def test_a_recording_of_more_ranks_than_cores_is_not_a_fidelity_figure(tmp_path):
+    """steps.py at twice as many ranks as this machine's CPUs, rank 0 replayed: the card
+    gives its error and says why it is not a fidelity figure; the report says so too."""
+    cpus = len(os.sched_getaffinity(0))
+    bundle = record(tmp_path, [STEPS_PY], 2 * cpus, payload="none")
+    result = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs", cmd=[sys.executable, str(STEPS_PY)])
+    assert result.exit_code == 0, stderr_of(result, 0)
+    rep = result.report
+    assert rep["clock"] == "host" and rep["fidelity_figure"] is False
+    assert "shared_cores" in [c["kind"] for c in rep["caveats"]]
+    assert rep["mean_step_error_pct"] is not None and rep["recorded_step_spread_pct"] is not None
+    card = result.card
+    assert "host clock)" in card and "mean step error" in card and "the recorded steps themselves vary" in card
+    assert f"not a fidelity figure: the recording's ranks shared cores ({2 * cpus} ranks" in card, card
