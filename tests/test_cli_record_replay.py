@@ -114,6 +114,11 @@ def test_demo_records_and_replays(make_demo):
     assert "diverged: no" in out.stderr and "prism-rr info" in out.stderr
     facts = json.loads(run_cli("info", make_demo.bundle, "--json").stdout)
     assert facts["steps"] == [1, 2, 3] and facts["world_size"] == 4
+    # the card's figure means what it says: on fewer CPUs than the demo's 4 ranks, it says
+    # why its error is not a fidelity figure
+    assert "the recorded steps themselves vary" in out.stderr and "host clock)" in out.stderr
+    shared = len(__import__("os").sched_getaffinity(0)) < 4
+    assert ("not a fidelity figure: the recording's ranks shared cores (4 ranks" in out.stderr) is shared, out.stderr
 
 
 @pytest.mark.timeout(240)
