@@ -47,9 +47,11 @@ class DeviceClock:
     def mark(self, key) -> None:
         raise NotImplementedError
 
-    def resolve(self, final: bool = False) -> list[tuple[object, int]]:
+    def resolve(self, final: bool = False) -> list[tuple[object, int | None]]:
         """[(key, ns from the epoch)] of the marks the device has passed, oldest first;
-        with `final`, every mark left that the device reaches within FINAL_WAIT_S."""
+        with `final`, every mark left that the device reaches within FINAL_WAIT_S. A mark
+        the clock could not make (before a CudaClock began, in a CUDA graph's capture)
+        comes in its place as None."""
         raise NotImplementedError
 
     @property
@@ -93,12 +95,12 @@ class CudaClock(DeviceClock):
     from a pool and given back once read.
 
     The clock begins at its first mark made once the program has initialised CUDA (a
-    mark before is dropped): by then the program has chosen its device, which it often
+    mark before resolves as None): by then the program has chosen its device, which it often
     does after `init_process_group`, when the recording begins. Events are read with
     `query()` (no synchronization) in the order they were made. A device time is the
     time from a reference event whose device time is known (the epoch, then the last
     event read): `elapsed_time` is a float32 of milliseconds, exact to a fraction of a
-    microsecond over a step, not over the hours since the epoch."""
+    microsecond between two marks, not over the hours since the epoch."""
 
     name = "cuda-events"
 
@@ -131,10 +133,11 @@ class CudaClock(DeviceClock):
 
     def mark(self, key) -> None:
         cuda = self._cuda
-        if self._ref is None and not self._begin():
+        if (self._ref is None and not self._begin()) or cuda.is_current_stream_capturing():
+            # before the clock began, or in a CUDA graph being captured (an event there
+            # would be the graph's): no time, said in its place
+            self._pending.append((key, None))
             return
-        if cuda.is_current_stream_capturing():
-            return  # a CUDA graph being captured: an event there is the graph's, not ours
         try:
             event = self._pool.pop()
         except IndexError:
@@ -147,9 +150,12 @@ class CudaClock(DeviceClock):
         out = []
         ref, ref_ns = self._ref, self._ref_ns
         deadline = None
-        last = None
         while pending:
             key, event = pending[0]
+            if event is None:
+                pending.popleft()
+                out.append((key, None))
+                continue
             if not event.query():
                 if not final:
                     break
@@ -160,14 +166,11 @@ class CudaClock(DeviceClock):
                 time.sleep(0.0005)
                 continue
             pending.popleft()
-            out.append((key, ref_ns + round(ref.elapsed_time(event) * 1e6)))
-            if last is not None:
-                self._pool.append(last[0])
-            last = (event, out[-1][1])
-        if last is not None:  # the newest event read is the next reference
-            if ref is not None:
-                self._pool.append(ref)
-            self._ref, self._ref_ns = last
+            ns = ref_ns + round(ref.elapsed_time(event) * 1e6)
+            out.append((key, ns))
+            self._pool.append(ref)  # each event read is the reference of the next
+            ref, ref_ns = event, ns
+        self._ref, self._ref_ns = ref, ref_ns
         return out
 
 

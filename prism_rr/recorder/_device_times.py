@@ -150,7 +150,8 @@ class DeviceTimes:
         for (kind, ident, what), ns in self.clock.resolve(final):
             m = (self._steps if kind == STEP else self._calls).get(ident)
             if m is not None:
-                m.dev[what] = ns
+                if ns is not None:  # None: a mark the clock could not make
+                    m.dev[what] = ns
                 m.marks -= 1
         if not self._epoch_said and self.clock.epoch is not None:
             self._epoch_said = True

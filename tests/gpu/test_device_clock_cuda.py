@@ -76,13 +76,13 @@ def test_cuda_clock_stays_exact_over_many_batches_and_reuses_its_events():
     assert len(clock._pool) <= 32  # events are given back and reused, not made anew each mark
 
 
-def test_marks_before_cuda_is_initialised_are_dropped():
+def test_marks_before_cuda_is_initialised_resolve_as_none():
     code = (
         "import torch\n"
         "from prism_rr.recorder._device import CudaClock\n"
         "c = CudaClock()\n"
         "c.mark('early')\n"
-        "assert c.resolve(final=True) == [] and c.epoch is None\n"
+        "assert c.resolve(final=True) == [('early', None)] and c.epoch is None\n"
         "torch.ones(1, device='cuda')\n"
         "c.mark('late')\n"
         "got = c.resolve(final=True)\n"

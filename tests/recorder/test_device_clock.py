@@ -307,3 +307,103 @@ def test_a_rank_killed_mid_run_keeps_the_device_times_it_wrote(tmp_path, monkeyp
         calls = {(c.group, c.seq) for c in records if type(c) is Collective and c.step < steps[-2]}
         timed = {(d.group, d.seq) for d in records if type(d) is DeviceTime and d.name == "call"}
         assert calls and calls <= timed
+
+
+# --- CudaClock's bookkeeping, on a stand-in for torch.cuda ------------------------------
+
+
+class _FakeCuda:
+    """torch.cuda as CudaClock uses it: a device whose stream passes an event `gap_ns`
+    after the one before, and has passed those up to `passed_ns`; elapsed times in float32
+    milliseconds, as CUDA gives them."""
+
+    def __init__(self, start_ns: int, gap_ns: int):
+        self.t, self.gap, self.passed_ns = start_ns, gap_ns, -1
+        self.initialized, self.capturing, self.made = True, False, 0
+
+    def is_initialized(self):
+        return self.initialized
+
+    def current_device(self):
+        return 0
+
+    def current_stream(self, index=None):
+        return ("stream", index)
+
+    def is_current_stream_capturing(self):
+        return self.capturing
+
+    def Event(self, enable_timing=False):
+        assert enable_timing
+        self.made += 1
+        return _FakeEvent(self)
+
+
+class _FakeEvent:
+    def __init__(self, cuda):
+        self.cuda, self.t = cuda, None
+
+    def record(self, stream=None):
+        assert stream == ("stream", 0)
+        self.cuda.t += self.cuda.gap
+        self.t = self.cuda.t
+
+    def query(self):
+        return self.t is not None and self.t <= self.cuda.passed_ns
+
+    def elapsed_time(self, end):
+        import numpy as np
+
+        assert self.query() and end.query(), "both events must be completed"
+        return float(np.float32((end.t - self.t) / 1e6))
+
+
+def _cuda_clock(fake):
+    from prism_rr.recorder._device import CudaClock
+
+    clock = CudaClock()
+    clock._cuda = fake
+    return clock
+
+
+def test_cuda_clock_reads_in_order_without_waiting_and_reuses_its_events():
+    # ten hours into the device's life, marks 1 us apart: a float32 of milliseconds from
+    # the epoch would be off by far more than that; read from the mark before, exact
+    fake = _FakeCuda(start_ns=36_000 * 10**9, gap_ns=1_000)
+    clock = _cuda_clock(fake)
+    fake.initialized = False
+    clock.mark("too early")  # before CUDA is initialised: no time, in its place
+    fake.initialized = True
+    for i in range(5):
+        clock.mark(i)
+    assert clock.epoch["clock"] == "cuda-events" and clock.epoch["device"] == "cuda:0"
+    assert clock.resolve() == [("too early", None)]  # the device has passed nothing
+    fake.passed_ns = fake.t - 2 * fake.gap
+    assert clock.resolve() == [(0, 1_000), (1, 2_000), (2, 3_000)]
+    fake.capturing = True
+    clock.mark("captured")
+    fake.capturing = False
+    fake.passed_ns = fake.t + 10**12
+    assert clock.resolve() == [(3, 4_000), (4, 5_000), ("captured", None)]
+    made = fake.made
+    for batch in range(20):
+        for i in range(10):
+            clock.mark((batch, i))
+        fake.passed_ns = fake.t
+        got = clock.resolve()
+        assert [t for _, t in got] == [6_000 + 1_000 * (10 * batch + i) for i in range(10)]
+    assert fake.made - made <= 11  # events come back to the pool once read
+
+
+def test_cuda_clock_final_resolve_waits_a_bounded_while(monkeypatch):
+    from prism_rr.recorder import _device
+
+    monkeypatch.setattr(_device, "FINAL_WAIT_S", 0.2)
+    fake = _FakeCuda(start_ns=0, gap_ns=1_000)
+    clock = _cuda_clock(fake)
+    clock.mark("a")
+    fake.passed_ns = fake.t
+    clock.mark("stuck")  # a device stuck in a collective never passes it
+    t0 = time.monotonic()
+    assert clock.resolve(final=True) == [("a", 1_000)]
+    assert 0.2 <= time.monotonic() - t0 < 2
