@@ -1,4 +1,5 @@
-"""The small specs users write: ranks "0,2,4-7", steps "A:B", bandwidth "50GB/s", slow ranks "R:F".
+"""The small specs users write: ranks "0,2,4-7", steps "A:B", bandwidth "50GB/s", slow ranks "R:F",
+replaced ranks "R@STEP".
 
 One parser each, shared by the recorder, the replayer, the API and the CLI; torch-free.
 """
@@ -9,7 +10,8 @@ import re
 
 from prism_rr.errors import UsageError
 
-__all__ = ["format_ranks", "parse_bandwidth", "parse_ranks", "parse_slow_rank", "parse_steps", "step_window"]
+__all__ = ["format_ranks", "parse_bandwidth", "parse_ranks", "parse_replace_rank", "parse_slow_rank", "parse_steps",
+           "step_window"]
 
 
 def parse_steps(spec) -> tuple[int | None, int | None] | None:
@@ -104,6 +106,41 @@ def parse_slow_rank(spec) -> tuple[tuple[int, float], ...]:
         pairs = [(int(r), float(f)) for r, f in spec.items()]
     else:
         pairs = [(int(r), float(f)) for r, f in spec]
+    return tuple(sorted(pairs))
+
+
+def parse_replace_rank(spec) -> tuple[tuple[int, int], ...]:
+    """"R@STEP[,R@STEP]", a list of those (a repeated option), {rank: step}, or pairs ->
+    sorted (rank, step) pairs, each once."""
+    if not spec:
+        return ()
+    if isinstance(spec, dict):
+        items = list(spec.items())
+    elif isinstance(spec, str):
+        items = [spec]
+    else:
+        items = list(spec)
+    pairs = set()
+    for item in items:
+        if isinstance(item, str):
+            for part in item.split(","):
+                if not part.strip():
+                    continue
+                try:
+                    r, s = part.split("@")
+                    pairs.add((int(r), int(s)))
+                except ValueError:
+                    raise UsageError(f"replace_rank must look like R@STEP (rank R replaced at step STEP), "
+                                     f"not {part.strip()!r}") from None
+        else:
+            try:
+                r, s = item
+                pairs.add((int(r), int(s)))
+            except (TypeError, ValueError):
+                raise UsageError(f"replace_rank takes R@STEP or (rank, step) pairs, not {item!r}") from None
+    negative = [p for p in sorted(pairs) if p[0] < 0 or p[1] < 0]
+    if negative:
+        raise UsageError(f"replace_rank must not be negative: {negative[0][0]}@{negative[0][1]}")
     return tuple(sorted(pairs))
 
 

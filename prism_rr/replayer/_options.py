@@ -30,6 +30,7 @@ class ReplayOptions:
     comm_scale: float = 1.0  # every transfer this many times as long
     compute_scale: float = 1.0  # every rank's compute this many times as long
     slow_rank: tuple[tuple[int, float], ...] = ()  # (virtual rank, factor on its compute)
+    replace_rank: tuple[tuple[int, int, int], ...] = ()  # (virtual rank, step, downtime ns): _replace.py
     output: str | None = None  # spool directory of the replay's own recording (-o)
     payload: str = "none"  # what the replay's own recording keeps
     # Under a launcher (torchrun): worker RANK i of len(ranks) is recorded rank ranks[i] of
@@ -51,8 +52,22 @@ class ReplayOptions:
             if not factor > 0:
                 raise UsageError(f"slow_rank factor for rank {rank} must be positive, not {factor!r}")
 
+        for rank, step, down in self.replace_rank:
+            if rank in self.ranks:
+                raise UsageError(f"replace_rank {rank}@{step}: rank {rank} is a real rank; a replaced rank is a "
+                                 f"virtual one")
+            if down < 0:
+                raise UsageError(f"replace_rank {rank}@{step}: a downtime is 0 s or more, not {down / 1e9!r} s")
+
     def slow_rank_map(self) -> dict[int, float]:
         return dict(self.slow_rank)
+
+    def replaced_map(self) -> dict[int, list[tuple[int, int]]]:
+        """Virtual rank -> [(step, downtime ns)]: the timing model's form."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for rank, step, down in self.replace_rank:
+            out.setdefault(rank, []).append((step, down))
+        return out
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -73,6 +88,7 @@ class ReplayOptions:
             comm_scale=float(d.get("comm_scale", 1.0)),
             compute_scale=float(d.get("compute_scale", 1.0)),
             slow_rank=tuple((int(r), float(f)) for r, f in d.get("slow_rank", ())),
+            replace_rank=tuple((int(r), int(s), int(n)) for r, s, n in d.get("replace_rank", ())),
             output=d.get("output"),
             payload=str(d.get("payload", "none")),
             launcher=bool(d.get("launcher", False)),

@@ -509,16 +509,16 @@ class _Peers:
 
 def _peer_classes(session, gid: int, ranks, real) -> list[_Peers]:
     """The virtual members of group `gid` by class, once per group: a recorded rank (or a
-    --slow-rank one) is its own class; the other ranks of one role share their
-    representative's ("r<rep>")."""
-    slow = session.clock.slow_rank
+    --slow-rank or --replace-rank one, whose times are its own) is its own class; the other
+    ranks of one role share their representative's ("r<rep>")."""
+    alone = set(session.clock.slow_rank) | set(session.clock.replaced)
     members = set(ranks)
     out: dict = {}
     for j, g in enumerate(ranks):
         if g in real:
             continue
         src = session.source(g)
-        key = g if src == g or g in slow else f"r{src}"
+        key = g if src == g or g in alone else f"r{src}"
         c = out.get(key)
         if c is None:
             c = out[key] = _Peers(key, src, gid if src in members else _family_group(session, gid, src))

@@ -120,7 +120,7 @@ class ReplaySession:
         self.resolved: list[dict] = []  # recorded hangs this rank's calls resolved
         self.clock = PeerClock(rank, self.schedule.clock_offset, compute_scale=options.compute_scale,
                                slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale,
-                               pure_transfer=self.scaled)
+                               pure_transfer=self.scaled, replaced=options.replaced_map())
         self.live = options.timing == "live"
         self.virtual = options.timing == "virtual"
         self.timed = self.live or self.virtual

@@ -22,6 +22,10 @@ slow_rank factor adds to the gap. Without this, time a peer spent before the bou
 replay is waited for in the next step: the replay's step 0 would leak into its first
 scored step. A peer that was late after the boundary in the recording is late here too.
 
+A replaced rank (`replace_rank`, a what-if: _replace.py) enters its first call of the step
+it is replaced at that much later, after the step-boundary placement (which would undo
+it); its later calls follow from there, so its peers wait for it where they share a call.
+
 A peer is named by a key: its rank, or (many ranks of one role that enter together, see
 `_group`) a string "r<rep>" whose records are the representative's. `src` maps a key to
 the rank whose recorded clock its records are on. In a bundle written by `scale`, a
@@ -39,7 +43,7 @@ class PeerClock:
 
     def __init__(self, me: int, clock_offset: dict[int, int], *, compute_scale: float = 1.0,
                  slow_rank: dict[int, float] | None = None, comm_scale: float = 1.0,
-                 pure_transfer: bool = False):
+                 pure_transfer: bool = False, replaced: dict[int, list[tuple[int, int]]] | None = None):
         self.me = me
         self._offset = clock_offset  # rank -> its recorded monotonic clock minus rank 0's
         self._shift: int | None = None  # model ns = recorded reference ns + shift
@@ -50,6 +54,8 @@ class PeerClock:
         self.slow_rank = dict(slow_rank or {})
         self.comm_scale = comm_scale
         self.pure_transfer = pure_transfer
+        # virtual rank -> [(step, downtime ns)] not yet taken, by step
+        self.replaced = {r: sorted(v) for r, v in (replaced or {}).items()}
 
     def anchor(self, model_ns: int, own) -> None:
         """Tie the recording's time line to the model clock at the first recorded call."""
@@ -75,7 +81,8 @@ class PeerClock:
         if at is None:
             if self._shift is None:
                 return None
-            return rec.start_ns - self._offset.get(rank if src is None else src, 0) + self._shift
+            t = rec.start_ns - self._offset.get(rank if src is None else src, 0) + self._shift
+            return t + self._down(rank, rec)
         t = at[0] + int(max(0, rec.start_ns - at[1]) * scale)
         pending = self._pending.get(rank)
         if pending:
@@ -93,7 +100,15 @@ class PeerClock:
             if since < ref_b and at[0] <= model_b:  # it resumed before the boundary, in both
                 placed = model_b + (rec.start_ns - off - ref_b) + int(max(0, rec.start_ns - at[1]) * (scale - 1.0))
                 t = max(at[0], min(t, placed))
-        return t
+        return t + self._down(rank, rec)
+
+    def _down(self, rank, rec) -> int:
+        """The downtime of a replacement of `rank` this call is the first call after (once)."""
+        todo = self.replaced.get(rank)
+        down = 0
+        while todo and rec.step >= todo[0][0]:
+            down += todo.pop(0)[1]
+        return down
 
     def completed(self, rank: int, rec, entry_ns: int | None, done_ns: int) -> None:
         """Virtual `rank`'s call `rec`, entered at `entry_ns`, completed at `done_ns`."""
