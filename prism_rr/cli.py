@@ -283,6 +283,8 @@ def replay(
     comm_scale: float = typer.Option(1.0, "--comm-scale", help="What if every transfer took X times as long?"),
     compute_scale: float = typer.Option(1.0, "--compute-scale", help="What if every virtual rank's compute took X times as long?"),
     slow_rank: Optional[str] = typer.Option(None, "--slow-rank", help="What if virtual rank R computed F times slower? R:F[,R:F]"),
+    replace_rank: Optional[list[str]] = typer.Option(None, "--replace-rank", metavar="R@STEP", help="What if virtual rank R failed and a new process took its place at step STEP? Its peers wait for it to start, rejoin and receive its state: a downtime estimated from the bundle (start-up as recorded, a world rendezvous and the state's transfer by the cost model; on a `scale`d bundle, at its world size), shown on the card with its parts. Repeatable."),
+    replace_downtime: Optional[float] = typer.Option(None, "--replace-downtime", metavar="SECONDS", help="With --replace-rank: the downtime to emulate, instead of the estimate."),
     continue_on_divergence: bool = typer.Option(False, "--continue-on-divergence", help="Log a divergence and go on instead of stopping (exit 3)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the replay after this many seconds."),
     launcher: Optional[bool] = typer.Option(None, "--launcher/--no-launcher", help="CMD is a launcher that starts one worker per real rank (torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR/PORT); default: when CMD is torchrun or python -m torch.distributed.run."),
@@ -326,7 +328,7 @@ def replay(
     result = api.replay(
         bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
         output_payload=output_payload, timing=timing, comm_scale=comm_scale,
-        compute_scale=compute_scale, slow_rank=slow_rank,
+        compute_scale=compute_scale, slow_rank=slow_rank, replace_rank=replace_rank, replace_downtime=replace_downtime,
         continue_on_divergence=continue_on_divergence, timeout=timeout,
         run_recorded_command=not cmd, launcher=launcher, attempt=attempt,
     )

@@ -7,6 +7,8 @@ from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
 from prism_rr.format.text import shown
 from prism_rr.replayer._hang import sentence
+from prism_rr.replayer._replace import note_lines as replace_notes
+from prism_rr.replayer._replace import words as replace_words
 from prism_rr.replayer._honesty import caveats, noise
 
 __all__ = ["card", "fidelity_report", "how_far"]
@@ -31,7 +33,8 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
 
     A replay of the recording as it ran measures the replay: its `*_error_pct` keys say
     how far it is from the recording. A replay of a bundle made by `scale`, or one that
-    asks what if (`what_if`: comm_scale, compute_scale, slow_rank), predicts another run:
+    asks what if (`what_if`: comm_scale, compute_scale, slow_rank, replace_rank), predicts
+    another run:
     then `mode` is "prediction" and `prediction` holds what it predicts, with the change
     from the recording signed; the error keys are kept, but they are that change's size,
     not an error (`predicted_keys` names them).
@@ -174,6 +177,8 @@ def _prediction(bundle, what_if: dict | None, rec_step, rep_step, rec_peak, rep_
             asked["compute_scale"] = what_if["compute_scale"]
         if what_if.get("slow_rank"):
             asked["slow_rank"] = dict(what_if["slow_rank"])
+        if what_if.get("replace_rank"):
+            asked["replace_rank"] = list(what_if["replace_rank"])
     scaled = bundle.manifest.get("scale")
     recorded_world = None
     if isinstance(scaled, dict) and isinstance(scaled.get("from"), dict):
@@ -237,6 +242,8 @@ def _what_if_words(asked: dict) -> str:
         words.append(f"compute x{asked['compute_scale']:g}")
     for r, f in sorted((asked.get("slow_rank") or {}).items(), key=lambda kv: int(kv[0])):
         words.append(f"rank {r}'s compute x{f:g}")
+    for e in asked.get("replace_rank") or ():
+        words.append(f"rank {e['rank']} replaced at step {e['step']}")
     return ", ".join(words)
 
 
@@ -271,7 +278,23 @@ def _predicted_lines(report: dict) -> list[str]:
         f"{_signed(p['step_time_change_pct'])})",
         f"  peak memory {_mb(p['peak_memory_bytes'])} ({recorded}: {_mb(p['recorded_peak_memory_bytes'])}, "
         f"{_signed(p['peak_memory_change_pct'])})",
+        *_replaced_lines(report, p["what_if"].get("replace_rank") or ()),
     ]
+
+
+def _replaced_lines(report: dict, replaced) -> list[str]:
+    """Each replaced rank: its downtime and its parts, and what its step took in the replay."""
+    by_step = {s["step"]: s for s in report["steps"]}
+    lines = []
+    for e in replaced:
+        line = f"  rank {e['rank']} replaced at step {e['step']}: {replace_words(e)}"
+        s = by_step.get(e["step"])
+        if s is not None:
+            line += (f"; step {e['step']} took {_secs(s['replayed_s'])} instead of {_secs(s['recorded_s'])} "
+                     f"({s['replayed_s'] - s['recorded_s']:+.2f} s)")
+        lines.append(line)
+        lines.extend(f"    note: {n}" for n in replace_notes(e))
+    return lines
 
 
 def card(report: dict) -> str:

@@ -41,6 +41,7 @@ from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report
 from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions
+from prism_rr.replayer._replace import plan_replacements
 from prism_rr.replayer._session import stats_path
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
 from prism_rr.specs import format_ranks, parse_ranks, parse_slow_rank
@@ -232,6 +233,8 @@ def replay(
     comm_scale: float = 1.0,
     compute_scale: float = 1.0,
     slow_rank=None,
+    replace_rank=None,
+    replace_downtime: float | None = None,
     continue_on_divergence: bool = False,
     timeout: float | None = None,
     cwd=None,
@@ -251,7 +254,12 @@ def replay(
     this bundle, with `output_payload` (default: what the recording kept). What-if knobs
     of the timing model: `comm_scale` (every transfer X times as long), `compute_scale`
     (every rank's compute X times as long), `slow_rank` ({virtual rank: factor} on its
-    compute, or "R:F,R:F"). Raises UsageError where the replay cannot run here.
+    compute, or "R:F,R:F"), `replace_rank` ("R@STEP", a list of those, or (rank, step)
+    pairs: virtual rank R is replaced by a new process at step STEP; its peers wait for it
+    to rejoin, for `replace_downtime` seconds where given, else the downtime estimated from
+    the bundle: start-up, rejoin and state, see _replace.py; the report's
+    what_if.replace_rank gives each estimate and its parts). Raises UsageError where the
+    replay cannot run here.
 
     `launcher` (default: whether `cmd` is `torchrun ...` or `python -m torch.distributed.run
     ...`): run `cmd` once, as a launcher that starts one worker per real rank, perhaps on
@@ -289,6 +297,8 @@ def replay(
         missing = [r for r in real if r not in bundle.recorded_ranks]
         roles_entry = bundle.manifest.get("roles")
         attempt, default_attempt = bundle.attempt, bundle.default_attempt
+        # once, before any work: a scaled bundle is priced at its own world size
+        replacements = plan_replacements(bundle, replace_rank, real=real, downtime=replace_downtime)
     if missing and isinstance(roles_entry, dict):
         if attempt != default_attempt:
             raise UsageError(f"{bundle_path.name}: ranks {missing} were not recorded in attempt {attempt}; a rank "
@@ -298,7 +308,8 @@ def replay(
         # and replay that.
         args = dict(ranks=real, cmd=cmd, report=report, output=output, output_payload=output_payload,
                     timing=timing, comm_scale=comm_scale, compute_scale=compute_scale, slow_rank=slow_rank,
-                    continue_on_divergence=continue_on_divergence, timeout=timeout, cwd=cwd, log_dir=log_dir,
+                    replace_rank=replacements, continue_on_divergence=continue_on_divergence, timeout=timeout,
+                    cwd=cwd, log_dir=log_dir,
                     env=env, run_recorded_command=run_recorded_command, launcher=launcher)
         with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
             derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
@@ -336,6 +347,8 @@ def replay(
                             real_port=free_port() if len(real) > 1 and not launcher else 0,
                             comm_scale=float(comm_scale), compute_scale=float(compute_scale),
                             slow_rank=parse_slow_rank(slow_rank),
+                            replace_rank=tuple((e["rank"], e["step"], round(e["downtime_s"] * 1e9))
+                                               for e in replacements),
                             output=None if spool_dir is None else str(spool_dir),
                             payload=output_payload or "none")
     logs = Path(log_dir) if log_dir is not None else None
@@ -404,7 +417,7 @@ def replay(
             unreported = [r for r in real if r not in stats]
             codes = {r: code for r in real if r in stats}
         with open_bundle(bundle_path, attempt=attempt) as bundle:
-            rep = fidelity_report(bundle, real, stats, timing=timing, what_if=_what_if(options))
+            rep = fidelity_report(bundle, real, stats, timing=timing, what_if=_what_if(options, replacements))
         traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
         if traces:  # PRISM_RR_REPLAY_TRACE: each call's entries and completion, for debugging the model
             rep["trace"] = traces
@@ -458,7 +471,7 @@ def replay(
     rep["attempt"] = {"attempt": attempt, "attempts": attempts, "default": default_attempt}
     rep["exit_code"] = code
     rep["environment_warnings"] = warnings
-    rep["what_if"] = _what_if(options)
+    rep["what_if"] = _what_if(options, replacements)
     if spool_dir is not None:
         _pack_replay(spool_dir, output, bundle_path, options, commands, stats)
         rep["output"] = str(output)
@@ -475,9 +488,9 @@ def _recorded_exit(info) -> dict | None:
     return how if isinstance(how, dict) else None
 
 
-def _what_if(options) -> dict:
+def _what_if(options, replacements=()) -> dict:
     return {"comm_scale": options.comm_scale, "compute_scale": options.compute_scale,
-            "slow_rank": {str(r): f for r, f in options.slow_rank}}
+            "slow_rank": {str(r): f for r, f in options.slow_rank}, "replace_rank": list(replacements)}
 
 
 def _tail(path: Path, lines: int = 8) -> list[str]:
