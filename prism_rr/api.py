@@ -326,7 +326,9 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
 
 def replay(bundle, **options) -> ReplayResult:
     """Replay `bundle`: some ranks for real, the others as virtual peers; the options are
-    `prism_rr.replayer.replay`'s (`attempt=N`: an attempt of a restarted job). Never raises
+    `prism_rr.replayer.replay`'s (`attempt=N`: an attempt of a restarted job;
+    `replace_rank="R@STEP"`, with `replace_downtime=` seconds or the bundle's estimate: what
+    a rank replaced mid-run costs; `slow_rank=`, `comm_scale=`, ...: other what-ifs). Never raises
     on a divergence or a recorded hang: see the result's exit_code (3, 7)."""
     from prism_rr.replayer import replay as run_replay
 
