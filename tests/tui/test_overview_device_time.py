@@ -3,11 +3,9 @@ step times are on."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from prism_rr.format import DeviceTime, Step, pack
+from prism_rr.format import DeviceTime, SpoolWriter, Step, pack, spool_path
+from prism_rr.format.synthetic import synthetic_records
 from tui_helpers import make_app, screen_text, settle, sync
-from conftest import _write_spools
 
 SIZE = (120, 40)
 
@@ -22,10 +20,15 @@ def _with_device_time(rank, records):
 
 @sync
 async def test_overview_names_the_device_clock(tmp_path):
-    out = tmp_path / "device.prism"
-    pack(_write_spools(tmp_path / "device.d", 4, 120, _with_device_time,
-                       info_extra={"device_time": {"clock": "cuda-events", "epoch_host_ns": 0, "device": "cuda:0"}}),
-         out, manifest_extra={"created_unix_ns": 0})
+    out, spools = tmp_path / "device.prism", tmp_path / "device.d"
+    for rank in range(4):
+        w = SpoolWriter(spool_path(spools, rank), rank, chunk_records=64, info={
+            "world_size": 4, "rank": rank, "backend": "nccl", "argv": ["train.py"],
+            "device_time": {"clock": "cuda-events", "epoch_host_ns": 0, "device": "cuda:0"}})
+        for rec in _with_device_time(rank, list(synthetic_records(rank, 4, 120))):
+            w.append(rec)
+        w.close()
+    pack(spools, out, manifest_extra={"created_unix_ns": 0})
     app = make_app(out)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
