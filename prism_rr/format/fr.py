@@ -812,7 +812,8 @@ def entry_views(call: Collective, group_size: int) -> list[Collective]:
     plain = replace(call, reduce_op=None, root=None)
     views = [plain] + [replace(plain, op=name) for name in ops.FR_ALIASES.get(call.op, ())]
     ins = call.in_shapes
-    if call.op == "reduce_scatter" and len(ins) == group_size and ins and len(set(ins)) == 1:
+    op = ops.lookup(call.op)
+    if op is not None and op.form == "reduce_scatter_list" and len(ins) == group_size and ins and len(set(ins)) == 1:
         views.append(replace(plain, in_shapes=((group_size, *ins[0]),), in_dtypes=call.in_dtypes[:1]))
     return views
 

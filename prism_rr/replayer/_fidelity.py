@@ -57,7 +57,7 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
     compute_by_step: dict[int, list[int]] = {}
     compute_ratios: dict[int, list[float]] = {}  # real rank -> replayed / recorded compute, per step
     for step in bundle.steps:
-        recorded = step_durations(bundle, step)
+        recorded = step_durations(bundle, step, clock="host")  # the replay is timed on the host
         peaks = bundle.summaries["steps"].get(step, {})
         rec_s, rep_s, own_s = [], [], []
         step_rec_peak = step_rep_peak = None

@@ -20,9 +20,9 @@ What a replay found is a plain dict (it travels from the rank to the launcher as
 
 from __future__ import annotations
 
+from prism_rr.format import ops
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import quoted, shown
-from prism_rr.replayer._schedule import direction
 
 __all__ = ["RecordingEnd", "sentence"]
 
@@ -54,7 +54,7 @@ class RecordingEnd:
         """Whether `peer` never made its side of message `seq` (`way` is this rank's
         direction: the peer's is the other), which this rank recorded as `own`."""
         sched = self._schedule
-        other = "recv" if way == "send" else "send"
+        other = "send" if ops.receives(way) else "recv"
         return (self._open(peer) and sched.p2p(peer, gid, other, me, seq) is None
                 and sched.last_seq(peer, gid, other, me) < seq and self._held(own, peer))
 
@@ -104,7 +104,7 @@ class RecordingEnd:
                 if me in sched.groups.get(rec.group, ()) and made.get((rec.group,), 0) <= rec.seq:
                     out.append(rec)
             elif type(rec) is PointToPoint and rec.peer == me:
-                mine = "send" if direction(rec.op) == "recv" else "recv"
+                mine = "send" if ops.receives(rec.op) else "recv"
                 if made.get((rec.group, mine, peer), 0) <= rec.seq:
                     out.append(rec)
         return out

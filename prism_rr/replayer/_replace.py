@@ -30,7 +30,7 @@ rank that was not recorded by its role's representative's records and rank info.
 from __future__ import annotations
 
 from prism_rr.errors import UsageError
-from prism_rr.format.ops import family
+from prism_rr.format.ops import lookup, shard_side
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks, parse_replace_rank
@@ -149,10 +149,12 @@ def replacement_cost(bundle, rank: int, step: int, model: CostModel | None = Non
         if rec.step >= step and (first_s is None or rec.start_ns < first_s.start_ns):
             first_s = rec
         if isinstance(rec, Collective) and rec.step == step:
-            fam = family(rec.op)
-            if fam == "all_reduce":
+            op = lookup(rec.op)
+            if op is None:
+                continue
+            if op.form == "reduce_all":  # the whole gradient, reduced
                 grads += max(0, rec.in_bytes)
-            elif fam == "reduce_scatter":
+            elif shard_side(op.form) == "out" and op.same == "in":  # a reduce-scatter: this rank's shard
                 grads += max(0, rec.out_bytes)
     if first_s is not None:
         for rec in bundle.events(src):

@@ -345,9 +345,10 @@ def diagnose_apart(bundle: Bundle, **kw):
 
 
 def _step_medians(bundle: Bundle) -> dict[int, float]:
+    # compare: both sides on the host's clock (a replay's recording has no device time)
     out = {}
     for s in bundle.steps:
-        d = step_durations(bundle, s)
+        d = step_durations(bundle, s, clock="host")
         if d:
             out[s] = median(d.values())
     return out
@@ -355,7 +356,7 @@ def _step_medians(bundle: Bundle) -> dict[int, float]:
 
 def _rank_means(bundle: Bundle, ranks, steps=None) -> dict[int, float]:
     out = {}
-    per_step = [step_durations(bundle, s) for s in (bundle.steps if steps is None else steps)]
+    per_step = [step_durations(bundle, s, clock="host") for s in (bundle.steps if steps is None else steps)]
     for r in ranks:
         d = [durations[r] for durations in per_step if r in durations]
         if d:
