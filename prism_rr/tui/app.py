@@ -126,6 +126,12 @@ class PrismApp(App):
 
     # --- attempts ----------------------------------------------------------------------
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The attempts key shows (and works) only for a bundle of several attempts."""
+        if action == "attempts":
+            return len(self.bundle.attempts) > 1
+        return True
+
     def action_attempts(self) -> None:
         """The attempts of a restarted job (the `a` key): the chosen one is opened in
         every screen, one attempt at a time."""
