@@ -55,57 +55,13 @@ def _column(values) -> bytes:
         raise FormatError("pack: a rank's summary holds an integer beyond int64") from None
 
 
-class StepRows:
-    """The chunks' Step rows as pack meets them, `(rank, ((step, start_ns, end_ns,
-    mem_peak), ...))` as a chunk summary holds them, made int64 arrays every BLOCK rows:
-    8192 ranks of 2000 steps are 16M rows, gigabytes as Python tuples."""
+class _Rows:
+    """Rows as pack meets them, `(rank, (row, ...))` as a chunk summary holds them, made
+    int64 column arrays every BLOCK rows: 8192 ranks of 2000 steps are 16M rows,
+    gigabytes as Python tuples. A subclass says how a block of rows becomes columns."""
 
     BLOCK = 1 << 18
-
-    def __init__(self):
-        self._pending: list[tuple[int, tuple]] = []
-        self._rows = 0
-        self._blocks: list[tuple[np.ndarray, ...]] = []
-
-    def add(self, rank: int, rows: tuple) -> None:
-        self._pending.append((rank, rows))
-        self._rows += len(rows)
-        if self._rows >= self.BLOCK:
-            self._compact()
-
-    def _compact(self) -> None:
-        pending, self._pending, self._rows = self._pending, [], 0
-        rows = list(chain.from_iterable(r for _, r in pending))
-        if not set(map(type, rows)) <= {tuple} or not set(map(len, rows)) <= {4}:
-            raise FormatError("pack: a chunk summary's step rows are not [step, start, end, peak]")
-        flat = list(chain.from_iterable(rows))
-        try:
-            rank = np.repeat(np.array([r for r, _ in pending], dtype=np.int64), [len(r) for _, r in pending])
-            if set(map(type, flat)) <= {int}:  # no nil: one conversion of every value
-                step, start, end, peak = np.array(flat, dtype=np.int64).reshape(-1, 4).T
-            else:
-                step, start, end, peak = zip(*rows)
-                if not (set(map(type, step)) | set(map(type, start)) <= {int}
-                        and set(map(type, end)) | set(map(type, peak)) <= {int, type(None)}):
-                    raise FormatError("pack: a chunk summary's step rows hold something other than integers")
-                step, start, end, peak = (np.array([NIL if v is None else v for v in c], dtype=np.int64)
-                                          for c in (step, start, end, peak))
-        except OverflowError:
-            raise FormatError("pack: a chunk summary's step rows hold an integer beyond int64") from None
-        _check_steps(step, rank, start, end, peak, None, "pack", ordered=False)
-        self._blocks.append((step, rank, start, end, peak))
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """step, rank, start_ns, end_ns, mem_peak: every row, in the order met."""
-        self._compact()
-        return tuple(np.concatenate(c) for c in zip(*self._blocks))
-
-
-class DeviceStepRows:
-    """The chunks' device step rows as pack meets them, `(rank, ((step, dev_start_ns,
-    dev_end_ns), ...))` (codec.S_DEVICE_STEPS), made int64 arrays every BLOCK rows."""
-
-    BLOCK = 1 << 18
+    COLUMNS = 0  # columns `arrays` returns, the rank's among them
 
     def __init__(self):
         self._pending: list[tuple[int, tuple]] = []
@@ -126,26 +82,64 @@ class DeviceStepRows:
         if not pending:
             return
         rows = list(chain.from_iterable(r for _, r in pending))
+        try:
+            rank = np.repeat(np.array([r for r, _ in pending], dtype=np.int64), [len(r) for _, r in pending])
+            self._blocks.append(self._columns(rows, rank))
+        except OverflowError:
+            raise FormatError(f"pack: a chunk summary's {self.WHAT} hold an integer beyond int64") from None
+
+    def _columns(self, rows: list, rank: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Every row's columns, in the order met."""
+        self._compact()
+        if not self._blocks:
+            return tuple(np.zeros(0, np.int64) for _ in range(self.COLUMNS))
+        return tuple(np.concatenate(c) for c in zip(*self._blocks))
+
+
+class StepRows(_Rows):
+    """The chunks' Step rows, `(step, start_ns, end_ns, mem_peak)`; `arrays` gives step,
+    rank, start_ns, end_ns, mem_peak."""
+
+    COLUMNS = 5
+    WHAT = "step rows"
+
+    def _columns(self, rows: list, rank: np.ndarray) -> tuple[np.ndarray, ...]:
+        if not set(map(type, rows)) <= {tuple} or not set(map(len, rows)) <= {4}:
+            raise FormatError("pack: a chunk summary's step rows are not [step, start, end, peak]")
+        flat = list(chain.from_iterable(rows))
+        if set(map(type, flat)) <= {int}:  # no nil: one conversion of every value
+            step, start, end, peak = np.array(flat, dtype=np.int64).reshape(-1, 4).T
+        else:
+            step, start, end, peak = zip(*rows)
+            if not (set(map(type, step)) | set(map(type, start)) <= {int}
+                    and set(map(type, end)) | set(map(type, peak)) <= {int, type(None)}):
+                raise FormatError("pack: a chunk summary's step rows hold something other than integers")
+            step, start, end, peak = (np.array([NIL if v is None else v for v in c], dtype=np.int64)
+                                      for c in (step, start, end, peak))
+        _check_steps(step, rank, start, end, peak, None, "pack", ordered=False)
+        return step, rank, start, end, peak
+
+
+class DeviceStepRows(_Rows):
+    """The chunks' device step rows, `(step, dev_start_ns, dev_end_ns)`
+    (codec.S_DEVICE_STEPS); `arrays` gives step, rank, dev_start_ns, dev_end_ns."""
+
+    COLUMNS = len(DEVICE_STEP_COLUMNS)
+    WHAT = "device step rows"
+
+    def _columns(self, rows: list, rank: np.ndarray) -> tuple[np.ndarray, ...]:
         if not set(map(type, rows)) <= {tuple} or not set(map(len, rows)) <= {3}:
             raise FormatError("pack: a chunk summary's device step rows are not [step, dev_start, dev_end]")
         step, start, end = zip(*rows) if rows else ((), (), ())
         if not (set(map(type, step)) <= {int} and set(map(type, start)) | set(map(type, end)) <= {int, type(None)}):
             raise FormatError("pack: a chunk summary's device step rows hold something other than integers")
-        try:
-            rank = np.repeat(np.array([r for r, _ in pending], dtype=np.int64), [len(r) for _, r in pending])
-            step = np.array(step, dtype=np.int64)
-            start, end = (np.array([NIL if v is None else v for v in c], dtype=np.int64) for c in (start, end))
-        except OverflowError:
-            raise FormatError("pack: a chunk summary's device step rows hold an integer beyond int64") from None
+        step = np.array(step, dtype=np.int64)
+        start, end = (np.array([NIL if v is None else v for v in c], dtype=np.int64) for c in (start, end))
         _check_device_steps(step, rank, start, end, None, "pack", ordered=False)
-        self._blocks.append((step, rank, start, end))
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """step, rank, dev_start_ns, dev_end_ns: every row, in the order met."""
-        self._compact()
-        if not self._blocks:
-            return tuple(np.zeros(0, np.int64) for _ in DEVICE_STEP_COLUMNS)
-        return tuple(np.concatenate(c) for c in zip(*self._blocks))
+        return step, rank, start, end
 
 
 def _first_set(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -320,12 +314,14 @@ def _opt(values: list) -> list:
 
 
 class StepRow(Mapping):
-    """One step's {rank: (start_ns, end_ns, mem_peak)}: rows lo..hi of a StepTable."""
+    """One step's {rank: (start_ns, end_ns, mem_peak)}: rows lo..hi of a StepTable; each
+    value None where the table holds nil (a device step row's: (dev_start_ns, dev_end_ns),
+    each None where not resolved)."""
 
-    __slots__ = ("_ranks", "_start", "_end", "_peak")
+    __slots__ = ("_ranks", "_cols")
 
-    def __init__(self, ranks, start, end, peak):
-        self._ranks, self._start, self._end, self._peak = ranks, start, end, peak
+    def __init__(self, ranks, *cols):
+        self._ranks, self._cols = ranks, cols
 
     def __getitem__(self, rank) -> tuple:
         if type(rank) is not int:
@@ -333,8 +329,7 @@ class StepRow(Mapping):
         i = int(np.searchsorted(self._ranks, rank))
         if i == len(self._ranks) or self._ranks[i] != rank:
             raise KeyError(rank)
-        end, peak = int(self._end[i]), int(self._peak[i])
-        return int(self._start[i]), None if end == NIL else end, None if peak == NIL else peak
+        return tuple(None if (v := int(c[i])) == NIL else v for c in self._cols)
 
     def __contains__(self, rank) -> bool:
         try:
@@ -353,25 +348,34 @@ class StepRow(Mapping):
         return list(zip(self._ranks.tolist(), self.values()))
 
     def values(self):
-        return list(zip(self._start.tolist(), _opt(self._end.tolist()), _opt(self._peak.tolist())))
+        return list(zip(*(_opt(c.tolist()) for c in self._cols)))
 
     def __repr__(self) -> str:
-        return f"StepRow({dict(self.items())!r})"
+        return f"{type(self).__name__}({dict(self.items())!r})"
+
+
+class DeviceStepRow(StepRow):
+    """One step's {rank: (dev_start_ns, dev_end_ns)}, each None where not resolved."""
+
+    __slots__ = ()
 
 
 class StepTable(Mapping):
-    """{step: StepRow}, steps ascending, over the columns of a step table."""
+    """{step: StepRow}, steps ascending, over the columns of a step table (step, rank,
+    then the row's columns)."""
 
-    def __init__(self, step, rank, start, end, peak):
+    ROW = StepRow
+
+    def __init__(self, step, rank, *cols):
         cut = np.flatnonzero(step[1:] != step[:-1]) + 1
         bounds = [0, *cut.tolist(), len(step)]
         steps = step[bounds[:-1]].tolist() if len(step) else []
         self._at = {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(steps)}
-        self._cols = (rank, start, end, peak)
+        self._cols = (rank, *cols)
 
     def __getitem__(self, step) -> StepRow:
         lo, hi = self._at[step]
-        return StepRow(*(c[lo:hi] for c in self._cols))
+        return self.ROW(*(c[lo:hi] for c in self._cols))
 
     def __contains__(self, step) -> bool:
         return step in self._at
@@ -383,74 +387,13 @@ class StepTable(Mapping):
         return len(self._at)
 
     def __repr__(self) -> str:
-        return f"<StepTable of {len(self)} steps, {len(self._cols[0])} rows>"
+        return f"<{type(self).__name__} of {len(self)} steps, {len(self._cols[0])} rows>"
 
 
-class DeviceStepRow(Mapping):
-    """One step's {rank: (dev_start_ns, dev_end_ns)}, each None where not resolved."""
-
-    __slots__ = ("_ranks", "_start", "_end")
-
-    def __init__(self, ranks, start, end):
-        self._ranks, self._start, self._end = ranks, start, end
-
-    def __getitem__(self, rank) -> tuple:
-        if type(rank) is not int:
-            raise KeyError(rank)
-        i = int(np.searchsorted(self._ranks, rank))
-        if i == len(self._ranks) or self._ranks[i] != rank:
-            raise KeyError(rank)
-        start, end = int(self._start[i]), int(self._end[i])
-        return None if start == NIL else start, None if end == NIL else end
-
-    def __contains__(self, rank) -> bool:
-        try:
-            self[rank]
-        except KeyError:
-            return False
-        return True
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._ranks.tolist())
-
-    def __len__(self) -> int:
-        return len(self._ranks)
-
-    def items(self):
-        return list(zip(self._ranks.tolist(), self.values()))
-
-    def values(self):
-        return list(zip(_opt(self._start.tolist()), _opt(self._end.tolist())))
-
-    def __repr__(self) -> str:
-        return f"DeviceStepRow({dict(self.items())!r})"
-
-
-class DeviceStepTable(Mapping):
+class DeviceStepTable(StepTable):
     """{step: DeviceStepRow}, steps ascending, over the columns of a device step table."""
 
-    def __init__(self, step, rank, start, end):
-        cut = np.flatnonzero(step[1:] != step[:-1]) + 1
-        bounds = [0, *cut.tolist(), len(step)]
-        steps = step[bounds[:-1]].tolist() if len(step) else []
-        self._at = {s: (bounds[i], bounds[i + 1]) for i, s in enumerate(steps)}
-        self._cols = (rank, start, end)
-
-    def __getitem__(self, step) -> DeviceStepRow:
-        lo, hi = self._at[step]
-        return DeviceStepRow(*(c[lo:hi] for c in self._cols))
-
-    def __contains__(self, step) -> bool:
-        return step in self._at
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._at)
-
-    def __len__(self) -> int:
-        return len(self._at)
-
-    def __repr__(self) -> str:
-        return f"<DeviceStepTable of {len(self)} steps, {len(self._cols[0])} rows>"
+    ROW = DeviceStepRow
 
 
 class RankTable(Mapping):
