@@ -1,5 +1,5 @@
 # make demo: set up .venv and run the embedded demo.   make test: set up .venv and run the tests.
-# make gpu-check: the nccl/CUDA tests (tests/gpu), on a machine with a GPU; skipped elsewhere.
+# make gpu-check: the nccl/CUDA tests (tests/gpu), then bench/gpu_fidelity.py, on a machine with a GPU.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -28,9 +28,19 @@ test: $(STAMP)
 # missing (offline: PIP_ARGS="--no-index --find-links DIR").
 GPU_SITE := .gpu-site
 
+# The fidelity bench runs after the tests even when they fail (one GPU run must bring back
+# every figure), its JSON into GPU_FIDELITY; the target fails if either did.
+# GPU_FIDELITY_ARGS reaches the bench (e.g. --repeats 1, --workloads demo,fsdp).
+GPU_PATH := PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR)
+GPU_FIDELITY ?= gpu-fidelity.json
+GPU_FIDELITY_ARGS ?=
+
 gpu-check:
 	$(PYTHON) tests/gpu/gpu_setup.py $(GPU_SITE) $(PIP_ARGS)
-	PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu tests/gpu
+	$(GPU_PATH) $(PYTHON) -m pytest -q -s -m gpu tests/gpu; tests=$$?; \
+	$(GPU_PATH) $(PYTHON) bench/gpu_fidelity.py --json $(GPU_FIDELITY_ARGS) > $(GPU_FIDELITY); bench=$$?; \
+	echo "gpu-check: tests exit $$tests, bench exit $$bench, figures in $(GPU_FIDELITY)"; \
+	test $$tests -eq 0 -a $$bench -eq 0
 
 demo: $(STAMP)
 	$(BIN)/prism-rr demo

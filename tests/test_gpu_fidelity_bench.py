@@ -1,0 +1,90 @@
+"""bench/gpu_fidelity.py on CPU: the script a GPU session runs once must work before it gets there.
+
+One --quick run of every workload (real recordings and replays on gloo): each has its row
+with figures, the scaled slice is a prediction at dp 64, and the table names them all.
+Timings are printed by the bench, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu_fidelity.py"
+TIMEOUT = 600
+WORKLOADS = ("demo", "ddp", "fsdp", "scale")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@pytest.fixture(scope="module")
+def run():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, BENCH, "--device", "cpu", "--quick", "--json", "--timeout", "240",
+                          "--workloads", ",".join(WORKLOADS)],
+                         capture_output=True, text=True, timeout=TIMEOUT, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-6000:]
+    return json.loads(out.stdout), out.stderr
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_every_workload_has_its_figures(run):
+    result, _ = run
+    rows = result["workloads"]
+    assert list(rows) == list(WORKLOADS), rows
+    for name, r in rows.items():
+        assert "error" not in r, r
+        assert r["failures"] == [] and r["replays"] == 1 and r["divergences"] == 0, r
+        for key in ("recorded_step_s", "replayed_step_s", "peak_recorded_bytes", "peak_replayed_bytes",
+                    "replay_wall_s"):
+            assert _number(r[key]) and r[key] > 0, (name, key, r[key])
+        assert r["clock"] == "host" and r["scored_steps"] == [2, 3], r
+        # CPU: no device time recorded, no CUDA syncs to count, and the table says so
+        assert r["device_time"]["feature"] is False and r["device_time"]["steps"] == 3, r["device_time"]
+        assert r["syncs_measured"] is False, r
+    for name in ("demo", "ddp", "fsdp"):
+        r = rows[name]
+        assert r["mode"] == "fidelity" and r["real_ranks"] == [0], r
+        for key in ("error_pct", "mean_step_error_pct", "peak_error_pct"):
+            assert _number(r[key]) and r[key] >= 0, (name, key, r[key])
+        assert _number(r["record_wall_s"]), r
+    assert rows["demo"]["world"] == 1 and rows["demo"]["target_error_pct"] == 1.0
+    assert rows["ddp"]["world"] == 2 and rows["fsdp"]["world"] == 2 and rows["fsdp"]["target_error_pct"] == 2.0
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_the_scaled_slice_is_a_prediction_at_dp_64(run):
+    result, _ = run
+    r = result["workloads"]["scale"]
+    assert r["mode"] == "prediction" and r["world"] == 64, r
+    p = r["prediction"]
+    assert p["world_size"] == 64 and p["recorded_world_size"] == 2, p
+    for key in ("step_time_s", "recorded_step_time_s", "step_time_change_pct", "peak_memory_bytes"):
+        assert _number(p[key]), (key, p)
+    # FSDP2 shards its parameters and optimizer state 64 ways instead of 2: less memory
+    assert p["peak_memory_bytes"] < p["recorded_peak_memory_bytes"], p
+    assert p["fit_samples"] > 0, p
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_one_table_on_stderr(run):
+    result, err = run
+    table = err[err.index("gpu fidelity · cpu"):]
+    for name in WORKLOADS:
+        assert f"\n{name} " in table, table
+    assert "<=1% " in table and "<=2% " in table and "<=0.01% " in table, table
+    assert "not measured (no CUDA)" in table and "load average" in table, table
+    waits = result["device_waits"]
+    if waits.get("absent"):
+        assert "device waits: not measured (bench/device_wait.py absent)" in table
+    else:
+        assert "error" not in waits and waits["rows"], waits
+        assert "device waits (" in table
