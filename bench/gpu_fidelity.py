@@ -233,6 +233,14 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _first_of_each_kind(caveats) -> dict:
+    """Each kind of caveat once (the replays' texts differ only in the load they saw)."""
+    out: dict[str, str] = {}
+    for c in caveats:
+        out.setdefault(c["kind"], c["text"])
+    return out
+
+
 def row(w: Workload, bundle: Path, rec: dict, done: list, failures: list[str]) -> dict:
     """One workload's figures: the median over its replays of each."""
     reports = [r for r, _, _ in done]
@@ -266,13 +274,16 @@ def row(w: Workload, bundle: Path, rec: dict, done: list, failures: list[str]) -
         "syncs_measured": bool(rec["syncs"] and rec["syncs"]["cuda"]) or any(s and s["cuda"] for _, _, s in done),
         "device_time": device_time(bundle, scored),
         "fidelity_figure": all(r.get("fidelity_figure", True) for r in reports),
-        "caveats": sorted({c["text"] for r in reports for c in r.get("caveats") or ()}),
+        "caveats": list(_first_of_each_kind(c for r in reports for c in r.get("caveats") or ()).values()),
         "divergences": max(r["divergences"] for r in reports),
         "errors_pct": [r["iteration_time_error_pct"] for r in reports],
         "mean_step_errors_pct": [r.get("mean_step_error_pct") for r in reports],
         "failures": failures,
     }
     if first["mode"] == "prediction":
+        # the report's error keys are the predicted change's size there, not an error
+        out.update(dict.fromkeys(("error_pct", "mean_step_error_pct", "peak_error_pct", "step_peak_error_pct",
+                                  "errors_pct", "mean_step_errors_pct", "target_peak_memory_error_pct")))
         p = [r["prediction"] for r in reports]
         out["prediction"] = {
             "world_size": p[0]["world_size"], "recorded_world_size": p[0]["recorded_world_size"],
@@ -431,7 +442,7 @@ def device_facts(kind: str) -> dict:
     if kind == "cuda":
         return {"kind": "cuda", "name": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
                 "torch": torch.__version__, "cuda": torch.version.cuda}
-    return {"kind": "cpu", "name": f"cpu ({os.cpu_count()} cores)", "count": 0, "torch": torch.__version__,
+    return {"kind": "cpu", "name": f"{os.cpu_count()} CPU cores", "count": 0, "torch": torch.__version__,
             "cuda": None}
 
 

@@ -88,3 +88,50 @@ def test_one_table_on_stderr(run):
     else:
         assert "error" not in waits and waits["rows"], waits
         assert "device waits (" in table
+
+
+_PROGRAM = """
+import sys, warnings, torch
+def sync():  # what torch does at a synchronizing call once the mode is "warn"
+    if torch.cuda.mode == "warn":
+        warnings.warn("called a synchronizing CUDA operation")
+p = torch.nn.Parameter(torch.zeros(1))
+opt = torch.optim.SGD([p], lr=0.1)
+for step in range(3):
+    for _ in range(step + 1):
+        sync()
+    warnings.warn("a warning of the program's own")
+    p.grad = torch.ones(1)
+    opt.step()
+print("argv", sys.argv[1:])
+"""
+
+_STAND_IN = """
+import sys, torch
+torch.cuda.is_available = lambda: True
+torch.cuda.mode = None
+def set_sync_debug_mode(mode):
+    torch.cuda.mode = mode
+torch.cuda.set_sync_debug_mode = set_sync_debug_mode
+sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
+import count_syncs
+count_syncs.main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_count_syncs_counts_each_step_on_a_stand_in_for_cuda(tmp_path):
+    """The GPU run's sync counts: each sync in the step it happened in, from step 1 (the
+    mode set once the program's optimizer first stepped), other warnings shown as before."""
+    program = tmp_path / "prog.py"
+    program.write_text(_PROGRAM)
+    count = BENCH.with_name("workloads") / "count_syncs.py"
+    env = dict(os.environ, PRISM_BENCH_SYNCS=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", _STAND_IN, str(count), str(program), "--flag", "1"], env=env,
+                         capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert "argv ['--flag', '1']" in out.stdout and "a warning of the program's own" in out.stderr, out
+    assert "synchronizing" not in out.stderr, out.stderr
+    (written,) = tmp_path.glob("syncs-0-*.json")
+    assert json.loads(written.read_text()) == {"rank": 0, "cuda": True, "steps": {"1": 2, "2": 3}}

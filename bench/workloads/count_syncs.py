@@ -5,8 +5,8 @@
 
 With PRISM_BENCH_SYNCS=DIR, each process writes DIR/syncs-<RANK>-<pid>.json as it exits:
 {"rank", "cuda", "steps": {"N": syncs}}, step N being the time after the program's Nth
-optimizer step (prism-rr's numbering: step 0 runs up to the first). The count comes from
-`torch.cuda.set_sync_debug_mode("warn")`: torch warns at each synchronizing call (an
+optimizer step (prism-rr's numbering: step 0 runs up to the first), from step 1 on. The
+count comes from `torch.cuda.set_sync_debug_mode("warn")`: torch warns at each synchronizing call (an
 `.item()`, a copy to the host, `synchronize()`), from the program, a recorder or a
 replayer in this process alike. Without CUDA nothing is counted ("cuda": false); without
 the variable the program runs as it would alone. bench/gpu_fidelity.py runs every
@@ -37,6 +37,10 @@ def _count(out_dir: str) -> None:
         # the first optimizer that steps paces the steps, as prism-rr's step boundaries do
         if not pacer:
             pacer.append(optimizer)
+            if cuda:
+                # counting starts here, once the program has chosen its device and made its
+                # context (set_sync_debug_mode initialises CUDA); step 0 is never scored
+                torch.cuda.set_sync_debug_mode("warn")
         if optimizer is pacer[0]:
             step[0] += 1
 
@@ -49,7 +53,9 @@ def _count(out_dir: str) -> None:
     atexit.register(write)
     if not cuda:
         return
-    torch.optim.optimizer.register_optimizer_step_post_hook(stepped)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(stepped)
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -61,7 +67,6 @@ def _count(out_dir: str) -> None:
     warnings.showwarning = show
     # "always": every sync reaches showwarning, not only a location's first
     warnings.filterwarnings("always", message=f".*{_SYNC}")
-    torch.cuda.set_sync_debug_mode("warn")
 
 
 def main() -> None:
