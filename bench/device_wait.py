@@ -85,7 +85,7 @@ def _host_case(w, lateness_ns: int, case: str) -> tuple[float, int]:
     from prism_rr.replayer._session import sleep_until
 
     w.stamp(0)
-    t0 = time.monotonic_ns()
+    t0 = w.read(0)  # the stamp itself: a host wait is timed from there, as the device's from its stamp
     if case == "late":
         sleep_until(t0 + 2 * lateness_ns)
     t1 = time.monotonic_ns()

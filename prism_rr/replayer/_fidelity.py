@@ -52,12 +52,17 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
                 calls += 1
                 last_step = rec.step if last_step is None else max(last_step, rec.step)
         progress[str(r)] = _progress(bundle.rank_info(r), stats.get(r), calls, last_step)
+    # The clock both sides are timed on: the device's where the recording has device step
+    # times and every real rank's replay timed its steps there too, else the host's.
+    device_steps = {r: {s: b - a for s, a, b in st.get("device_steps") or ()} for r, st in stats.items()}
+    clock = "device" if (stats and all(device_steps.get(r) for r in stats)
+                         and any(step_durations(bundle, s, clock="device") for s in bundle.steps)) else "host"
     steps = []
     rec_peak = rep_peak = None
     compute_by_step: dict[int, list[int]] = {}
     compute_ratios: dict[int, list[float]] = {}  # real rank -> replayed / recorded compute, per step
     for step in bundle.steps:
-        recorded = step_durations(bundle, step, clock="host")  # the replay is timed on the host
+        recorded = step_durations(bundle, step, clock=clock)
         peaks = bundle.summaries["steps"].get(step, {})
         rec_s, rep_s, own_s = [], [], []
         step_rec_peak = step_rep_peak = None
@@ -66,8 +71,11 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
                 continue
             row = replayed[r][step]
             _, start, end, compute, peak = row[:5]
+            took = end - start if clock == "host" else device_steps[r].get(step)
+            if took is None:
+                continue
             rec_s.append(recorded[r] / 1e9)
-            rep_s.append((end - start) / 1e9)
+            rep_s.append(took / 1e9)
             own_s.append(row[5] / 1e9 if len(row) > 5 else 0.0)
             compute_by_step.setdefault(step, [0, 0])
             compute_by_step[step][0] += recorded_compute.get((r, step), 0)
@@ -99,7 +107,7 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
     rec_step = sum(s["recorded_s"] for s in scored) / len(scored) if scored else None
     rep_step = sum(s["replayed_s"] for s in scored) / len(scored) if scored else None
     prediction = _prediction(bundle, what_if, rec_step, rep_step, rec_peak, rep_peak)
-    warned = caveats(bundle, ranks) if steps else []
+    warned = caveats(bundle, ranks, clock=clock) if steps else []
     return {
         # "fidelity": the replay of the recording as it ran; "prediction": of another run
         # (a scaled bundle, a what-if), whose `prediction` says what it predicts
@@ -119,8 +127,9 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # beside it, to tell fidelity from noise: the recording's own step-to-step spread
         # (std / mean, and the range) and the error of the mean step
         **noise(scored),
-        # the clock the step times were taken on (the host's, in the recording and the replay)
-        "clock": "host",
+        # the clock the step times were taken on, in the recording and the replay alike:
+        # "device" (both have device step times) or "host"
+        "clock": clock,
         # why the error above is not a fidelity figure ([] where it is): the recorded ranks
         # shared cores, another kind of device, host times of work on a GPU
         "caveats": warned,

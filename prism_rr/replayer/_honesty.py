@@ -58,8 +58,9 @@ def here() -> dict:
     return {"cpus": cpus, "cuda": cuda, "device_name": name, "load_1m": load}
 
 
-def caveats(bundle, ranks, *, machine: dict | None = None) -> list[dict]:
-    """[{"kind", "text"}]: why this replay's error is not a fidelity figure; [] where it is."""
+def caveats(bundle, ranks, *, machine: dict | None = None, clock: str = "host") -> list[dict]:
+    """[{"kind", "text"}]: why this replay's error is not a fidelity figure; [] where it is.
+    `clock`: the one the steps were scored on (work on a GPU timed on the host is a caveat)."""
     machine = here() if machine is None else machine
     out = []
     infos = {r: bundle.rank_info(r) for r in bundle.recorded_ranks}
@@ -98,6 +99,7 @@ def caveats(bundle, ranks, *, machine: dict | None = None) -> list[dict]:
         if names and machine["device_name"] not in names:
             out.append({"kind": "device_kind", "text": (
                 f"recorded on {shown(sorted(names)[0], 60)}, replayed on {shown(machine['device_name'], 60)}")})
+    if on_gpu and machine["cuda"] and clock == "host":
         out.append({"kind": "host_clock", "text": (
             "times taken on the host clock of work that ran on the GPU: the host runs ahead of the device, "
             "so a step's host time measures the launch queue as much as the work")})

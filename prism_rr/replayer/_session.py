@@ -169,6 +169,21 @@ class ReplaySession:
             self._memory = CudaPeaks()  # the recorder always reads CUDA's statistics
         else:
             self._memory = None
+        # The steps on the device's clock, where the recording has them there (issue 27): a
+        # mark on the program's stream at each step boundary (key: the step it ends, -1 the
+        # start), resolved when the results are written; the card then scores device times.
+        self._dclock = None
+        self._dmarks: dict[int, int] = {}
+        if info.get("device_time"):
+            try:
+                from prism_rr.recorder._device import clock_for
+
+                self._dclock = clock_for(str(info.get("device", "cpu")))
+                if self._dclock is not None:
+                    self._dclock.mark(-1)
+            except Exception as exc:
+                log.warning("prism-rr: the replay's steps are timed on the host only: %s", exc)
+                self._dclock = None
         self._steps.start()
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
@@ -347,6 +362,13 @@ class ReplaySession:
         self._mark(t, model)
         peak = self._memory.take_peak() if self._memory is not None else None
         self.steps.append([self.step, self.step_start, model, self.compute_ns, peak, self.own_ns])
+        if self._dclock is not None:
+            self._dclock.mark(self.step)
+            try:  # what the device has passed, without waiting for it: the events stay few
+                self._dmarks.update((k, ns) for k, ns in self._dclock.resolve() if ns is not None)
+            except Exception as exc:
+                log.warning("prism-rr: the replay's steps are timed on the host only: %s", exc)
+                self._dclock = None
         if self.virtual and self.calibration is None:
             self._calibrate()
         self.step += 1
@@ -370,10 +392,24 @@ class ReplaySession:
 
     # --- results ------------------------------------------------------------------
 
+    def _device_steps(self) -> list[list[int]] | None:
+        """[[step, dev_start_ns, dev_end_ns]] of the steps whose boundaries the device
+        passed (ns from the clock's epoch); None without a device clock."""
+        if self._dclock is None:
+            return None
+        try:
+            self._dmarks.update((k, ns) for k, ns in self._dclock.resolve(final=True) if ns is not None)
+        except Exception as exc:
+            log.warning("prism-rr: the replay's device times could not be read: %s", exc)
+        return [[s, self._dmarks[s - 1], self._dmarks[s]] for s, *_ in self.steps
+                if s - 1 in self._dmarks and s in self._dmarks]
+
     def write(self) -> None:
         facts = {
             "rank": self.rank,
             "steps": self.steps,
+            "device_steps": self._device_steps(),
+            "device_clock": None if self._dclock is None else self._dclock.name,
             "calls": self.calls,
             # set-up: from the start-up hook to the first step's start (the program's imports
             # and model building with the replayer's own share), and that share: reading the

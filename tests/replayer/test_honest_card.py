@@ -36,9 +36,9 @@ def _bundle(tmp_path, name, world, *, cpus=2, threads=1, load=0.0, device="cpu",
     return out
 
 
-def _kinds(path, ranks=(0,), machine=QUIET):
+def _kinds(path, ranks=(0,), machine=QUIET, clock="host"):
     with open_bundle(path) as b:
-        return [c["kind"] for c in caveats(b, list(ranks), machine=machine)]
+        return [c["kind"] for c in caveats(b, list(ranks), machine=machine, clock=clock)]
 
 
 def test_noise_beside_the_error():
@@ -66,6 +66,8 @@ def test_caveats_from_what_the_ranks_ran_on(tmp_path):
     assert _kinds(gpu, machine=dict(QUIET, cuda=True, device_name="NVIDIA H100 80GB HBM3")) == ["host_clock"]
     assert _kinds(gpu, machine=dict(QUIET, cuda=True, device_name="NVIDIA A100-SXM4-40GB")) == \
         ["device_kind", "host_clock"]
+    # scored on the device's clock, work on a GPU is no longer timed on the host
+    assert _kinds(gpu, machine=dict(QUIET, cuda=True, device_name="NVIDIA H100 80GB HBM3"), clock="device") == []
     with open_bundle(_bundle(tmp_path, "shared2", 4)) as b:
         text = caveats(b, [0], machine=QUIET)[0]["text"]
     assert "4 ranks, 4 torch threads on 2 CPUs" in text and "record at most 2 ranks per 2 CPUs" in text
@@ -86,3 +88,40 @@ def test_a_recording_of_more_ranks_than_cores_is_not_a_fidelity_figure(tmp_path)
     card = result.card
     assert "host clock)" in card and "mean step error" in card and "the recorded steps themselves vary" in card
     assert f"not a fidelity figure: the recording's ranks shared cores ({2 * cpus} ranks" in card, card
+
+
+@pytest.mark.timeout(400)
+def test_steps_are_scored_on_the_device_clock_where_both_sides_have_it(tmp_path, monkeypatch):
+    """steps.py recorded with a device clock (PRISM_RR_DEVICE_CLOCK=host: the host stand-in
+    of CUDA events) and replayed with one: the replay marks its step boundaries on the
+    program's stream and the card scores device times; replayed without one, the host's.
+    The report takes each side's device durations, not their host times."""
+    from prism_rr.analysis import step_durations
+    from prism_rr.recorder._device import ENV_VAR
+    from prism_rr.replayer._fidelity import fidelity_report
+
+    monkeypatch.setenv(ENV_VAR, "host")
+    bundle = record(tmp_path, [STEPS_PY], 2, payload="none")
+    cmd = [sys.executable, str(STEPS_PY)]
+    on_device = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs", cmd=cmd)
+    assert on_device.exit_code == 0, stderr_of(on_device, 0)
+    assert on_device.report["clock"] == "device" and "device clock)" in on_device.card, on_device.card
+    assert on_device.report["scored_steps"] == [1, 2, 3]
+    monkeypatch.setenv(ENV_VAR, "off")
+    on_host = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs2", cmd=cmd)
+    assert on_host.exit_code == 0, stderr_of(on_host, 0)
+    assert on_host.report["clock"] == "host" and "host clock)" in on_host.card
+    with open_bundle(bundle) as b:
+        dev = {s: step_durations(b, s, clock="device")[0] for s in b.steps}
+        host = {s: step_durations(b, s, clock="host")[0] for s in b.steps}
+        # a replay whose device steps took twice its host steps: the report reads them
+        rows = [[s, 10 ** 9 * s, 10 ** 9 * s + 1_000_000, 0, None, 0] for s in b.steps]
+        stats = {0: {"steps": rows, "device_steps": [[s, 0, 2_000_000] for s in b.steps]}}
+        rep = fidelity_report(b, [0], stats, timing="live")
+        assert rep["clock"] == "device"
+        assert [st["replayed_s"] for st in rep["steps"]] == [0.002] * len(b.steps)
+        assert [st["recorded_s"] for st in rep["steps"]] == [dev[s] / 1e9 for s in b.steps]
+        stats[0]["device_steps"] = None  # a replay without a device clock: the host's, both sides
+        rep = fidelity_report(b, [0], stats, timing="live")
+        assert rep["clock"] == "host" and [st["replayed_s"] for st in rep["steps"]] == [0.001] * len(b.steps)
+        assert [st["recorded_s"] for st in rep["steps"]] == [host[s] / 1e9 for s in b.steps]
