@@ -29,7 +29,16 @@ Mechanisms, `waiter_for(device, mechanism)`:
 
 Issue 27 asks which mechanism is exact to a few microseconds: bench/device_wait.py measures
 waits of 0.1, 1 and 10 ms with each. Not yet wired into the replayer's calls (a GPU must
-first show these figures; `_session` still waits on the host).
+first show these figures; `_session` still waits on the host). The wiring, when one has:
+`mark_step` stamps a step slot; `_policy._virtual` splits `clock.completion` into the last
+virtual arrival and the transfer, and on CUDA issues `occupy(step slot, last arrival - the
+step's model start, transfer)` on the call's stream in place of `session.work`'s host
+wait, the real rank's own arrival being the stream's; ReplayWork.wait() makes the current
+stream wait on an event recorded after it. The host syncs a replayed step has on CUDA
+besides the wait: `_check`'s digests and `_exchange` read inputs on the host, and
+recorded outputs are built on the host and copied; those move to the device too (a digest
+kernel, outputs staged in pinned memory and copied non-blocking) before the card's "no
+host synchronization inside a replayed step" can hold.
 """
 
 from __future__ import annotations
