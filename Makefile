@@ -29,7 +29,7 @@ test: $(STAMP)
 GPU_SITE := .gpu-site
 
 # The fidelity bench runs after the tests even when they fail (one GPU run must bring back
-# every figure), its JSON into GPU_FIDELITY; the target fails if either did.
+# every figure), its JSON into GPU_FIDELITY after each workload; the target fails if either did.
 # GPU_FIDELITY_ARGS reaches the bench (e.g. --repeats 1, --workloads demo,fsdp).
 GPU_PATH := PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR)
 GPU_FIDELITY ?= gpu-fidelity.json
@@ -38,7 +38,7 @@ GPU_FIDELITY_ARGS ?=
 gpu-check:
 	$(PYTHON) tests/gpu/gpu_setup.py $(GPU_SITE) $(PIP_ARGS)
 	$(GPU_PATH) $(PYTHON) -m pytest -q -s -m gpu tests/gpu; tests=$$?; \
-	$(GPU_PATH) $(PYTHON) bench/gpu_fidelity.py --json $(GPU_FIDELITY_ARGS) > $(GPU_FIDELITY); bench=$$?; \
+	$(GPU_PATH) $(PYTHON) bench/gpu_fidelity.py --out $(GPU_FIDELITY) $(GPU_FIDELITY_ARGS); bench=$$?; \
 	echo "gpu-check: tests exit $$tests, bench exit $$bench, figures in $(GPU_FIDELITY)"; \
 	test $$tests -eq 0 -a $$bench -eq 0
 

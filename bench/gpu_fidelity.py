@@ -18,11 +18,12 @@ replays on one GPU): iteration-time error <= 1% at world 1, <= 2% for FSDP2; pea
 <= 0.01%.
 
     python bench/gpu_fidelity.py [--device auto|cuda|cpu] [--workloads demo,ddp,fsdp,scale]
-        [--steps 12] [--repeats 3] [--quick] [--timeout 300] [--json]
+        [--steps 12] [--repeats 3] [--quick] [--timeout 300] [--json] [--out FILE]
 
 Every child has a timeout; a workload that fails has its error in the table and the rest
-go on (exit 1 at the end). Progress goes to stderr; the table to stdout, or with --json
-one JSON object to stdout and the table to stderr. Prints figures; asserts nothing.
+go on (exit 1 at the end). Progress goes to stderr, each workload's figures as it ends; the
+table to stdout, or with --json one JSON object to stdout and the table to stderr; --out
+writes the JSON to a file after each workload too. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -324,6 +326,19 @@ def device_waits(device: str, repeats: int, timeout: float, env: dict) -> dict:
 # --- the table -----------------------------------------------------------------------
 
 
+def summary(r: dict) -> str:
+    """One workload's figures in a progress line (a run cut short has said them)."""
+    if r["mode"] == "prediction":
+        p = r["prediction"]
+        figures = (f"predicted at world {p['world_size']}: {_ms(p['step_time_s'])}/step "
+                   f"({_f(p['step_time_change_pct'], '+.1f', '%')}), peak {_mb(p['peak_memory_bytes'])}")
+    else:
+        figures = (f"{_ms(r['recorded_step_s'])} -> {_ms(r['replayed_step_s'])}/step ({r['clock']} clock), error "
+                   f"{_f(r['error_pct'], '.2f', '%')} per step, {_f(r['mean_step_error_pct'], '.2f', '%')} of the "
+                   f"mean; peak memory error {_f(r['peak_error_pct'], '.4f', '%')}")
+    return f"{r['workload']}: {figures}; syncs/step {_syncs(r)}; device time {_device_time(r['device_time'])}"
+
+
 def _f(v, fmt: str, unit: str = "") -> str:
     return "n/a" if v is None else f"{v:{fmt}}{unit}"
 
@@ -436,6 +451,17 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def finite(v):
+    """v with NaN and infinities as None (JSON has neither)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [finite(x) for x in v]
+    return v
+
+
 def device_facts(kind: str) -> dict:
     import torch
 
@@ -457,6 +483,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewest steps, one replay, small models: a smoke test")
     p.add_argument("--timeout", type=float, default=300, help="seconds for each child process")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout; the table on stderr")
+    p.add_argument("--out", type=Path, help="also write the JSON object here, after each workload and at the end")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -479,30 +506,39 @@ def main(argv=None) -> int:
               f"world {world} for ddp and fsdp, timeout {args.timeout:.0f} s a child")
     plan = workloads(device, world, args.steps, args.quick)
     results: dict[str, dict] = {}
+    waits: dict = {"error": "not run"}
+
+    def result(complete: bool) -> dict:
+        out = {
+            "device": device_facts(device), "steps": args.steps, "repeats": args.repeats, "world": world,
+            "workloads": results, "device_waits": waits, "complete": complete,
+            "load_average": list(os.getloadavg()), "cpus": len(os.sched_getaffinity(0)),
+            "elapsed_s": time.monotonic() - clock.started,
+        }
+        out = finite(out)
+        if args.out:  # as it goes: a run cut short still leaves the figures it took
+            args.out.write_text(json.dumps(out) + "\n")
+        return out
+
     with tempfile.TemporaryDirectory(prefix="prism-gpu-fidelity-") as d:
         bench = Bench(args, device, Path(d), clock)
         for name in names:
             try:
                 results[name] = bench.scale(plan[name]) if name == "scale" else bench.fidelity(plan[name])
+                clock.say(summary(results[name]))
             except Exception as e:  # one workload's failure must not lose the others' figures
+                if not isinstance(e, Failed):
+                    traceback.print_exc()
                 msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                 results[name] = {"workload": name, "error": msg if isinstance(e, Failed) else f"{type(e).__name__}: {msg}"}
                 clock.say(f"{name}: FAILED: {results[name]['error']}")
+            result(complete=False)
         clock.say("device waits")
         waits = device_waits(device, args.repeats, args.timeout, bench.env)
-    result = {
-        "device": device_facts(device), "steps": args.steps, "repeats": args.repeats, "world": world,
-        "workloads": results, "device_waits": waits,
-        "load_average": list(os.getloadavg()), "cpus": len(os.sched_getaffinity(0)),
-        "elapsed_s": time.monotonic() - clock.started,
-    }
-    for r in results.values():
-        for k, v in r.items():  # JSON has no NaN
-            if isinstance(v, float) and not math.isfinite(v):
-                r[k] = None
-    text = table(result)
+    final = result(complete=True)
+    text = table(final)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(final))
         print(text, file=sys.stderr)
     else:
         print(text)

@@ -26,13 +26,16 @@ def _number(v) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run():
+def run(tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    written = tmp_path_factory.mktemp("bench") / "gpu-fidelity.json"
     out = subprocess.run([sys.executable, BENCH, "--device", "cpu", "--quick", "--json", "--timeout", "240",
-                          "--workloads", ",".join(WORKLOADS)],
+                          "--workloads", ",".join(WORKLOADS), "--out", written],
                          capture_output=True, text=True, timeout=TIMEOUT, env=env, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr[-6000:]
-    return json.loads(out.stdout), out.stderr
+    result = json.loads(out.stdout)
+    assert result["complete"] is True and json.loads(written.read_text()) == result  # make gpu-check's file
+    return result, out.stderr
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
@@ -82,6 +85,8 @@ def test_one_table_on_stderr(run):
         assert f"\n{name} " in table, table
     assert "<=1% " in table and "<=2% " in table and "<=0.01% " in table, table
     assert "not measured (no CUDA)" in table and "load average" in table, table
+    for name in WORKLOADS:  # each workload's figures as it went, for a run cut short
+        assert f"] {name}: " in err and "syncs/step" in err, err
     waits = result["device_waits"]
     if waits.get("absent"):
         assert "device waits: not measured (bench/device_wait.py absent)" in table
