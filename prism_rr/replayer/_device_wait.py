@@ -12,6 +12,11 @@ Times live in slots, one int64 of device time (ns) each, that only the device wr
            transfer_ns, into)   here and `slot + offset_ns` (the last peer's recorded
                                 arrival, measured from a stamp the device made), then
                                 `transfer_ns` more; the end goes into slot `into`
+    occupy_aside(slot, offset_ns,
+                 transfer_ns)   the same wait on a stream of its own that starts where the
+                                current one is, as NCCL's stream does; returns a Ticket
+                                whose wait() makes the current stream (or the one given)
+                                wait for it: an asynchronous call's work, waited for later
     read(slot)                  the slot's value on the host (waits for the device: for
                                 tests and benches, never inside a replayed step)
 
@@ -28,13 +33,11 @@ Mechanisms, `waiter_for(device, mechanism)`:
                    the fallback where Triton is missing, and the comparison the bench makes
 
 Issue 27 asks which mechanism is exact to a few microseconds: bench/device_wait.py measures
-waits of 0.1, 1 and 10 ms with each. Not yet wired into the replayer's calls (a GPU must
-first show these figures; `_session` still waits on the host). The wiring, when one has:
-`mark_step` stamps a step slot; `_policy._virtual` splits `clock.completion` into the last
-virtual arrival and the transfer, and on CUDA issues `occupy(step slot, last arrival - the
-step's model start, transfer)` on the call's stream in place of `session.work`'s host
-wait, the real rank's own arrival being the stream's; ReplayWork.wait() makes the current
-stream wait on an event recorded after it. The host syncs a replayed step has on CUDA
+waits of 0.1, 1 and 10 ms with each. Wired, opt-in (PRISM_RR_DEVICE_WAITS=auto|triton|cuda-sleep|host, live timing): from the
+first step boundary, `mark_step` stamps a step slot; a call with virtual members queues
+`occupy_aside(step slot, last virtual arrival - the step's model start, transfer)` (the
+real rank's own arrival being the stream's) and its ReplayWork's wait() waits for the
+ticket instead of sleeping the host. Untried on a GPU so far. The host syncs a replayed step has on CUDA
 besides the wait: `_check`'s digests and `_exchange` read inputs on the host, and
 recorded outputs are built on the host and copied; those move to the device too (a digest
 kernel, outputs staged in pinned memory and copied non-blocking) before the card's "no
@@ -46,7 +49,9 @@ from __future__ import annotations
 import statistics
 from time import monotonic_ns
 
-__all__ = ["HostWaiter", "SleepWaiter", "TritonWaiter", "Waiter", "mechanisms", "waiter_for"]
+__all__ = ["ENV_VAR", "HostWaiter", "SleepWaiter", "Ticket", "TritonWaiter", "Waiter", "mechanisms", "waiter_for"]
+
+ENV_VAR = "PRISM_RR_DEVICE_WAITS"  # a replay's virtual peers wait with this mechanism ("auto": the best here)
 
 SLOTS = 64
 
@@ -63,13 +68,53 @@ class Waiter:
     def occupy(self, slot: int, offset_ns: int, transfer_ns: int = 0, into: int | None = None) -> None:
         raise NotImplementedError
 
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+        raise NotImplementedError
+
     def read(self, slot: int) -> int:
         raise NotImplementedError
+
+    waits = 0  # occupy_aside calls so far
 
     def _check(self, *slots) -> None:
         for s in slots:
             if s is not None and not 0 <= s < self.slots:
                 raise IndexError(f"no slot {s}: this waiter has {self.slots}")
+
+
+class Ticket:
+    """A wait queued by occupy_aside."""
+
+    def wait(self, stream=None) -> None:
+        """The current stream (or `stream`) goes on only once the wait is over."""
+        raise NotImplementedError
+
+    def follow(self) -> None:
+        """From another thread (a future's completion): the stream that was current when the
+        wait was queued goes on only once it is over; on the host, nothing (the caller
+        runs at the wait's end)."""
+
+
+class _HostTicket(Ticket):
+    def __init__(self, target_ns: int, sleep_until):
+        self.target_ns, self._sleep_until = target_ns, sleep_until
+
+    def wait(self, stream=None) -> None:
+        self._sleep_until(self.target_ns)
+
+
+class _CudaTicket(Ticket):
+    def __init__(self, event, stream):
+        self._event = event
+        self.stream = stream  # the stream current when it was queued
+
+    def wait(self, stream=None) -> None:
+        import torch
+
+        (stream or torch.cuda.current_stream()).wait_event(self._event)
+
+    def follow(self) -> None:
+        self.stream.wait_event(self._event)
 
 
 class HostWaiter(Waiter):
@@ -96,9 +141,31 @@ class HostWaiter(Waiter):
         if into is not None:
             self._v[into] = self._clock()
 
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+        """The host is the stream: it arrives now, and waits when the ticket is waited for."""
+        self._check(slot)
+        self.waits += 1
+        return _HostTicket(max(self._clock(), self._v[slot] + offset_ns) + transfer_ns, self._sleep_until)
+
     def read(self, slot: int) -> int:
         self._check(slot)
         return self._v[slot]
+
+
+def _aside(waiter, queue) -> Ticket:
+    """queue() on the waiter's side stream, which starts where the current stream is."""
+    import torch
+
+    current = torch.cuda.current_stream()
+    if waiter._side is None:
+        waiter._side = torch.cuda.Stream(device=current.device)
+    waiter._side.wait_stream(current)
+    with torch.cuda.stream(waiter._side):
+        queue()
+    done = torch.cuda.Event()
+    done.record(waiter._side)
+    waiter.waits += 1
+    return _CudaTicket(done, current)
 
 
 _KERNELS = None
@@ -144,6 +211,7 @@ class TritonWaiter(Waiter):
         import torch
 
         self.slots = slots
+        self._side = None
         self._stamp, self._occupy = _kernels()
         self._v = torch.zeros(slots, dtype=torch.int64, device=device)
 
@@ -155,6 +223,9 @@ class TritonWaiter(Waiter):
         self._check(slot, into)
         self._occupy[(1,)](self._v, slot, int(offset_ns), int(transfer_ns), -1 if into is None else into,
                            num_warps=1)
+
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+        return _aside(self, lambda: self.occupy(slot, offset_ns, transfer_ns))
 
     def read(self, slot: int) -> int:
         self._check(slot)
@@ -173,6 +244,7 @@ class SleepWaiter(Waiter):
         import torch
 
         self.slots = slots
+        self._side = None
         self._torch = torch
         self._device = device
         self._events: list = [None] * slots
@@ -216,6 +288,9 @@ class SleepWaiter(Waiter):
             self._torch.cuda._sleep(max(1, int(ns * self.cycles_per_ns)))
         if into is not None:
             self._mark(into)
+
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+        return _aside(self, lambda: self.occupy(slot, offset_ns, transfer_ns))
 
     def read(self, slot: int) -> int:
         self._check(slot)

@@ -130,6 +130,9 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # the clock the step times were taken on, in the recording and the replay alike:
         # "device" (both have device step times) or "host"
         "clock": clock,
+        # how each real rank's virtual peers waited, where a waiter did it (_device_wait:
+        # PRISM_RR_DEVICE_WAITS): {rank: {"mechanism", "waits"}}; {} where the host slept
+        "device_waits": {str(r): st["device_waits"] for r, st in sorted(stats.items()) if st.get("device_waits")},
         # why the error above is not a fidelity figure ([] where it is): the recorded ranks
         # shared cores, another kind of device, host times of work on a GPU
         "caveats": warned,
@@ -269,6 +272,10 @@ def _measured_lines(report: dict) -> list[str]:
         lines.insert(1, f"  mean step error {_fmt(report['mean_step_error_pct'], '%')}"
                      + (f" · the recorded steps themselves vary {_fmt(spread, '%')} (std/mean; range "
                         f"{_fmt(report.get('recorded_step_range_pct'), '%')})" if spread is not None else ""))
+    waits = report.get("device_waits") or {}
+    if waits:
+        lines.append("  virtual peers waited with " + ", ".join(
+            f"{w['mechanism']} (rank {r}: {w['waits']} waits)" for r, w in waits.items()))
     warned = report.get("caveats") or []
     for i, c in enumerate(warned):
         lines.append(("  not a fidelity figure: " if i == 0 else "  and ") + c["text"])

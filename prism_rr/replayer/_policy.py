@@ -350,7 +350,9 @@ class ReplayPolicy(Policy):
             clock.completed(c.key, vrecs[c.key], ventry[c.key], finish.get(c.key, done))
         if s.trace is not None:
             s.trace.append([gid, seq, entries, ventry, done])
-        return s.work(done, list(outs), blocking=not call.async_op, inputs=list(ins))
+        others = [e for k, e in arrivals.items() if k != s.rank]
+        return s.work(done, list(outs), blocking=not call.async_op, inputs=list(ins),
+                      arrival=max(others) if others else None, transfer=done - max(arrivals.values()))
 
     def _exchange(self, entry: int, vmax: int, ins, splits, width: int) -> list:
         """Every real member's (meta, input bytes): meta = [entry, vmax, nbytes, nsplits, *splits],
@@ -426,7 +428,8 @@ class ReplayPolicy(Policy):
         finish = s.clock.completion({s.rank: own, peer: other}, arrivals)
         done = finish[s.rank]
         s.clock.completed(peer, other, start, finish.get(peer, done))
-        return s.work(done, list(tensors), blocking=not call.async_op)
+        return s.work(done, list(tensors), blocking=not call.async_op, arrival=start,
+                      transfer=done - max(arrivals.values()))
 
     # Control messages the bundle lacks (sent before a --steps window, or recorded with
     # --payload none) steer the program: pipelining's warm-up vote, which stage 0 sends

@@ -23,6 +23,7 @@ from prism_rr.errors import DivergenceError, HangError, ReplayError
 from prism_rr.format import open_bundle
 from prism_rr.intercept import dispatch
 from prism_rr.intercept.steps import OptimizerSteps
+from prism_rr.replayer._device_wait import ENV_VAR as WAITS_VAR
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._environment import _cuda_here
 from prism_rr.replayer._hang import WAITED_FOR, RecordingEnd, sentence
@@ -184,6 +185,14 @@ class ReplaySession:
             except Exception as exc:
                 log.warning("prism-rr: the replay's steps are timed on the host only: %s", exc)
                 self._dclock = None
+        # Virtual peers' waits through a waiter (_device_wait) where asked, with live
+        # timing: on CUDA they occupy the program's stream instead of blocking the host.
+        # Made at the first step boundary, once the program has chosen its device; the
+        # calls of step 0 wait on the host.
+        self.waiter = None
+        mech = os.environ.get(WAITS_VAR, "").strip().lower()
+        self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
+        self._waits_on = "cuda" if str(info.get("device", "")).startswith("cuda") and _cuda_here() else "cpu"
         self._steps.start()
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
@@ -252,9 +261,12 @@ class ReplaySession:
         else:
             self._mark(t, t)
 
-    def wait_until(self, model_ns: int, *, blocking: bool) -> None:
-        """The program waits for a call that completes at `model_ns`."""
-        if self.live:
+    def wait_until(self, model_ns: int, *, blocking: bool, ticket=None) -> None:
+        """The program waits for a call that completes at `model_ns` (or, queued with the
+        waiter, when its `ticket` says: on CUDA the stream waits, not the host)."""
+        if ticket is not None:
+            ticket.wait()
+        elif self.live:
             sleep_until(model_ns)
         t = monotonic_ns()
         model = max(self.model_now(t), model_ns)
@@ -271,11 +283,17 @@ class ReplaySession:
             except Exception:
                 pass
 
-    def work(self, model_ns: int, value, *, blocking: bool, inputs=None):
-        """A Work that completes with `value` at `model_ns` (at once with timing none)."""
+    def work(self, model_ns: int, value, *, blocking: bool, inputs=None, arrival: int | None = None,
+             transfer: int = 0):
+        """A Work that completes with `value` at `model_ns` (at once with timing none). With
+        a waiter, the wait is queued where the program's work is: until the later of the
+        stream's arrival and the last virtual arrival (`arrival`, model ns), then `transfer`."""
         from prism_rr.replayer._work import ReplayWork
 
-        return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs)
+        ticket = None
+        if self.waiter is not None and arrival is not None:
+            ticket = self.waiter.occupy_aside(0, arrival - self.step_start, max(0, transfer))
+        return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs, ticket=ticket)
 
     def aside(self, fn, *args):
         """fn(*args): replay work inside a call, not the program's memory."""
@@ -376,8 +394,25 @@ class ReplaySession:
         self.last_return = t
         self.compute_ns = 0
         self.own_ns = 0
+        if self._waits is not None:
+            self._stamp_step()
         # the virtual peers start this step relative to us, as they did in the recording
         self.clock.step_started(model, self.schedule.step_ends.get(self.source(self.rank), {}).get(self.step - 1))
+
+    def _stamp_step(self) -> None:
+        """The step's start, in the waiter's slot 0 (made on first use)."""
+        try:
+            if self.waiter is None:
+                import torch
+
+                from prism_rr.replayer._device_wait import waiter_for
+
+                on = torch.device("cuda", torch.cuda.current_device()) if self._waits_on == "cuda" else "cpu"
+                self.waiter = waiter_for(on, None if self._waits in ("1", "on", "auto") else self._waits, slots=1)
+            self.waiter.stamp(0)
+        except Exception as exc:
+            log.warning("prism-rr: virtual peers wait on the host (%s: %s)", type(exc).__name__, exc)
+            self._waits = self.waiter = None
 
     def _calibrate(self) -> None:
         """Virtual timing: real compute runs this much slower (or faster) than recorded."""
@@ -410,6 +445,8 @@ class ReplaySession:
             "steps": self.steps,
             "device_steps": self._device_steps(),
             "device_clock": None if self._dclock is None else self._dclock.name,
+            "device_waits": None if self.waiter is None else {"mechanism": self.waiter.name,
+                                                              "waits": self.waiter.waits},
             "calls": self.calls,
             # set-up: from the start-up hook to the first step's start (the program's imports
             # and model building with the replayer's own share), and that share: reading the

@@ -19,8 +19,9 @@ __all__ = ["ReplayWork"]
 
 
 class ReplayWork(Work):
-    def __init__(self, session, done_ns: int, value, *, blocking: bool, inputs=None):
+    def __init__(self, session, done_ns: int, value, *, blocking: bool, inputs=None, ticket=None):
         super().__init__()
+        self._ticket = ticket  # a wait the session's waiter queued (_device_wait), or None
         self._inputs = inputs  # a real backend's Work holds its inputs as long as it lives
         self._session = session
         self._done = done_ns  # on the model clock
@@ -37,13 +38,15 @@ class ReplayWork(Work):
                 return
             self._fired = True
             fut = self._fut
+        if fut is not None and self._ticket is not None:
+            self._ticket.follow()  # what the future's user queues runs after the wait
         if fut is not None:
             fut.set_result(self._value)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         if not self._waited:
             self._waited = True
-            self._session.wait_until(self._done, blocking=self._blocking)
+            self._session.wait_until(self._done, blocking=self._blocking, ticket=self._ticket)
             self._session.touched(self._inputs, self._value)
         self._fire()
         return True

@@ -106,3 +106,32 @@ def test_the_bench_measures_every_lateness_and_case_on_the_host():
         assert r["wait_ms"] >= r["expected_ms"], r  # a wait ends no earlier than asked
         assert r["host_syncs"] == 0, r
     assert "mechanism" in out.stderr and "target" in out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_replay_whose_peers_wait_through_the_waiter(tmp_path, monkeypatch):
+    """late_peer.py (rank 1 is 150 ms late to each step) recorded, rank 0 replayed with
+    PRISM_RR_DEVICE_WAITS=host: from the first step boundary every call with the virtual
+    peer (a blocking and an asynchronous all_reduce and a send each step, the barrier at
+    the end) waits through the waiter's tickets, which the card names, and no wait ends
+    before the late peer arrived: each scored step is at least its lateness long."""
+    from prism_rr.replayer import replay
+
+    from replay_helpers import record, stderr_of
+
+    script = Path(__file__).parent / "scripts" / "late_peer.py"
+    bundle = record(tmp_path, [script], 2, payload="full")
+    monkeypatch.setenv("PRISM_RR_DEVICE_WAITS", "host")
+    result = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs", cmd=[sys.executable, str(script)])
+    assert result.exit_code == 0, stderr_of(result, 0)
+    rep = result.report
+    # steps 1..3 (three calls each) and step 4's barrier: the calls of step 0 wait on the host
+    assert rep["device_waits"] == {"0": {"mechanism": "host", "waits": 3 * 3 + 1}}, rep["device_waits"]
+    assert "virtual peers waited with host (rank 0: 10 waits)" in result.card, result.card
+    assert rep["scored_steps"] == [1, 2, 3] and not rep["diverged"]
+    for st in rep["steps"][1:]:
+        assert st["replayed_s"] >= 0.14, rep["steps"]  # the peer's 150 ms, less the clocks' skew
+    monkeypatch.setenv("PRISM_RR_DEVICE_WAITS", "off")
+    plain = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs2", cmd=[sys.executable, str(script)])
+    assert plain.exit_code == 0 and plain.report["device_waits"] == {}
+    assert "virtual peers waited" not in plain.card
