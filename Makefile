@@ -46,4 +46,4 @@ demo: $(STAMP)
 	$(BIN)/prism-rr demo
 
 clean:
-	rm -rf $(VENV) $(GPU_SITE) build *.egg-info demo.prism demo.prism.d
+	rm -rf $(VENV) $(GPU_SITE) build *.egg-info demo.prism demo.prism.d $(GPU_FIDELITY)

@@ -12,6 +12,8 @@ bench/workloads/count_syncs.py, which runs every workload). Workloads:
   ddp    tests/gpu/cuda_train.py: DDP over a DeviceMesh, logging collectives
   fsdp   bench/workloads/fsdp_train.py: FSDP2 over a DeviceMesh of the devices at hand
   scale  the fsdp recording `scale`d to dp 64, replayed: a prediction, not a fidelity figure
+  scale-waits  the same replays with the virtual peers' waits on the device's stream
+         (PRISM_RR_DEVICE_WAITS=auto: replayer/_device_wait.py), beside scale's host waits
 
 Then the device waits of bench/device_wait.py where it exists. Targets (median of 3
 replays on one GPU): iteration-time error <= 1% at world 1, <= 2% for FSDP2; peak memory
@@ -49,7 +51,7 @@ BENCH = REPO / "bench"
 COUNT_SYNCS = BENCH / "workloads" / "count_syncs.py"
 FSDP_TRAIN = BENCH / "workloads" / "fsdp_train.py"
 DDP_TRAIN = REPO / "tests" / "gpu" / "cuda_train.py"
-WORKLOADS = ("demo", "ddp", "fsdp", "scale")
+WORKLOADS = ("demo", "ddp", "fsdp", "scale", "scale-waits")
 SCALE_DP = 64
 MEMORY_TARGET_PCT = 0.01
 LATENESS_MS = (0.1, 1.0, 10.0)
@@ -117,6 +119,7 @@ def workloads(device: str, world: int, steps: int, quick: bool) -> dict[str, Wor
         "ddp": Workload("ddp", world, [str(DDP_TRAIN), "--steps", str(steps)], 1.0 if world == 1 else None),
         "fsdp": Workload("fsdp", world, fsdp, 2.0),
         "scale": Workload("scale", world, fsdp, None),
+        "scale-waits": Workload("scale-waits", world, fsdp, None),
     }
 
 
@@ -129,6 +132,7 @@ class Bench:
         if device == "cpu":
             self.env["CUDA_VISIBLE_DEVICES"] = ""  # the workloads fall back to gloo on CPU
         self.bundles: dict[str, Path] = {}
+        self.scaled: dict | None = None  # what `scale --json` said of the dp-64 bundle
 
     def cli(self, *args) -> list:
         return [sys.executable, "-m", "prism_rr.cli", *args]
@@ -152,23 +156,23 @@ class Bench:
         self.clock.say(f"{w.name}: recorded in {wall:.1f} s")
         return bundle, {"record_wall_s": wall, "syncs": read_syncs(syncs)}
 
-    def replay(self, w: Workload, bundle: Path, i: int, extra=()) -> tuple[dict, float, dict | None]:
+    def replay(self, w: Workload, bundle: Path, i: int, extra=(), env=None) -> tuple[dict, float, dict | None]:
         report = self.work / f"{w.name}-replay{i}.json"
         syncs = self.work / f"{w.name}-replay{i}-syncs"
         syncs.mkdir()
         self.clock.say(f"{w.name}: replay {i + 1} of {self.args.repeats}")
         _, wall = run_child(self.cli("replay", bundle, "--ranks", "0", "--report", report, *extra,
                                      *self.child_timeout(), "--", *self.program(w)),
-                            timeout=self.args.timeout, env=dict(self.env, PRISM_BENCH_SYNCS=str(syncs)),
+                            timeout=self.args.timeout, env=dict(self.env, **(env or {}), PRISM_BENCH_SYNCS=str(syncs)),
                             cwd=self.work, what=f"{w.name}: replay {i + 1}")
         self.clock.say(f"{w.name}: replayed in {wall:.1f} s")
         return json.loads(report.read_text()), wall, read_syncs(syncs)
 
-    def replays(self, w: Workload, bundle: Path, extra=()) -> tuple[list, list[str]]:
+    def replays(self, w: Workload, bundle: Path, extra=(), env=None) -> tuple[list, list[str]]:
         done, failures = [], []
         for i in range(self.args.repeats):
             try:
-                done.append(self.replay(w, bundle, i, extra))
+                done.append(self.replay(w, bundle, i, extra, env))
             except Failed as e:
                 failures.append(str(e))
                 self.clock.say(str(e))
@@ -186,15 +190,22 @@ class Bench:
         base = self.bundles.get("fsdp")
         if base is None:
             base, _ = self.record(Workload("fsdp", w.world, w.program, None))
+            self.bundles["fsdp"] = base
         big = self.work / f"fsdp-dp{SCALE_DP}.prism"
-        self.clock.say(f"scale: {base.name} to dp {SCALE_DP}")
-        out, _ = run_child(self.cli("scale", base, "--dp", SCALE_DP, "-o", big, "--json"), timeout=self.args.timeout,
-                           env=self.env, cwd=self.work, what="scale: scale")
-        note = json.loads(out)
+        if not big.exists():
+            self.clock.say(f"scale: {base.name} to dp {SCALE_DP}")
+            out, _ = run_child(self.cli("scale", base, "--dp", SCALE_DP, "-o", big, "--json"),
+                               timeout=self.args.timeout, env=self.env, cwd=self.work, what="scale: scale")
+            self.scaled = json.loads(out)
+        note = self.scaled
         rec = {"record_wall_s": None, "syncs": None, "fit_samples": note["model"]["fit_error"]["samples"],
                "scaled_world": note["to"]["world_size"]}
-        done, failures = self.replays(w, big, extra=("--continue-on-divergence",))
-        return row(w, big, rec, done, failures)
+        # scale-waits: the virtual peers wait on the device's stream (the host's on CPU)
+        waits = {"PRISM_RR_DEVICE_WAITS": "auto"} if w.name == "scale-waits" else {"PRISM_RR_DEVICE_WAITS": "off"}
+        done, failures = self.replays(w, big, extra=("--continue-on-divergence",), env=waits)
+        out = row(w, big, rec, done, failures)
+        out["device_waits"] = [rep.get("device_waits") or {} for rep, _, _ in done]
+        return out
 
 
 def read_syncs(folder: Path) -> dict | None:
@@ -414,6 +425,11 @@ def table(result: dict) -> str:
                          "fidelity figure")
         elif not r["fidelity_figure"]:
             notes.append(f"  {name}: not a fidelity figure: " + "; ".join(r["caveats"]))
+        if "device_waits" in r:
+            used = sorted({f"{w['mechanism']}" for rep in r["device_waits"] for w in rep.values()})
+            waits = sum(w["waits"] for rep in r["device_waits"] for w in rep.values())
+            notes.append(f"  {name}: virtual peers waited " + (f"with {', '.join(used)} ({waits} waits)" if used
+                                                                 else "by blocking the host"))
         dt = r["device_time"]
         if dt["recorded_device_step_s"] is not None:
             notes.append(f"  {name}: recorded on the device clock {_ms(dt['recorded_device_step_s'])}/step "
@@ -524,7 +540,8 @@ def main(argv=None) -> int:
         bench = Bench(args, device, Path(d), clock)
         for name in names:
             try:
-                results[name] = bench.scale(plan[name]) if name == "scale" else bench.fidelity(plan[name])
+                results[name] = (bench.scale(plan[name]) if name.startswith("scale")
+                                 else bench.fidelity(plan[name]))
                 clock.say(summary(results[name]))
             except Exception as e:  # one workload's failure must not lose the others' figures
                 if not isinstance(e, Failed):

@@ -18,7 +18,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu_fidelity.py"
 TIMEOUT = 600
-WORKLOADS = ("demo", "ddp", "fsdp", "scale")
+WORKLOADS = ("demo", "ddp", "fsdp", "scale", "scale-waits")
 
 
 def _number(v) -> bool:
@@ -75,6 +75,11 @@ def test_the_scaled_slice_is_a_prediction_at_dp_64(run):
     # FSDP2 shards its parameters and optimizer state 64 ways instead of 2: less memory
     assert p["peak_memory_bytes"] < p["recorded_peak_memory_bytes"], p
     assert p["fit_samples"] > 0, p
+    # the same slice with the virtual peers' waits through a waiter (the host's on CPU)
+    w = result["workloads"]["scale-waits"]
+    assert w["mode"] == "prediction" and w["world"] == 64 and r["device_waits"] == [{}], (r, w)
+    (used,) = w["device_waits"]
+    assert used["0"]["mechanism"] == "host" and used["0"]["waits"] > 0, used
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
@@ -85,6 +90,8 @@ def test_one_table_on_stderr(run):
         assert f"\n{name} " in table, table
     assert "<=1% " in table and "<=2% " in table and "<=0.01% " in table, table
     assert "not measured (no CUDA)" in table and "load average" in table, table
+    assert "scale: virtual peers waited by blocking the host" in table, table
+    assert "scale-waits: virtual peers waited with host (" in table, table
     for name in WORKLOADS:  # each workload's figures as it went, for a run cut short
         assert f"] {name}: " in err and "syncs/step" in err, err
     waits = result["device_waits"]
