@@ -1,0 +1,24 @@
+#!/bin/sh
+# A GPU session's one device check (issue 27), prepared to run once through the device
+# tool: `make gpu-check` (the CUDA tests, then bench/gpu_fidelity.py), with its log and the
+# bench's JSON written under $OUT so that they come back, and the time each part took.
+#   run: OUT=$OUT sh bench/gpu_session.sh        (timeout_s 580; about 8 minutes)
+# Rerun only what failed: GPU_FIDELITY_ARGS="--workloads fsdp,scale-waits" or
+# `pytest -q -s -m gpu tests/gpu/test_device_wait_cuda.py` with the same PYTHONPATH.
+OUT=${OUT:-.}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+{
+  date
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  $PYTHON -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), sys.executable)'
+  $PYTHON -c 'import triton; print("triton", triton.__version__)' 2>&1
+} > "$OUT/gpu-env.txt" 2>&1
+cat "$OUT/gpu-env.txt"
+start=$(date +%s)
+make gpu-check PYTHON="$PYTHON" GPU_FIDELITY="$OUT/gpu-fidelity.json" GPU_FIDELITY_ARGS="${GPU_FIDELITY_ARGS:-}" \
+  > "$OUT/gpu-check.log" 2>&1
+rc=$?
+echo "make gpu-check exit $rc after $(( $(date +%s) - start )) s; log and figures in $OUT"
+tail -n 60 "$OUT/gpu-check.log"
+exit $rc
