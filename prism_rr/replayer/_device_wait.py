@@ -168,37 +168,12 @@ def _aside(waiter, queue) -> Ticket:
     return _CudaTicket(done, current)
 
 
-_KERNELS = None
-
-
 def _kernels():
-    """The Triton kernels, compiled on first use (importing this module needs no Triton)."""
-    global _KERNELS
-    if _KERNELS is None:
-        import triton
-        import triton.language as tl
+    """The Triton kernels (stamp, occupy), compiled on first use: importing this module
+    needs no Triton."""
+    from prism_rr.replayer import _triton_wait
 
-        @triton.jit
-        def _now():
-            return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                             is_pure=False, pack=1)
-
-        @triton.jit
-        def stamp(slots, slot):
-            tl.store(slots + slot, _now())
-
-        @triton.jit
-        def occupy(slots, slot, offset, transfer, into):
-            base = tl.load(slots + slot, volatile=True)
-            now = _now()
-            target = tl.maximum(now, base + offset) + transfer
-            while now < target:
-                now = _now()
-            if into >= 0:
-                tl.store(slots + into, now)
-
-        _KERNELS = stamp, occupy
-    return _KERNELS
+    return _triton_wait.stamp, _triton_wait.occupy
 
 
 class TritonWaiter(Waiter):
