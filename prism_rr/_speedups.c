@@ -13,8 +13,9 @@
  * reading: `busy`), the method writes nothing and calls `slow_enter` or `slow_done` with
  * its own arguments (the Python path, which takes the log's lock), or returns -2.
  *
- * stack: caller_stack's walk over the caller's frames, from its caches only; False on any
- * miss (the Python walk fills the caches).
+ * stack: caller_stack's walk over the caller's frames, from its caches only (and caches of
+ * its own in front of them); False on any miss (the Python walk fills the caches). On
+ * Python 3.11 it reads the interpreter's frames, making no frame objects.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +23,17 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Python 3.11: the caller's frames walked as the interpreter keeps them, without making a
+ * frame object for each (PyFrame_GetBack does: an allocation and a free per frame, most
+ * of what a stack cost). Its layout is the interpreter's own, so only for the version it
+ * was read from; other versions walk frame objects. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(PRISM_RR_FRAME_OBJECTS)
+#define PRISM_RR_RAW_FRAMES 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
 
 #define SEQ_KEY 0x5052524C4F470000ULL
 #define ALIGN 16
@@ -50,7 +62,7 @@ typedef struct {
     long long tail_seq;
     long long seq;
     int busy;
-    PyObject *open; /* dict: call id -> ring position of its ENTER */
+    PyObject *open; /* dict: call id -> ring position of its ENTER; NULL: not kept (a spool's log) */
     PyObject *slow_enter; /* what enter and done call instead when they cannot write here */
     PyObject *slow_done;
 } Cursor;
@@ -66,8 +78,12 @@ Cursor_init(Cursor *self, PyObject *args, PyObject *kwds)
 {
     PyObject *buffer, *open;
     long long ring_at, ring_size;
-    if (!PyArg_ParseTuple(args, "OLLO!", &buffer, &ring_at, &ring_size, &PyDict_Type, &open))
+    if (!PyArg_ParseTuple(args, "OLLO", &buffer, &ring_at, &ring_size, &open))
         return -1;
+    if (open != Py_None && !PyDict_Check(open)) {
+        PyErr_SetString(PyExc_TypeError, "open: a dict, or None");
+        return -1;
+    }
     if (ring_size < 16 || (ring_size & (ring_size - 1))) {
         PyErr_SetString(PyExc_ValueError, "ring size is not a power of two");
         return -1;
@@ -93,7 +109,7 @@ Cursor_init(Cursor *self, PyObject *args, PyObject *kwds)
     self->tail_seq = 1;
     self->seq = 0;
     self->busy = 0;
-    Py_XSETREF(self->open, Py_NewRef(open));
+    Py_XSETREF(self->open, open == Py_None ? NULL : Py_NewRef(open));
     return 0;
 }
 
@@ -209,6 +225,8 @@ commit(char *e, long long n, long long used, uint64_t seq)
 static int
 set_open(Cursor *self, long long cid, long long pos)
 {
+    if (self->open == NULL)
+        return 0;
     PyObject *k = PyLong_FromLongLong(cid), *v = PyLong_FromLongLong(pos);
     int rc = (k && v) ? PyDict_SetItem(self->open, k, v) : -1;
     Py_XDECREF(k);
@@ -219,6 +237,8 @@ set_open(Cursor *self, long long cid, long long pos)
 static int
 pop_open(Cursor *self, long long cid)
 {
+    if (self->open == NULL)
+        return 0;
     PyObject *k = PyLong_FromLongLong(cid);
     if (k == NULL)
         return -1;
@@ -231,7 +251,21 @@ pop_open(Cursor *self, long long cid)
     return rc;
 }
 
-#define ARG_LL(i, var) long long var = PyLong_AsLongLong(args[i])
+/* An int argument; an overflow is an error as PyLong_AsLongLong's (whose way through a
+ * timestamp, an int of several digits, is a byte-array conversion, this one a loop). */
+static inline long long
+as_ll(PyObject *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+        return -1;
+    }
+    return x;
+}
+
+#define ARG_LL(i, var) long long var = as_ll(args[i])
 
 /* enter(flags, start, prev, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
  *       reduce_op, mem_alloc, mem_peak[, payload]) -> call id. payload: None, bytes, or
@@ -304,9 +338,9 @@ Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     ARG_LL(0, cid); ARG_LL(1, end); ARG_LL(2, issued);
-    long long flags = nargs > 3 ? PyLong_AsLongLong(args[3]) : 0;
-    long long peer = nargs > 4 ? PyLong_AsLongLong(args[4]) : -1;
-    long long call_seq = nargs > 5 ? PyLong_AsLongLong(args[5]) : -1;
+    long long flags = nargs > 3 ? as_ll(args[3]) : 0;
+    long long peer = nargs > 4 ? as_ll(args[4]) : -1;
+    long long call_seq = nargs > 5 ? as_ll(args[5]) : -1;
     if (PyErr_Occurred())
         return NULL;
     Payload p;
@@ -377,13 +411,186 @@ static PyTypeObject CursorType = {
     .tp_name = "prism_rr._speedups.Cursor",
     .tp_basicsize = sizeof(Cursor),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Cursor(buffer, ring_at, ring_size, open): a call log ring's writing position.",
+    .tp_doc = "Cursor(buffer, ring_at, ring_size, open): a call log ring's writing position (open: a dict of the calls open, or None).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Cursor_init,
     .tp_dealloc = (destructor)Cursor_dealloc,
     .tp_methods = Cursor_methods,
     .tp_members = Cursor_members,
 };
+
+/* One frame of the caller's stack: its code (borrowed) and its last instruction's offset
+ * in bytes (frame.f_lasti). Frames are walked outwards, from the caller of `stack`. */
+#ifdef PRISM_RR_RAW_FRAMES
+typedef _PyInterpreterFrame *FrameRef;
+
+static _PyInterpreterFrame *
+complete(_PyInterpreterFrame *f)
+{
+    /* as PyFrame_GetBack and sys._getframe: a frame still being set up is not one yet */
+    while (f != NULL && _PyFrame_IsIncomplete(f))
+        f = f->previous;
+    return f;
+}
+
+static FrameRef frame_first(void) { return complete(PyThreadState_Get()->cframe->current_frame); }
+static FrameRef frame_back(FrameRef f) { return complete(f->previous); }
+static void frame_done(FrameRef f) { (void)f; }
+static PyCodeObject *frame_code(FrameRef f) { return f->f_code; }
+static int
+frame_lasti(FrameRef f)
+{
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+}
+#else
+typedef PyFrameObject *FrameRef; /* a new reference */
+
+static FrameRef
+frame_first(void)
+{
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(f);
+    return f;
+}
+
+static FrameRef
+frame_back(FrameRef f)
+{
+    PyFrameObject *back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    return back;
+}
+
+static void frame_done(FrameRef f) { Py_XDECREF(f); }
+
+static PyCodeObject *
+frame_code(FrameRef f)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    Py_DECREF(code); /* alive: the frame holds it */
+    return code;
+}
+
+static int frame_lasti(FrameRef f) { return PyFrame_GetLasti(f); }
+#endif
+
+/* The walk's own caches, filled from the Python caches it is given: a frame (its code and
+ * offset) -> its text, or None for a frame that is not the user's; a stack (its texts) ->
+ * the stack interned in `stacks`. Python dicts keyed by id(code) cost a few hundred
+ * instructions a lookup (ids are aligned: their hashes crowd). Each entry holds its own
+ * references, so a pointer in it is never another object's. */
+#define FRAME_SLOTS 1024
+#define STACK_SLOTS 256
+#define STACK_MAX 8
+
+typedef struct {
+    PyObject *code;
+    int lasti;
+    PyObject *text;
+} FrameSlot;
+
+typedef struct {
+    int n;
+    PyObject *texts[STACK_MAX];
+    PyObject *stack;
+} StackSlot;
+
+static FrameSlot frame_slots[FRAME_SLOTS];
+static StackSlot stack_slots[STACK_SLOTS];
+
+static inline size_t
+mix(uint64_t h, int bits)
+{
+    return (size_t)((h * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+}
+
+/* The frame's text (borrowed), Py_None for a frame that is not the user's, NULL with no
+ * error on a miss of the Python caches, NULL with an error on an error. */
+static PyObject *
+frame_text(PyCodeObject *code, int lasti, PyObject *is_user, PyObject *texts)
+{
+    FrameSlot *slot = &frame_slots[mix(((uint64_t)(uintptr_t)code >> 4) ^ ((uint64_t)(uint32_t)lasti << 40), 10)];
+    if (slot->code == (PyObject *)code && slot->lasti == lasti)
+        return slot->text;
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (key == NULL)
+        return NULL;
+    PyObject *known = PyDict_GetItemWithError(is_user, key); /* borrowed: (code, bool) */
+    if (known == NULL || !PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *text = Py_None;
+    if (PyTuple_GET_ITEM(known, 1) == Py_True) {
+        PyObject *off = PyLong_FromLong(lasti);
+        PyObject *tkey = off ? PyTuple_Pack(2, key, off) : NULL;
+        Py_XDECREF(off);
+        Py_DECREF(key);
+        if (tkey == NULL)
+            return NULL;
+        text = PyDict_GetItemWithError(texts, tkey); /* borrowed */
+        Py_DECREF(tkey);
+        if (text == NULL)
+            return NULL;
+    } else {
+        Py_DECREF(key);
+    }
+    PyObject *old_code = slot->code, *old_text = slot->text;
+    slot->code = Py_NewRef((PyObject *)code);
+    slot->lasti = lasti;
+    slot->text = Py_NewRef(text);
+    Py_XDECREF(old_code);
+    Py_XDECREF(old_text);
+    return text;
+}
+
+/* The stack of these texts (a new reference): interned in `stacks`; False where it is
+ * not there yet (the Python walk interns it); NULL on an error. */
+static PyObject *
+stack_of(PyObject **out, int n, PyObject *stacks)
+{
+    StackSlot *slot = NULL;
+    if (n <= STACK_MAX) {
+        uint64_t h = (uint64_t)n;
+        for (int i = 0; i < n; i++)
+            h = (h ^ ((uint64_t)(uintptr_t)out[i] >> 4)) * 0x100000001B3ULL;
+        slot = &stack_slots[mix(h, 8)];
+        if (slot->n == n && slot->stack != NULL) {
+            int same = 1;
+            for (int i = 0; i < n && same; i++)
+                same = slot->texts[i] == out[i];
+            if (same)
+                return Py_NewRef(slot->stack);
+        }
+    }
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        PyTuple_SET_ITEM(t, i, Py_NewRef(out[i]));
+    PyObject *result = PyDict_GetItemWithError(stacks, t); /* borrowed */
+    Py_DECREF(t);
+    if (result == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_FALSE; /* a new stack: interned by the Python walk */
+    }
+    if (slot != NULL) {
+        PyObject *old[STACK_MAX + 1];
+        int m = slot->n;
+        for (int i = 0; i < m; i++)
+            old[i] = slot->texts[i];
+        old[m] = slot->stack;
+        for (int i = 0; i < n; i++)
+            slot->texts[i] = Py_NewRef(out[i]);
+        slot->n = n;
+        slot->stack = Py_NewRef(result);
+        for (int i = 0; i <= m; i++)
+            Py_XDECREF(old[i]);
+    }
+    return Py_NewRef(result);
+}
 
 /* stack(depth, skip, is_user, texts, stacks): caller_stack from its caches. skip: frames
  * above the caller of this function. A tuple of texts (interned in `stacks`), () when no
@@ -404,81 +611,28 @@ stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (depth > 64)
         depth = 64;
     PyObject *is_user = args[2], *texts = args[3], *stacks = args[4];
-    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
-    Py_XINCREF(frame);
-    for (long i = 0; i < skip && frame != NULL; i++) {
-        PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
-        frame = back;
-    }
-    PyObject *out[64];
+    FrameRef frame = frame_first();
+    for (long i = 0; i < skip && frame != NULL; i++)
+        frame = frame_back(frame);
+    PyObject *out[64]; /* borrowed: the caches hold them */
     int n = 0, hops = 0;
-    PyObject *result = NULL;
-    while (frame != NULL && hops < 64) {
-        PyCodeObject *code = PyFrame_GetCode(frame);
-        PyObject *key = PyLong_FromVoidPtr(code);
-        Py_DECREF(code); /* alive: the frame holds it */
-        if (key == NULL)
-            goto fail;
-        PyObject *known = PyDict_GetItemWithError(is_user, key); /* borrowed: (code, bool) */
-        if (known == NULL || !PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2) {
-            Py_DECREF(key);
+    while (frame != NULL && hops < 64 && n < depth) {
+        PyObject *text = frame_text(frame_code(frame), frame_lasti(frame), is_user, texts);
+        if (text == NULL) {
+            frame_done(frame);
             if (PyErr_Occurred())
-                goto fail;
-            goto miss;
+                return NULL;
+            Py_RETURN_FALSE; /* a frame not seen before: the Python walk learns it */
         }
-        if (PyTuple_GET_ITEM(known, 1) == Py_True) {
-            PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
-            PyObject *tkey = lasti ? PyTuple_Pack(2, key, lasti) : NULL;
-            Py_XDECREF(lasti);
-            Py_DECREF(key);
-            if (tkey == NULL)
-                goto fail;
-            PyObject *text = PyDict_GetItemWithError(texts, tkey);
-            Py_DECREF(tkey);
-            if (text == NULL) {
-                if (PyErr_Occurred())
-                    goto fail;
-                goto miss;
-            }
-            out[n++] = text; /* borrowed: the cache holds it */
-            if (n >= depth)
-                break;
-        } else {
-            Py_DECREF(key);
-        }
-        PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
-        frame = back;
+        if (text != Py_None)
+            out[n++] = text;
+        frame = frame_back(frame);
         hops++;
     }
-    Py_XDECREF(frame);
-    frame = NULL;
+    frame_done(frame);
     if (n == 0)
         return PyTuple_New(0);
-    PyObject *t = PyTuple_New(n);
-    if (t == NULL)
-        return NULL;
-    for (int i = 0; i < n; i++) {
-        Py_INCREF(out[i]);
-        PyTuple_SET_ITEM(t, i, out[i]);
-    }
-    result = PyDict_GetItemWithError(stacks, t);
-    if (result != NULL) {
-        Py_INCREF(result);
-        Py_DECREF(t);
-        return result;
-    }
-    Py_DECREF(t);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_FALSE; /* a new stack: interned by the Python walk */
-miss:
-    Py_XDECREF(frame);
-    Py_RETURN_FALSE;
-fail:
-    Py_XDECREF(frame);
-    return NULL;
+    return stack_of(out, n, stacks);
 #endif
 }
 

@@ -243,9 +243,11 @@ class CallLog:
                            os.getpid(), attempt, 0)
         self._mm[0:HEADER.size] = head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little")
         self.lock = threading.Lock()
-        self.open: dict[int, int] = {}  # call id -> ring position of its newest ENTER
+        # call id -> ring position of its newest ENTER: what a flight ring carries ahead when
+        # it drops old entries (a spool's log keeps none: its compactor knows its open calls)
+        self.open: dict[int, int] = {}
         if accelerate and _FastCursor is not None:
-            self.cur = _FastCursor(self._mm, self._ring_at, ring_size, self.open)
+            self.cur = _FastCursor(self._mm, self._ring_at, ring_size, self.open if flight else None)
             self.cur.slow_enter = self._enter
             self.cur.slow_done = self._done
             self.enter = self.cur.enter
@@ -398,7 +400,8 @@ class CallLog:
                 _SEALS[n - 8 - used](mm, off + used, seq ^ SEQ_KEY)
             cur.seq = seq
             cur.head = pos + n
-            self.open[seq] = pos
+            if self.flight:
+                self.open[seq] = pos
             if self._carried:
                 self._carry()
             return seq

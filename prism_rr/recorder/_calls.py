@@ -26,6 +26,7 @@ from prism_rr.format.calllog import D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E
 from prism_rr.format.records import Marker
 from prism_rr.intercept import dispatch
 from prism_rr.intercept import payload as _payload
+from prism_rr.intercept import stack as _stack
 from prism_rr.intercept.stack import caller_stack
 
 _log_payload = _payload.log_payload
@@ -56,6 +57,7 @@ class CallRecorder:
         # to write (their DONE said D_OUT_LATER).
         self.finished: dict[int, object] = {}
         self.memory = None  # () -> (allocated, peak), when memory is read at each call
+        self.tracker = None  # the CPU memory tracker (`--memory` on CPU): it sees each call's tensors
         self.ops_mode = None  # the per-operator dispatch mode, while it runs
         self.blob_writer = None  # () -> BlobWriter, for `full` payloads too large for the log
         self.device = None  # the recording's DeviceTimes, when it has a device clock
@@ -141,9 +143,14 @@ class CallRecorder:
             if call.async_op:
                 flags |= E_ASYNC
             stack = 0
-            if self.stack_depth:
-                frames = caller_stack(self.stack_depth, skip + 1)
-                if frames is not None:
+            depth = self.stack_depth
+            if depth:
+                fast = _stack._fast_stack
+                # the C walk from here, its caches hit (`skip` frames out: the group's method)
+                frames = False if fast is None else fast(depth, skip, _stack._is_user, _stack._text, _stack._stacks)
+                if frames is False:
+                    frames = caller_stack(depth, skip + 1)
+                if frames:
                     stack = self._stacks.get(frames) or self._define(self._stacks, frames, frames)
             names = self._names
             op = names.get(call.op) or self._name(call.op)
@@ -191,7 +198,7 @@ class CallRecorder:
         all on the program's thread. Returns a Work that is done: a collective's real one;
         for a send or recv, whose gloo Work would wait for another message at a second
         wait(), a completed one."""
-        # frames: caller_stack, enter, blocking, the group's _collective or _p2p, its method
+        # frames out to the group's method: enter, blocking, the group's _collective or _p2p, the method
         recorded = self.enter(call, 4)
         mode = self.ops_mode
         fn, args = call.fn, call.args
@@ -222,7 +229,7 @@ class CallRecorder:
                                self._payload(call.outs) if self.mode and (not call.p2p or call.receives) else None)
             except BaseException as exc:
                 self.rec.fail(exc)
-        if self.rec.cpu_memory is not None:
+        if self.tracker is not None:
             self.settle(call)
         else:
             call.ins = call.outs = call.fn = call.args = None
@@ -371,7 +378,7 @@ class CallRecorder:
         on a backend thread at a racy moment)."""
         if not call.done or call.out_later:
             return
-        tracker = self.rec.cpu_memory
+        tracker = self.tracker
         if tracker is not None and call.ins is not None:
             try:
                 tracker.touch(call.ins, call.outs)

@@ -141,6 +141,7 @@ class Recording:
         """Read memory at each call and step: the CUDA allocator's, or a CPU tracker's."""
         self.memory = MemoryReadings(cuda, cpu_tracker)
         self.calls.memory = self.memory.now if self.memory.reads else None
+        self.calls.tracker = cpu_tracker
 
     def time_device(self, device, durations: bool = False) -> None:
         """Mark steps and calls on `device`'s clock (recorder/_device.py: none on CPU unless
