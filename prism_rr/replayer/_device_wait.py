@@ -304,9 +304,24 @@ def waiter_for(device, mechanism: str | None = None, slots: int = SLOTS) -> Wait
 
     device = torch.device(device)
     have = mechanisms(device)
-    name = mechanism or (have[0] if have else None)
-    if name not in have:
-        raise ValueError(f"no {name or 'device wait'} mechanism on {device} here (have: {', '.join(have) or 'none'})")
+    if mechanism is not None and mechanism not in have:
+        raise ValueError(f"no {mechanism} mechanism on {device} here (have: {', '.join(have) or 'none'})")
+    if not have:
+        raise ValueError(f"no device wait mechanism on {device} here")
+    if mechanism is not None:
+        return _make(mechanism, device, slots)
+    failed = []
+    for name in have:  # the best that works: Triton present may still fail to compile (no C compiler)
+        try:
+            w = _make(name, device, slots)
+            w.stamp(0)
+            return w
+        except Exception as exc:
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    raise RuntimeError("no device wait mechanism works here: " + "; ".join(failed))
+
+
+def _make(name: str, device, slots: int) -> Waiter:
     if name == "host":
         return HostWaiter(slots)
     if name == "triton":
