@@ -25,8 +25,13 @@ time on a 2-core machine swings by a hundred between rounds.
 Each rank process times `--calls` calls per repeat, `--repeats` repeats per op; a mode's
 figure per op is the median over repeats and rounds of microseconds per call. Solo: what a
 mode adds is that minus plain's, its ratio to the anchor is (plain + added) / (plain +
-torch_fr's added). World 2: the ratio of a mode's median to plain's per op, and the median
-over ops. A send/recv round trip counts as two calls. Also: the digest function's hashing
+torch_fr's added). World 2, where a round's plain time swings by tens of percent with the
+machine's load: each round's ratio of a mode's median to that round's plain median per op
+(the runs next to each other in time; the order of the modes turns by one each round, so
+no mode always follows another), the median of those over rounds, then over ops; the
+spread of the per-round ratios and the load average at each round are printed beside it.
+Where the spread is wider than the margin to a target, the figure says little: rerun with
+more rounds on a quieter machine. A send/recv round trip counts as two calls. Also: the digest function's hashing
 rate (prism_rr.intercept.payload.digests) on `--hash-mib` MiB tensors, in GB/s.
 
 The calls of a run fit in the call log's ring: what is timed is the program's path. The
@@ -239,11 +244,15 @@ def main() -> None:
     failed: set[str] = set()
     # samples[world][mode][op or op:thread_cpu] -> us per call, every repeat of every round
     samples: dict[int, dict[str, dict[str, list[float]]]] = {2: {}, 1: {}}
+    # by_round[world][mode][n][op] -> that round's median us/call; loads[world] -> load average per round
+    by_round: dict[int, dict[str, dict[int, dict[str, float]]]] = {2: {}, 1: {}}
+    loads: dict[int, list[float]] = {2: [], 1: []}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         for world, rounds, ops in ((2, args.rounds, OPS), (1, args.solo_rounds, SOLO_OPS)):
             for n in range(rounds):
-                for mode in modes:
+                loads[world].append(os.getloadavg()[0])
+                for mode in modes[n % len(modes):] + modes[: n % len(modes)]:
                     if mode in failed:
                         continue
                     r = _run_mode(mode, work, n, args, world=world)
@@ -254,6 +263,7 @@ def main() -> None:
                     for op in ops:
                         for k in (op, op + ":thread_cpu"):
                             got.setdefault(k, []).extend(r[k])
+                    by_round[world].setdefault(mode, {})[n] = {op: statistics.median(r[op]) for op in ops}
                     print(f"world {world} round {n + 1}/{rounds} {mode:11s} " + "  ".join(
                         f"{op} {statistics.median(r[op]):7.1f}" for op in ops) + "  us/call", file=sys.stderr)
         long = {}
@@ -292,10 +302,17 @@ def main() -> None:
     for m in modes:
         if m == "plain" or not per_op(2, m) or not duo_plain:
             continue
-        wall, cpu = per_op(2, m), per_op(2, m, ":thread_cpu")
+        cpu = per_op(2, m, ":thread_cpu")
         plain_cpu = per_op(2, "plain", ":thread_cpu")
-        duo[m] = {"ratio": _med([wall[op] / duo_plain[op] for op in OPS]),
-                  "per_op_ratio": {op: wall[op] / duo_plain[op] for op in OPS},
+        # per round, against that round's plain run
+        paired = {n: {op: v[op] / by_round[2]["plain"][n][op] for op in OPS}
+                  for n, v in by_round[2][m].items() if n in by_round[2].get("plain", {})}
+        per_op_ratio = {op: _med([r[op] for r in paired.values()]) for op in OPS}
+        rounds_ratio = [_med(list(r.values())) for r in paired.values()]
+        duo[m] = {"ratio": _med(list(per_op_ratio.values())),
+                  "per_op_ratio": per_op_ratio,
+                  "round_ratios": rounds_ratio,
+                  "pooled_ratio": _med([per_op(2, m)[op] / duo_plain[op] for op in OPS]),
                   "added_thread_cpu": _med([cpu[op] - plain_cpu[op] for op in OPS])}
     result = {
         "solo_us_per_call": {m: v["added"] for m, v in solo.items()},
@@ -304,6 +321,8 @@ def main() -> None:
         "solo_plain_us_per_call": solo_plain,
         "world2_ratio": {m: v["ratio"] for m, v in duo.items()},
         "world2_per_op_ratio": {m: v["per_op_ratio"] for m, v in duo.items()},
+        "world2_round_ratios": {m: v["round_ratios"] for m, v in duo.items()},
+        "world2_pooled_ratio": {m: v["pooled_ratio"] for m, v in duo.items()},
         "world2_thread_cpu_us_per_call": {m: v["added_thread_cpu"] for m, v in duo.items()},
         "world2_plain_us_per_call": duo_plain,
         "long_solo_us_per_call": {m: v - long["plain"] for m, v in long.items() if m != "plain"} if "plain" in long
@@ -312,13 +331,15 @@ def main() -> None:
         "failed": sorted(failed),
         "rounds": args.rounds, "solo_rounds": args.solo_rounds, "repeats": args.repeats, "calls": args.calls,
         "load_average": os.getloadavg()[0],
+        "load_averages": {"world2": loads[2], "solo": loads[1]},
     }
     if args.json:
         print(json.dumps(result))
     say = lambda text: print(text, file=sys.stderr)  # noqa: E731
     say(f"\ncost per call, gloo, one float; {time.monotonic() - started:.0f} s, load average {result['load_average']:.2f}")
     if solo_plain:
-        say(f"one rank on one core (world 1, {args.solo_rounds} rounds x {args.repeats} x {args.calls} calls): plain "
+        say(f"one rank on one core (world 1, {args.solo_rounds} rounds x {args.repeats} x {args.calls} calls, load "
+            f"average " + " ".join(f"{x:.2f}" for x in loads[1]) + "): plain "
             + "  ".join(f"{op} {solo_plain[op]:.1f}" for op in SOLO_OPS) + " us/call")
         say("  added per call (median over ops): wall / program thread cpu; time per call against torch's "
             "Flight Recorder's")
@@ -328,14 +349,16 @@ def main() -> None:
             ratio = f"x{v['ratio_to_torch_fr']:.2f} of torch_fr" if "ratio_to_torch_fr" in v else ""
             say(f"  {m:11s} {v['added']:+6.1f} / {v['added_thread_cpu']:+6.1f} us   {ratio:18s} {verdict}")
     if duo:
-        say(f"world 2 ({args.rounds} rounds): plain " + "  ".join(f"{op} {duo_plain[op]:.1f}" for op in OPS)
-            + " us/call")
-        say("  time per call against plain, median over ops (per op); program thread cpu added")
+        say(f"world 2 ({args.rounds} rounds, load average " + " ".join(f"{x:.2f}" for x in loads[2])
+            + "): plain " + "  ".join(f"{op} {duo_plain[op]:.1f}" for op in OPS) + " us/call")
+        say("  time per call against the same round's plain, median over rounds then ops (per op); the rounds' "
+            "spread; program thread cpu added")
         for m, v in duo.items():
             target = RATIO_TARGETS.get(m)
             verdict = f"target {target} {'ok' if v['ratio'] <= target else 'MISS'}" if target else ""
+            spread = f"rounds x{min(v['round_ratios']):.2f}-{max(v['round_ratios']):.2f}" if v["round_ratios"] else ""
             say(f"  {m:11s} x{v['ratio']:.3f}  (" + "  ".join(f"{op} x{r:.2f}" for op, r in v["per_op_ratio"].items())
-                + f")  {v['added_thread_cpu']:+.1f} us cpu  {verdict}")
+                + f")  {spread}  {v['added_thread_cpu']:+.1f} us cpu  {verdict}")
     if result["long_solo_us_per_call"]:
         say(f"solo, {args.repeats} x 20,000 calls an op (the compactor's batches included): " + "  ".join(
             f"{m} {v:+.1f} us" for m, v in result["long_solo_us_per_call"].items()))
