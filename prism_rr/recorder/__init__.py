@@ -3,7 +3,8 @@
 Importing this package is cheap (no torch, no interception): `record` and `step` load
 the rest on use, and so do the names below that `_install` holds.
 The replayer reaches the recorder only through this face: `record_replay` starts the
-recording of a replayed rank (`replay -o`) and `current_observer` lets its groups record.
+recording of a replayed rank (`replay -o`) and `current_observer` lets its groups record;
+`clock_for` gives a replay the recorder's device clock to time its steps with.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._record import record, step
 
-__all__ = ["RecordOptions", "arm", "current_observer", "finish_flight", "flight_bundles", "record", "record_replay",
-           "step"]
+__all__ = ["RecordOptions", "arm", "clock_for", "current_observer", "finish_flight", "flight_bundles", "record",
+           "record_replay", "step"]
 
 
 def __getattr__(name: str):
@@ -20,6 +21,10 @@ def __getattr__(name: str):
         from prism_rr.recorder import _install
 
         return getattr(_install, name)
+    if name == "clock_for":
+        from prism_rr.recorder import _device
+
+        return _device.clock_for
     if name in ("finish_flight", "flight_bundles"):
         from prism_rr.recorder import _flight
 

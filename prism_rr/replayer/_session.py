@@ -177,7 +177,7 @@ class ReplaySession:
         self._dmarks: dict[int, int] = {}
         if info.get("device_time"):
             try:
-                from prism_rr.recorder._device import clock_for
+                from prism_rr.recorder import clock_for
 
                 self._dclock = clock_for(str(info.get("device", "cpu")))
                 if self._dclock is not None:
