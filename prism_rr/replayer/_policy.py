@@ -116,9 +116,11 @@ class ReplayPolicy(Policy):
             call = self._numbered_as_dumped(call)
         s.made_call((group.gid, direction(call.op), call.peer) if call.p2p else (group.gid,), call.seq)
         try:
-            if call.p2p:
-                return s.aside(self._p2p, group, call, entry)
-            return s.aside(self._collective, group, call, entry)
+            s.footprint_due = 0
+            out = s.aside(self._p2p if call.p2p else self._collective, group, call, entry)
+            if s.footprint_due:  # what the backend held on the program's thread, in the program's memory
+                s.transient(s.footprint_due)
+            return out
         finally:
             s.returned()
 
@@ -280,6 +282,7 @@ class ReplayPolicy(Policy):
         one role, which replay the representative's records, enter together and send the
         same data: the work per call grows with the roles in the group, not its size."""
         s = self._session
+        s.footprint_due = s.footprint(own)
         op, seq, ins, outs = call.op, call.seq, call.ins, call.outs
         gid, me, n = group.gid, group.rank(), group.size()
         sched, clock = s.schedule, s.clock
@@ -402,6 +405,7 @@ class ReplayPolicy(Policy):
 
     def _virtual_p2p(self, group, call, entry, own, matched):
         s = self._session
+        s.footprint_due = s.footprint(own)
         gid, seq, peer, tensors = group.gid, call.seq, call.peer, call.ins
         other = s.schedule.p2p(peer, gid, "send" if call.receives else "recv", s.rank, seq)
         work_from = monotonic_ns()

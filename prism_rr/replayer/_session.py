@@ -173,6 +173,8 @@ class ReplaySession:
         # The steps on the device's clock, where the recording has them there (issue 27): a
         # mark on the program's stream at each step boundary (key: the step it ends, -1 the
         # start), resolved when the results are written; the card then scores device times.
+        self._footprints: dict | None = None  # (group, seq, start_ns) -> bytes: footprint()
+        self.footprint_due = 0  # the footprint of the call in progress, made once it returns
         self._dclock = None
         self._dmarks: dict[int, int] = {}
         if info.get("device_time"):
@@ -294,6 +296,38 @@ class ReplaySession:
         if self.waiter is not None and arrival is not None:
             ticket = self.waiter.occupy_aside(0, arrival - self.step_start, max(0, transfer))
         return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs, ticket=ticket)
+
+    def footprint(self, rec) -> int:
+        """Bytes the program held above its level at `rec`'s entry while the recorded call
+        ran, where that raised the recording's running peak: what the backend made on
+        the program's thread (gloo's flat copy of a reduce_scatter's input) and a virtual
+        call does not. The rise to the next record's peak, 0 where the peak did not rise
+        or memory was not recorded."""
+        if self._memory is None or rec is None or rec.mem_alloc is None or rec.mem_peak is None:
+            return 0
+        if self._footprints is None:
+            self._footprints = {}
+            last = None
+            for r in self.bundle.events(self.rank):
+                peak = getattr(r, "mem_peak", None)
+                if peak is None or type(r).__name__ == "Step":
+                    continue
+                if last is not None and peak > last.mem_peak:
+                    self._footprints[(last.group, last.seq, last.start_ns)] = peak - last.mem_alloc
+                last = r if getattr(r, "seq", None) is not None and getattr(r, "mem_alloc", None) is not None \
+                    else None
+        return self._footprints.get((rec.group, rec.seq, rec.start_ns), 0)
+
+    def transient(self, nbytes: int) -> None:
+        """Hold `nbytes` more of the program's memory for a moment (a recorded call's
+        footprint, `footprint`): its peak meets the recording's."""
+        if nbytes <= 0 or self._memory is None:
+            return
+        import torch
+
+        cuda = self._waits_on == "cuda"
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+        del scratch
 
     def aside(self, fn, *args):
         """fn(*args): replay work inside a call, not the program's memory."""
