@@ -29,7 +29,7 @@ __all__ = ["CpuMemoryTracker", "CudaPeaks", "cuda_step_peak"]
 class CpuMemoryTracker:
     def __init__(self):
         self.allocated = 0
-        self.peak = 0  # since the recording started (running, before late frees)
+        self.peak = 0  # since the step began (running, before late frees), as CUDA's max_memory_allocated
         self._live: dict[int, int] = {}  # id(storage) -> bytes
         self._touch: dict[int, int] = {}  # id(storage) -> event of the program's last use
         self._lock = threading.Lock()
@@ -112,6 +112,9 @@ class CpuMemoryTracker:
             self._first = self._event
             self._trace = [self.allocated]
             self._late = []
+            # the running peak the records carry starts again from what is live, as the
+            # CUDA allocator's does at a step (cuda_step_peak's reset)
+            self.peak = self.allocated
         return peak
 
 
