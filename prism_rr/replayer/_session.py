@@ -302,7 +302,9 @@ class ReplaySession:
         ran, where that raised the recording's running peak: what the backend made on
         the program's thread (gloo's flat copy of a reduce_scatter's input) and a virtual
         call does not. The rise to the next record's peak, 0 where the peak did not rise
-        or memory was not recorded."""
+        or memory was not recorded; at most the call's own bytes (in and out), what a
+        backend's copies of them take: a rise beyond that is the program's compute after
+        the call, which the replay runs itself."""
         if self._memory is None or rec is None or rec.mem_alloc is None or rec.mem_peak is None:
             return 0
         if self._footprints is None:
@@ -316,7 +318,12 @@ class ReplaySession:
                     self._footprints[(last.group, last.seq, last.start_ns)] = peak - last.mem_alloc
                 last = r if getattr(r, "seq", None) is not None and getattr(r, "mem_alloc", None) is not None \
                     else None
-        return self._footprints.get((rec.group, rec.seq, rec.start_ns), 0)
+        fp = self._footprints.get((rec.group, rec.seq, rec.start_ns), 0)
+        if not fp:
+            return 0
+        own = (getattr(rec, "in_bytes", None) or 0) + (getattr(rec, "out_bytes", None) or 0) \
+            + (getattr(rec, "nbytes", None) or 0)
+        return min(fp, own)
 
     def transient(self, nbytes: int) -> None:
         """Hold `nbytes` more of the program's memory for a moment (a recorded call's
