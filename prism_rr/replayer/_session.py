@@ -91,6 +91,18 @@ def sleep_until(t_ns: int) -> None:
             time.sleep((left - _SPIN_NS) / 1e9)
 
 
+def _own_bytes(rec) -> int:
+    """A call record's bytes in and out."""
+    return (getattr(rec, "in_bytes", None) or 0) + (getattr(rec, "out_bytes", None) or 0) \
+        + (getattr(rec, "nbytes", None) or 0)
+
+
+def _kind(rec) -> tuple:
+    """A call's kind, for its footprint: its group, op and bytes in and out."""
+    return rec.group, rec.op, getattr(rec, "in_bytes", None), getattr(rec, "out_bytes", None), \
+        getattr(rec, "nbytes", None)
+
+
 class ReplaySession:
     """The replay state of this process (one real rank)."""
 
@@ -173,7 +185,7 @@ class ReplaySession:
         # The steps on the device's clock, where the recording has them there (issue 27): a
         # mark on the program's stream at each step boundary (key: the step it ends, -1 the
         # start), resolved when the results are written; the card then scores device times.
-        self._footprints: dict | None = None  # (group, seq, start_ns) -> bytes: footprint()
+        self._footprints: dict | None = None  # a call's kind (_kind) -> bytes: footprint()
         self.footprint_due = 0  # the footprint of the call in progress, made once it returns
         self._dclock = None
         self._dmarks: dict[int, int] = {}
@@ -299,13 +311,15 @@ class ReplaySession:
 
     def footprint(self, rec) -> int:
         """Bytes the program held above its level at `rec`'s entry while the recorded call
-        ran, where that raised the recording's running peak: what the backend made on
-        the program's thread (gloo's flat copy of a reduce_scatter's input) and a virtual
-        call does not. The rise to the next record's peak, 0 where the peak did not rise
-        or memory was not recorded; at most the call's own bytes (in and out), what a
-        backend's copies of them take: a rise beyond that is the program's compute after
-        the call, which the replay runs itself."""
-        if self._memory is None or rec is None or rec.mem_alloc is None or rec.mem_peak is None:
+        ran: what the backend made on the program's thread (gloo's flat copy of a
+        reduce_scatter's input) and a virtual call does not. Seen in the records as a rise
+        of the running peak from a call's entry to the next record, which only shows where
+        the step's running peak was not already higher (the recording's timing decides
+        that), so each kind of call (group, op, bytes in and out) takes the smallest rise
+        seen for any call of its kind, at most its own bytes in and out (what a backend's
+        copies of them take: a larger rise is the program's compute after the call, which
+        the replay runs itself). 0 where none showed or memory was not recorded."""
+        if self._memory is None or rec is None:
             return 0
         if self._footprints is None:
             self._footprints = {}
@@ -313,17 +327,16 @@ class ReplaySession:
             for r in self.bundle.events(self.rank):
                 peak = getattr(r, "mem_peak", None)
                 if peak is None or type(r).__name__ == "Step":
+                    last = None
                     continue
                 if last is not None and peak > last.mem_peak:
-                    self._footprints[(last.group, last.seq, last.start_ns)] = peak - last.mem_alloc
+                    rise = min(peak - last.mem_alloc, _own_bytes(last))
+                    key = _kind(last)
+                    if rise > 0 and rise < self._footprints.get(key, rise + 1):
+                        self._footprints[key] = rise
                 last = r if getattr(r, "seq", None) is not None and getattr(r, "mem_alloc", None) is not None \
-                    else None
-        fp = self._footprints.get((rec.group, rec.seq, rec.start_ns), 0)
-        if not fp:
-            return 0
-        own = (getattr(rec, "in_bytes", None) or 0) + (getattr(rec, "out_bytes", None) or 0) \
-            + (getattr(rec, "nbytes", None) or 0)
-        return min(fp, own)
+                    and getattr(r, "mem_peak", None) is not None else None
+        return self._footprints.get(_kind(rec), 0)
 
     def transient(self, nbytes: int) -> None:
         """Hold `nbytes` more of the program's memory for a moment (a recorded call's
