@@ -46,7 +46,6 @@ def _cuda_case(torch, w, lateness_ns: int, case: str) -> tuple[float, int]:
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
     x = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
-    syncs = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")

@@ -152,20 +152,24 @@ class HostWaiter(Waiter):
         return self._v[slot]
 
 
-def _aside(waiter, queue) -> Ticket:
-    """queue() on the waiter's side stream, which starts where the current stream is."""
-    import torch
+class _StreamWaiter(Waiter):
+    """A waiter of CUDA kernels: occupy_aside queues occupy() on a side stream of its own."""
 
-    current = torch.cuda.current_stream()
-    if waiter._side is None:
-        waiter._side = torch.cuda.Stream(device=current.device)
-    waiter._side.wait_stream(current)
-    with torch.cuda.stream(waiter._side):
-        queue()
-    done = torch.cuda.Event()
-    done.record(waiter._side)
-    waiter.waits += 1
-    return _CudaTicket(done, current)
+    _side = None  # made on first use, on the current stream's device
+
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+        import torch
+
+        current = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=current.device)
+        self._side.wait_stream(current)  # it starts where the program's stream is
+        with torch.cuda.stream(self._side):
+            self.occupy(slot, offset_ns, transfer_ns)
+        done = torch.cuda.Event()
+        done.record(self._side)
+        self.waits += 1
+        return _CudaTicket(done, current)
 
 
 def _kernels():
@@ -176,7 +180,7 @@ def _kernels():
     return _triton_wait.stamp, _triton_wait.occupy
 
 
-class TritonWaiter(Waiter):
+class TritonWaiter(_StreamWaiter):
     """Slots of %globaltimer ns in device memory; stamp and occupy are one-thread kernels
     on the current stream."""
 
@@ -186,7 +190,6 @@ class TritonWaiter(Waiter):
         import torch
 
         self.slots = slots
-        self._side = None
         self._stamp, self._occupy = _kernels()
         self._v = torch.zeros(slots, dtype=torch.int64, device=device)
 
@@ -199,15 +202,12 @@ class TritonWaiter(Waiter):
         self._occupy[(1,)](self._v, slot, int(offset_ns), int(transfer_ns), -1 if into is None else into,
                            num_warps=1)
 
-    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
-        return _aside(self, lambda: self.occupy(slot, offset_ns, transfer_ns))
-
     def read(self, slot: int) -> int:
         self._check(slot)
         return int(self._v[slot].item())
 
 
-class SleepWaiter(Waiter):
+class SleepWaiter(_StreamWaiter):
     """`torch.cuda._sleep` for `offset_ns + transfer_ns`, at cycles per ns calibrated once
     (the median of `rounds` sleeps timed by CUDA events). Relative: reads no slot; its stamps
     and ends are CUDA events, read back as ns from the first stamp."""
@@ -219,7 +219,6 @@ class SleepWaiter(Waiter):
         import torch
 
         self.slots = slots
-        self._side = None
         self._torch = torch
         self._device = device
         self._events: list = [None] * slots
@@ -263,9 +262,6 @@ class SleepWaiter(Waiter):
             self._torch.cuda._sleep(max(1, int(ns * self.cycles_per_ns)))
         if into is not None:
             self._mark(into)
-
-    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
-        return _aside(self, lambda: self.occupy(slot, offset_ns, transfer_ns))
 
     def read(self, slot: int) -> int:
         self._check(slot)

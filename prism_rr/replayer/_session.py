@@ -182,11 +182,13 @@ class ReplaySession:
             self._memory = CudaPeaks()  # the recorder always reads CUDA's statistics
         else:
             self._memory = None
+        # where the program's tensors are here: a replay of a CUDA recording on CPU runs on CPU
+        self._device = "cuda" if str(info.get("device", "")).startswith("cuda") and _cuda_here() else "cpu"
+        self._footprints: dict | None = None  # a call's kind (_kind) -> bytes: footprint()
+        self.footprint_due = 0  # the footprint of the call in progress, made once it returns
         # The steps on the device's clock, where the recording has them there (issue 27): a
         # mark on the program's stream at each step boundary (key: the step it ends, -1 the
         # start), resolved when the results are written; the card then scores device times.
-        self._footprints: dict | None = None  # a call's kind (_kind) -> bytes: footprint()
-        self.footprint_due = 0  # the footprint of the call in progress, made once it returns
         self._dclock = None
         self._dmarks: dict[int, int] = {}
         if info.get("device_time"):
@@ -206,7 +208,6 @@ class ReplaySession:
         self.waiter = None
         mech = os.environ.get(WAITS_VAR, "").strip().lower()
         self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
-        self._waits_on = "cuda" if str(info.get("device", "")).startswith("cuda") and _cuda_here() else "cpu"
         self._steps.start()
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
@@ -334,8 +335,7 @@ class ReplaySession:
                     key = _kind(last)
                     if rise > 0 and rise < self._footprints.get(key, rise + 1):
                         self._footprints[key] = rise
-                last = r if getattr(r, "seq", None) is not None and getattr(r, "mem_alloc", None) is not None \
-                    and getattr(r, "mem_peak", None) is not None else None
+                last = r if getattr(r, "seq", None) is not None and getattr(r, "mem_alloc", None) is not None else None
         return self._footprints.get(_kind(rec), 0)
 
     def transient(self, nbytes: int) -> None:
@@ -345,8 +345,7 @@ class ReplaySession:
             return
         import torch
 
-        cuda = self._waits_on == "cuda"
-        scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
         del scratch
 
     def aside(self, fn, *args):
@@ -461,7 +460,7 @@ class ReplaySession:
 
                 from prism_rr.replayer._device_wait import waiter_for
 
-                on = torch.device("cuda", torch.cuda.current_device()) if self._waits_on == "cuda" else "cpu"
+                on = torch.device("cuda", torch.cuda.current_device()) if self._device == "cuda" else "cpu"
                 self.waiter = waiter_for(on, None if self._waits in ("1", "on", "auto") else self._waits, slots=1)
             self.waiter.stamp(0)
         except Exception as exc:
