@@ -12,6 +12,7 @@ bench/workloads/count_syncs.py, which runs every workload). Workloads:
   ddp    tests/gpu/cuda_train.py: DDP over a DeviceMesh, logging collectives
   fsdp   bench/workloads/fsdp_train.py: FSDP2 over a DeviceMesh of the devices at hand
   scale  the fsdp recording `scale`d to dp 64, replayed: a prediction, not a fidelity figure
+         (at world 1, where FSDP2 makes no collective calls, the ddp recording's)
   scale-waits  the same replays with the virtual peers' waits on the device's stream
          (PRISM_RR_DEVICE_WAITS=auto: replayer/_device_wait.py), beside scale's host waits
 
@@ -105,6 +106,7 @@ class Workload:
     world: int
     program: list[str]  # one rank's program, run under count_syncs.py
     target_pct: float | None  # iteration-time error target; None: a prediction, or no target
+    source: str | None = None  # scale's: the workload whose recording it scales
 
 
 def workloads(device: str, world: int, steps: int, quick: bool) -> dict[str, Workload]:
@@ -114,12 +116,16 @@ def workloads(device: str, world: int, steps: int, quick: bool) -> dict[str, Wor
     train[train.index("--steps") + 1] = str(steps)
     sizes = FSDP_SIZES["quick" if quick else device]
     fsdp = [str(FSDP_TRAIN), "--steps", str(steps), *sizes]
+    ddp = [str(DDP_TRAIN), "--steps", str(steps)]
+    # scale's source: a recording with collective calls to fit on and virtual peers to wait
+    # for; FSDP2 at world 1 makes none, the DDP trainer's logging calls are there at any world
+    source = "fsdp" if world > 1 else "ddp"
     return {
         "demo": Workload("demo", 1, train, 1.0),
-        "ddp": Workload("ddp", world, [str(DDP_TRAIN), "--steps", str(steps)], 1.0 if world == 1 else None),
+        "ddp": Workload("ddp", world, ddp, 1.0 if world == 1 else None),
         "fsdp": Workload("fsdp", world, fsdp, 2.0),
-        "scale": Workload("scale", world, fsdp, None),
-        "scale-waits": Workload("scale-waits", world, fsdp, None),
+        "scale": Workload("scale", world, fsdp if source == "fsdp" else ddp, None, source),
+        "scale-waits": Workload("scale-waits", world, fsdp if source == "fsdp" else ddp, None, source),
     }
 
 
@@ -187,11 +193,11 @@ class Bench:
         return row(w, bundle, rec, done, failures)
 
     def scale(self, w: Workload) -> dict:
-        base = self.bundles.get("fsdp")
+        base = self.bundles.get(w.source)
         if base is None:
-            base, _ = self.record(Workload("fsdp", w.world, w.program, None))
-            self.bundles["fsdp"] = base
-        big = self.work / f"fsdp-dp{SCALE_DP}.prism"
+            base, _ = self.record(Workload(w.source, w.world, w.program, None))
+            self.bundles[w.source] = base
+        big = self.work / f"{w.source}-dp{SCALE_DP}.prism"
         if not big.exists():
             self.clock.say(f"scale: {base.name} to dp {SCALE_DP}")
             out, _ = run_child(self.cli("scale", base, "--dp", SCALE_DP, "-o", big, "--json"),

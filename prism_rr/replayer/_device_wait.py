@@ -192,6 +192,12 @@ class TritonWaiter(_StreamWaiter):
         self.slots = slots
         self._stamp, self._occupy = _kernels()
         self._v = torch.zeros(slots, dtype=torch.int64, device=device)
+        # compiled (or loaded from Triton's cache) now, not at a step's first wait: the
+        # stamp and the variants of an i32 and an i64 offset (2^31 ns is 2.1 s from the
+        # step's start), each wait ending at once (its slot's time less the offset is past)
+        self.stamp(0)
+        for offset in (-1, -(1 << 40)):
+            self.occupy(0, offset)
 
     def stamp(self, slot: int) -> None:
         self._check(slot)

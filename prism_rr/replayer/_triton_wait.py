@@ -21,13 +21,16 @@ else:
                                          pack=1)
 
 
-@triton.jit
+# No integer argument is specialised on its value (Triton compiles a variant for a 1 and
+# for multiples of 16): a wait's offset changes every call, and each new variant would
+# compile in the middle of a replayed step. A value's width still picks one (i32, i64).
+@triton.jit(do_not_specialize=["slot"])
 def stamp(slots, slot):
     """slots[slot] = the device's clock (ns) as the stream reaches this kernel."""
     tl.store(slots + slot, _now())
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["slot", "offset", "transfer", "into"])
 def occupy(slots, slot, offset, transfer, into):
     """Spin until the later of now and slots[slot] + offset, then `transfer` ns more;
     slots[into] = the end, where into >= 0."""

@@ -171,3 +171,41 @@ def test_trainer_replays_on_cuda(trainer, tmp_path):
     assert len(facts["steps"]) == 3, facts["steps"]
     # the allocator's peak, read alike while recording and replaying
     assert facts["peak_memory_replayed_bytes"] and facts["peak_memory_error_pct"] is not None, facts
+
+
+@pytest.mark.timeout(RECORD_TIMEOUT + 2 * REPLAY_TIMEOUT + 60)
+def test_virtual_peers_wait_on_the_stream(trainer, tmp_path):
+    """The trainer's recording scaled to dp 8 (`prism-rr scale`), rank 0 replayed with 7
+    virtual peers and PRISM_RR_DEVICE_WAITS=auto: every call of the window (steps 1-3)
+    waits through the best device mechanism here (the Triton spin where Triton is), each
+    wait queued on a side stream that the program's stream then waits for. The same
+    replay with host waits beside it for the figures (printed; a prediction, not
+    asserted: timing is not a test's to assert)."""
+    import os
+    import sys
+
+    from prism_rr.replayer._device_wait import mechanisms
+
+    big = tmp_path / "dp8.prism"
+    out = run_cli("scale", trainer, "--dp", 8, "-o", big, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    with open_bundle(big) as b:
+        calls = [c for c in b.events(0) if type(c) is Collective and c.step is not None and c.step >= 1]
+    facts = {}
+    for waits in ("auto", "off"):
+        report = tmp_path / f"waits-{waits}.json"
+        env = dict(os.environ, PRISM_RR_DEVICE_WAITS=waits)
+        out = run_cli("replay", big, "--ranks", "0", "--report", report, "--continue-on-divergence",
+                      "--timeout", REPLAY_TIMEOUT - 30, "--", sys.executable, TRAINER,
+                      cwd=tmp_path, env=env, timeout=REPLAY_TIMEOUT)
+        print(f"\n--- prism-rr replay dp8.prism --ranks 0, waits {waits} (stderr) ---\n{out.stderr[-3000:]}")
+        assert out.returncode == 0, out.stderr[-6000:]
+        facts[waits] = json.loads(report.read_text())
+        assert facts[waits]["diverged"] is False, facts[waits]
+    import torch
+
+    best = mechanisms(torch.device("cuda"))[0]
+    assert facts["auto"]["device_waits"] == {"0": {"mechanism": best, "waits": len(calls)}}, facts["auto"]
+    assert facts["off"]["device_waits"] == {}, facts["off"]
+    for waits, f in facts.items():
+        print(f"waits {waits}: clock {f.get('clock')}, steps (s) {[s.get('replayed_s') for s in f['steps']]}")
