@@ -155,7 +155,7 @@ class Bench:
         syncs.mkdir()
         self.clock.say(f"{w.name}: recording world {w.world}, steps 1:{self.args.steps}")
         _, wall = run_child(self.cli("record", "-o", bundle, "--nproc", w.world, "--steps", f"1:{self.args.steps}",
-                                     "--payload", "digest", "--memory", *self.child_timeout(), "--",
+                                     "--payload", self.args.payload, "--memory", *self.child_timeout(), "--",
                                      *self.program(w)),
                             timeout=self.args.timeout, env=dict(self.env, PRISM_BENCH_SYNCS=str(syncs)),
                             cwd=self.work, what=f"{w.name}: record")
@@ -413,7 +413,8 @@ def cells(r: dict) -> list[str]:
 
 def table(result: dict) -> str:
     d = result["device"]
-    lines = [f"gpu fidelity · {d['kind']} ({d['name']}) · torch {d['torch']} · steps 1:{result['steps']} recorded, "
+    lines = [f"gpu fidelity · {d['kind']} ({d['name']}) · torch {d['torch']} · steps 1:{result['steps']} recorded "
+             f"(payload {result.get('payload', 'digest')}), "
              f"rank 0 replayed, median of {result['repeats']} replay(s) · {result['elapsed_s']:.0f} s"]
     rows, notes = [], []
     for name, r in result["workloads"].items():
@@ -502,6 +503,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="replays of each recording")
     p.add_argument("--world", type=int, default=None,
                    help="ranks of ddp and fsdp (default: the GPUs at hand, at most 8; 2 on CPU)")
+    p.add_argument("--payload", default="digest", choices=("digest", "small", "none", "full"),
+                   help="what the recordings keep of each call's tensors (digest: hashed on the host, "
+                        "which synchronizes a CUDA device at each call; none: nothing)")
     p.add_argument("--quick", action="store_true", help="fewest steps, one replay, small models: a smoke test")
     p.add_argument("--timeout", type=float, default=300, help="seconds for each child process")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout; the table on stderr")
@@ -532,7 +536,7 @@ def main(argv=None) -> int:
 
     def result(complete: bool) -> dict:
         out = {
-            "device": device_facts(device), "steps": args.steps, "repeats": args.repeats, "world": world,
+            "device": device_facts(device), "payload": args.payload, "steps": args.steps, "repeats": args.repeats, "world": world,
             "workloads": results, "device_waits": waits, "complete": complete,
             "load_average": list(os.getloadavg()), "cpus": len(os.sched_getaffinity(0)),
             "elapsed_s": time.monotonic() - clock.started,
