@@ -33,11 +33,16 @@ Mechanisms, `waiter_for(device, mechanism)`:
                    the fallback where Triton is missing, and the comparison the bench makes
 
 Issue 27 asks which mechanism is exact to a few microseconds: bench/device_wait.py measures
-waits of 0.1, 1 and 10 ms with each. Wired, opt-in (PRISM_RR_DEVICE_WAITS=auto|triton|cuda-sleep|host, live timing): from the
+waits of 0.1, 1 and 10 ms with each. On an H200 (torch 2.11, Triton 3.6) Triton's were
+exact to 0.1 us queued and ended 2.9 us after a late stream's arrival; cuda-sleep's missed
+by up to 49 us at 10 ms and, being relative, waited the whole lateness again when late. Wired, opt-in (PRISM_RR_DEVICE_WAITS=auto|triton|cuda-sleep|host, live timing): from the
 first step boundary, `mark_step` stamps a step slot; a call with virtual members queues
 `occupy_aside(step slot, last virtual arrival - the step's model start, transfer)` (the
 real rank's own arrival being the stream's) and its ReplayWork's wait() waits for the
-ticket instead of sleeping the host. Untried on a GPU so far. The host syncs a replayed step has on CUDA
+ticket instead of sleeping the host. On an H200 that wiring is wrong so far: the DDP
+trainer's recording scaled to dp 8 replayed at 545 ms a step with Triton waits against
+10 ms with host waits (tests/gpu/test_gpu.py::test_virtual_peers_wait_on_the_stream); the
+cause is not found, so the waits stay opt-in. The host syncs a replayed step has on CUDA
 besides the wait: `_check`'s digests and `_exchange` read inputs on the host, and
 recorded outputs are built on the host and copied; those move to the device too (a digest
 kernel, outputs staged in pinned memory and copied non-blocking) before the card's "no
@@ -54,6 +59,9 @@ __all__ = ["ENV_VAR", "HostWaiter", "SleepWaiter", "Ticket", "TritonWaiter", "Wa
 ENV_VAR = "PRISM_RR_DEVICE_WAITS"  # a replay's virtual peers wait with this mechanism ("auto": the best here)
 
 SLOTS = 64
+# cuda-sleep aims this much long: its cycles per ns, calibrated at 2 ms, were 0.4-0.5% off
+# at 10 ms on an H200 (waits 42-49 us short), and a wait must never end early
+SLEEP_MARGIN = 0.01
 
 
 class Waiter:
@@ -265,7 +273,7 @@ class SleepWaiter(_StreamWaiter):
         self._check(slot, into)
         ns = max(0, int(offset_ns)) + max(0, int(transfer_ns))
         if ns:
-            self._torch.cuda._sleep(max(1, int(ns * self.cycles_per_ns)))
+            self._torch.cuda._sleep(max(1, int(ns * self.cycles_per_ns * (1 + SLEEP_MARGIN))))
         if into is not None:
             self._mark(into)
 

@@ -35,6 +35,10 @@ __all__ = ["ReplaySession", "stats_path"]
 
 log = logging.getLogger("prism_rr.replayer")
 _SPIN_NS = 1_500_000
+# A step's start is stamped in a slot of its own (the step modulo this): a wait queued on
+# the waiter's side stream that runs late must still read its own step's start, not the
+# next one's that the program's stream may have stamped meanwhile
+STEP_SLOTS = 4
 
 
 def stats_path(work_dir, rank: int) -> Path:
@@ -307,7 +311,7 @@ class ReplaySession:
 
         ticket = None
         if self.waiter is not None and arrival is not None:
-            ticket = self.waiter.occupy_aside(0, arrival - self.step_start, max(0, transfer))
+            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, arrival - self.step_start, max(0, transfer))
         return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs, ticket=ticket)
 
     def footprint(self, rec) -> int:
@@ -453,7 +457,7 @@ class ReplaySession:
         self.clock.step_started(model, self.schedule.step_ends.get(self.source(self.rank), {}).get(self.step - 1))
 
     def _stamp_step(self) -> None:
-        """The step's start, in the waiter's slot 0 (made on first use)."""
+        """The step's start, in the waiter's slot for this step (made on first use)."""
         try:
             if self.waiter is None:
                 import torch
@@ -461,8 +465,9 @@ class ReplaySession:
                 from prism_rr.replayer._device_wait import waiter_for
 
                 on = torch.device("cuda", torch.cuda.current_device()) if self._device == "cuda" else "cpu"
-                self.waiter = waiter_for(on, None if self._waits in ("1", "on", "auto") else self._waits, slots=1)
-            self.waiter.stamp(0)
+                self.waiter = waiter_for(on, None if self._waits in ("1", "on", "auto") else self._waits,
+                                         slots=STEP_SLOTS)
+            self.waiter.stamp(self.step % STEP_SLOTS)
         except Exception as exc:
             log.warning("prism-rr: virtual peers wait on the host (%s: %s)", type(exc).__name__, exc)
             self._waits = self.waiter = None
