@@ -85,8 +85,10 @@ TYPE_NAMES = {T_PAD: "pad", T_ENTER: "enter", T_DONE: "done", T_OUT: "out", T_RE
 ENTER_BODY = struct.Struct("<IBBHqqQiiqiiIIIHHqq")
 ENTER = struct.Struct("<IBBHqqQiiqiiIIIHHqqQ")
 CID_AT = 24  # the call id's offset in ENTER
-# flags of ENTER (E_COPY: written again ahead, its aux's high byte counting how often)
-E_ASYNC, E_P2P, E_RECV, E_SAME_OUT, E_COPY = 1, 2, 4, 8, 16
+# flags of ENTER (E_COPY: written again ahead, its aux's high byte counting how often;
+# E_IN_LATER: the inputs' payload comes in an OUT with O_INPUTS, read once the device has
+# passed the call's entry)
+E_ASYNC, E_P2P, E_RECV, E_SAME_OUT, E_COPY, E_IN_LATER = 1, 2, 4, 8, 16, 32
 MAX_CARRIES = 2  # a flight ring lets go of a call open that long (two laps of other entries)
 
 # DONE: the call completed (or failed): call id, end_ns, issued_ns (0: none), peer and call
@@ -96,7 +98,10 @@ DONE = struct.Struct("<IBBHQqqiiq8xQ")
 # flags of DONE
 D_FAILED, D_SOURCED, D_OUT_LATER = 1, 2, 4
 
-# OUT: the outputs' payload of a call whose DONE came first (D_OUT_LATER): call id.
+# OUT: the outputs' payload of a call whose DONE came first (D_OUT_LATER): call id; with
+# flag O_INPUTS, the inputs' payload of a call whose ENTER said E_IN_LATER (before or after
+# its DONE). A call's record is made once its DONE and every payload said later are in.
+O_INPUTS = 1
 OUT_BODY = struct.Struct("<IBBHQ")
 OUT = struct.Struct("<IBBHQ8xQ")
 
@@ -459,13 +464,15 @@ class CallLog:
             lock.release()
         return 0
 
-    def out(self, cid: int, payload: bytes | None) -> None:
-        """The outputs' payload of a call whose DONE said D_OUT_LATER (None: there is none)."""
+    def out(self, cid: int, payload: bytes | None, inputs: bool = False) -> None:
+        """The outputs' payload of a call whose DONE said D_OUT_LATER, or with `inputs` the
+        inputs' of one whose ENTER said E_IN_LATER (None: there is none)."""
+        flags = O_INPUTS if inputs else 0
         if payload is None:
-            self._append(OUT.size, lambda mm, off, n, seq: OUT.pack_into(mm, off, n, T_OUT, 0, 0, cid, seq))
+            self._append(OUT.size, lambda mm, off, n, seq: OUT.pack_into(mm, off, n, T_OUT, flags, 0, cid, seq))
         else:
             self._append(OUT_BODY.size + len(payload) + 8, lambda mm, off, n, seq: OUT_BODY.pack_into(
-                mm, off, n, T_OUT, 0, AUX_PAYLOAD, cid), payload, OUT_BODY.size)
+                mm, off, n, T_OUT, flags, AUX_PAYLOAD, cid), payload, OUT_BODY.size)
 
     def record(self, row) -> None:
         """Any other record, as a row (kind, its fields in wire order)."""
@@ -771,6 +778,7 @@ class _Open:
     call_seq: int | None = None
     payload_out: tuple | None = None
     waiting_out: bool = False
+    waiting_in: bool = False  # E_IN_LATER: its inputs' payload not in yet
     spilled: bool = False  # in the spool's open-calls snapshot already (the compactor's)
 
 
@@ -847,7 +855,8 @@ class LogDecoder:
             mem_alloc = None if alloc < 0 else alloc
             mem_peak = None if peak < 0 else peak
             self.pending[cid] = _Open((start, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
-                                       reduce_op, mem_alloc, mem_peak), flags, payload, pos, seq)
+                                       reduce_op, mem_alloc, mem_peak), flags, payload, pos, seq,
+                                      waiting_in=bool(flags & E_IN_LATER))
             if quiet or flags & E_COPY or prev <= 0 or start <= prev:
                 return []
             return [_compute(prev, start, step, mem_alloc, mem_peak)]
@@ -865,15 +874,23 @@ class LogDecoder:
             if flags & D_OUT_LATER:
                 call.waiting_out = True
                 return []
+            if call.waiting_in:
+                return []
             del self.pending[cid]
             return [] if quiet else [self._call_record(call)]
         if kind == T_OUT:
             cid = OUT_BODY.unpack_from(entry, 0)[4]
-            call = self.pending.pop(cid, None)
+            call = self.pending.get(cid)
             if call is None:
                 return []
-            if aux & AUX_PAYLOAD:
-                call.payload_out = _payload(entry, OUT_BODY.size, self.where)
+            payload = _payload(entry, OUT_BODY.size, self.where) if aux & AUX_PAYLOAD else None
+            if flags & O_INPUTS:
+                call.payload_in, call.waiting_in = payload, False
+            else:
+                call.payload_out, call.waiting_out = payload, False
+            if call.end is None or call.waiting_in or call.waiting_out:
+                return []  # its DONE, or another payload, is still to come
+            del self.pending[cid]
             return [] if quiet else [self._call_record(call)]
         if kind == T_REC:
             if quiet:

@@ -173,15 +173,27 @@ def _digest(t: torch.Tensor) -> int:
     nbytes = t.numel() * t.element_size()
     if nbytes <= _SMALL:
         return _small_digest(_small_bytes(t))
+    sums, tail = digest_parts(t)
+    s0, s1 = sums.tolist()
+    return digest_of(s0, s1, nbytes, bytes(host_bytes(tail)) if tail is not None else b"")
+
+
+def digest_parts(t: torch.Tensor):
+    """What the digest of a tensor above _SMALL bytes reads, left on its device: its two
+    int64 sums (one tensor of 2) and its last nbytes % 8 bytes (None when there are none)."""
+    nbytes = t.numel() * t.element_size()
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     words = nbytes // 8
     try:
         v = flat[: words * 8].view(torch.int64)
     except RuntimeError:  # storage offset not 8-aligned: copy once
         v = flat[: words * 8].clone().view(torch.int64)
-    sums = torch.stack((v.sum(), v[::61].sum())).tolist()
-    tail = bytes(host_bytes(flat[words * 8 :])) if nbytes % 8 else b""
-    h = hashlib.blake2b(_PACK.pack(sums[0], sums[1], nbytes) + tail, digest_size=8)
+    return torch.stack((v.sum(), v[::61].sum())), (flat[words * 8 :] if nbytes % 8 else None)
+
+
+def digest_of(s0: int, s1: int, nbytes: int, tail: bytes) -> int:
+    """A larger tensor's digest from its sums, size and last bytes (digest_parts)."""
+    h = hashlib.blake2b(_PACK.pack(s0, s1, nbytes) + tail, digest_size=8)
     return int.from_bytes(h.digest(), "little")
 
 

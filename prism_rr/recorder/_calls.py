@@ -22,7 +22,8 @@ from __future__ import annotations
 import threading
 from time import monotonic_ns
 
-from prism_rr.format.calllog import D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E_P2P, E_RECV, E_SAME_OUT, CallLog
+from prism_rr.format.calllog import (D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E_IN_LATER, E_P2P, E_RECV, E_SAME_OUT,
+                                     CallLog)
 from prism_rr.format.records import Marker
 from prism_rr.intercept import dispatch
 from prism_rr.intercept import payload as _payload
@@ -61,6 +62,7 @@ class CallRecorder:
         self.ops_mode = None  # the per-operator dispatch mode, while it runs
         self.blob_writer = None  # () -> BlobWriter, for `full` payloads too large for the log
         self.device = None  # the recording's DeviceTimes, when it has a device clock
+        self.later = None  # a DevicePayloads (_later.py): CUDA tensors' payloads read without waiting
         self.inline_max = _payload.INLINE_MAX if not log.flight else log.ring_size // 8
         self._lock = threading.Lock()
         self._thread = threading.get_ident()  # the program's thread
@@ -110,6 +112,9 @@ class CallRecorder:
         """Write the call's ENTER; False when it is not recorded (recording failed).
         `skip`: frames from here out to the group's method (for the stack)."""
         try:
+            later = self.later
+            if later is not None and later._pending:
+                later.resolve()  # what the device has passed since
             if self.open or self.finished:
                 self.reap()
                 self._in_backward()
@@ -166,9 +171,16 @@ class CallRecorder:
                 alloc = -1 if alloc is None else alloc
                 peak = -1 if peak is None else peak
             step = self.step
+            payload = None
+            if self.inputs and not call.receives:
+                if later is not None and later.wanted(ins):
+                    flags |= E_IN_LATER
+                else:
+                    payload = self._payload(ins)
             call.cid = self._log_enter(flags, start, self.last_return or 0, step, call.gid, call.seq, peer, call.tag,
-                                       in_desc, out_desc, stack, op, reduce_op, alloc, peak,
-                                       self._payload(ins) if self.inputs and not call.receives else None)
+                                       in_desc, out_desc, stack, op, reduce_op, alloc, peak, payload)
+            if flags & E_IN_LATER:
+                later.take(call.cid, ins, True)  # on the stream before the backend: the inputs as given
             self.last_return = None
             call.start = start
             call.step = step
@@ -225,8 +237,13 @@ class CallRecorder:
             self.last_return = end  # the caller was waiting until now: not compute
         if self.rec.on:
             try:
-                self._log_done(call.cid, end, issued, 0, -1, -1,
-                               self._payload(call.outs) if self.mode and (not call.p2p or call.receives) else None)
+                outs = call.outs if self.mode and (not call.p2p or call.receives) else None
+                later = self.later
+                if outs is not None and later is not None and later.wanted(outs):
+                    self._log_done(call.cid, end, issued, D_OUT_LATER, -1, -1, None)
+                    later.take(call.cid, outs, False)
+                else:
+                    self._log_done(call.cid, end, issued, 0, -1, -1, None if outs is None else self._payload(outs))
             except BaseException as exc:
                 self.rec.fail(exc)
         if self.tracker is not None:
@@ -270,6 +287,7 @@ class CallRecorder:
             return
         try:
             payload = None
+            later = None
             wants = self.mode and error is None and (not call.p2p or call.receives) and call.outs
             if error is not None:
                 flags |= D_FAILED
@@ -278,9 +296,14 @@ class CallRecorder:
                 call.out_later = True
                 with self._lock:
                     self.finished[id(call)] = call
+            elif wants and self.later is not None and self.later.wanted(call.outs) and _payload.alive(call.outs):
+                flags |= D_OUT_LATER
+                later = self.later
             elif wants:
                 payload = self._outputs(call)
             self.log.done(call.cid, end, call.issued, flags, sourced_peer, call_seq, payload)
+            if later is not None:
+                later.take(call.cid, call.outs, False)
             if error is not None:
                 self.rec.write(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed", value=call.seq,
                                       text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
@@ -310,7 +333,11 @@ class CallRecorder:
             call.out_later = False
             try:
                 if self.rec.on:
-                    self.log.out(call.cid, self._outputs(call))
+                    later = self.later
+                    if later is not None and later.wanted(call.outs) and _payload.alive(call.outs):
+                        later.take(call.cid, call.outs, False)
+                    else:
+                        self.log.out(call.cid, self._outputs(call))
             except BaseException as exc:
                 self.rec.fail(exc)
 
@@ -387,6 +414,15 @@ class CallRecorder:
         # The real backend's method holds the backend: a call kept by anyone past the
         # group's end must not keep it (its destructor, run late, aborts the process).
         call.ins = call.outs = call.future = call.fn = call.args = None
+
+    def resolve_later(self, final: bool = False) -> None:
+        """Write the payloads the device has passed (DevicePayloads); with `final`, all."""
+        later = self.later
+        if later is not None and later._pending:
+            try:
+                later.resolve(final)
+            except BaseException as exc:
+                self.rec.fail(exc)
 
     def pending(self) -> list[tuple]:
         """(start_ns, op, group, seq, step, id) of the calls entered and not completed,

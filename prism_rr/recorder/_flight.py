@@ -264,6 +264,8 @@ class Flight:
         `flight-<n>/`."""
         rec = self.rec
         device = rec.device_times
+        if rec.on:
+            rec.calls.resolve_later()  # payloads the device has passed, into the dump
         if device is not None and rec.on:
             device.resolve()  # the device times resolved by now go into the dump
         contents = rec.log.snapshot()  # a copy of the mapped bytes, taken under the log's lock

@@ -21,6 +21,10 @@ from prism_rr.recorder._options import ENV_VAR, RecordOptions
 __all__ = ["BACKEND", "arm", "current_observer", "install", "installed_options", "record_replay", "uninstall"]
 
 BACKEND = "prism_rr"
+# "0": a CUDA recording reads its payloads at once (a host synchronization at each call)
+# rather than once the device has passed them (recorder/_later.py); "cpu": a CPU recording
+# (without --memory) reads its own that way too, for the tests of that path
+LATER_VAR = "PRISM_RR_DEVICE_PAYLOADS"
 log = logging.getLogger("prism_rr.recorder")
 
 
@@ -173,14 +177,19 @@ def _start_recording(options: RecordOptions, rank: int, world_size: int, dmap: d
     info = _manifest.rank_info(options, rank, world_size, backend, device)
     rec = Recording(options, rank, info)
     rec.time_device(device, durations="nccl" in names)
+    later = os.environ.get(LATER_VAR, "1")
     if device == "cuda":
         import torch
 
         rec.track_memory(cuda=torch.cuda.is_available())
+        if torch.cuda.is_available() and later not in ("0", "off"):
+            rec.read_payloads_later()
     elif options.memory:
         from prism_rr.intercept.memory import CpuMemoryTracker
 
         rec.track_memory(cpu_tracker=CpuMemoryTracker())
+    elif later == "cpu":  # the same path for CPU tensors: how the tests run it without a GPU
+        rec.read_payloads_later(device="cpu")
     rec.start()
 
 

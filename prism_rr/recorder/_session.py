@@ -143,6 +143,15 @@ class Recording:
         self.calls.memory = self.memory.now if self.memory.reads else None
         self.calls.tracker = cpu_tracker
 
+    def read_payloads_later(self, device: str = "cuda") -> None:
+        """Read `device` tensors' payloads once the device has passed them, not at once
+        (recorder/_later.py), where the payload mode reads any (small, digest). Before start()."""
+        from prism_rr.intercept.payload import DIGEST, SMALL
+        from prism_rr.recorder._later import DevicePayloads
+
+        if self.calls.mode in (SMALL, DIGEST):
+            self.calls.later = DevicePayloads(self.log, self.calls.mode, device)
+
     def time_device(self, device, durations: bool = False) -> None:
         """Mark steps and calls on `device`'s clock (recorder/_device.py: none on CPU unless
         PRISM_RR_DEVICE_CLOCK=host); `durations`: ask each call's Work for its backend's
@@ -202,10 +211,13 @@ class Recording:
         if self.on and calls.finished and threading.get_ident() == self._thread:
             calls.write_finished()  # outputs read on the program's thread only
         device = self.device_times
+        final = threading.get_ident() == self._thread and not reason.startswith("SIG")
+        if self.on:
+            calls.resolve_later(final)  # payloads read from the device: all of them at a clean end
         if self.on and device is not None:
             # what the device has passed; all of it (a bounded wait) at a clean end on the
             # program's thread, never from a signal
-            device.resolve(final=threading.get_ident() == self._thread and not reason.startswith("SIG"))
+            device.resolve(final=final)
         was_on = self.on
         self.on = False
         global _current
@@ -216,6 +228,9 @@ class Recording:
             self.window.stop_modes()
             # threads as the program left them (it may set them after init_process_group)
             self.log.info({"exit": _exits.how(reason), "cpu": _manifest.cpu_info()})
+            if calls.later is not None:  # payloads read once the device passed them (_later.py)
+                self.log.info({"payloads_later": {"device": calls.later.device, "taken": calls.later.taken,
+                                                  "unread": calls.later.pending}})
             if was_on or self.failure is not None:
                 t = monotonic_ns()
                 self.log.record(codec.as_row(Marker(start_ns=t, end_ns=t, step=self.step, name="recording_end",
