@@ -272,13 +272,25 @@ def _measured_lines(report: dict) -> list[str]:
         lines.insert(1, f"  mean step error {_fmt(report['mean_step_error_pct'], '%')}"
                      + (f" · the recorded steps themselves vary {_fmt(spread, '%')} (std/mean; range "
                         f"{_fmt(report.get('recorded_step_range_pct'), '%')})" if spread is not None else ""))
-    waits = report.get("device_waits") or {}
-    if waits:
-        lines.append("  virtual peers waited with " + ", ".join(
-            f"{w['mechanism']} (rank {r}: {w['waits']} waits)" for r, w in waits.items()))
+    lines += _wait_lines(report)
     warned = report.get("caveats") or []
     for i, c in enumerate(warned):
         lines.append(("  not a fidelity figure: " if i == 0 else "  and ") + c["text"])
+    return lines
+
+
+def _wait_lines(report: dict) -> list[str]:
+    """How the virtual peers waited (PRISM_RR_DEVICE_WAITS), and for how long they were asked."""
+    waits = report.get("device_waits") or {}
+    if not waits:
+        return []
+    lines = ["  virtual peers waited with " + ", ".join(
+        f"{w['mechanism']} (rank {r}: {w['waits']} waits)" for r, w in waits.items())]
+    for r, w in waits.items():
+        if w.get("offset_ms") and w.get("transfer_ms"):
+            (o0, o1, o2), (t0, t1, t2) = w["offset_ms"], w["transfer_ms"]
+            lines.append(f"    rank {r}: until {o0:g} / {o1:g} / {o2:g} ms after its step's start (min / median / "
+                         f"max), then {t0:g} / {t1:g} / {t2:g} ms of transfer")
     return lines
 
 
@@ -295,6 +307,7 @@ def _predicted_lines(report: dict) -> list[str]:
         f"  peak memory {_mb(p['peak_memory_bytes'])} ({recorded}: {_mb(p['recorded_peak_memory_bytes'])}, "
         f"{_signed(p['peak_memory_change_pct'])})",
         *_replaced_lines(report, p["what_if"].get("replace_rank") or ()),
+        *_wait_lines(report),
     ]
 
 

@@ -41,6 +41,17 @@ _SPIN_NS = 1_500_000
 STEP_SLOTS = 4
 
 
+def _spread(args: list[tuple[int, int]]) -> dict:
+    """The waits' offsets from their step's start and transfers, ms: min, median, max."""
+    if not args:
+        return {}
+    out = {}
+    for i, name in enumerate(("offset_ms", "transfer_ms")):
+        v = sorted(a[i] for a in args)
+        out[name] = [round(v[0] / 1e6, 4), round(v[len(v) // 2] / 1e6, 4), round(v[-1] / 1e6, 4)]
+    return out
+
+
 def stats_path(work_dir, rank: int) -> Path:
     return Path(work_dir) / f"rank-{rank:05d}.json"
 
@@ -210,6 +221,7 @@ class ReplaySession:
         # Made at the first step boundary, once the program has chosen its device; the
         # calls of step 0 wait on the host.
         self.waiter = None
+        self._wait_args: list[tuple[int, int]] = []  # (offset, transfer) ns of the first waits
         mech = os.environ.get(WAITS_VAR, "").strip().lower()
         self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
         self._steps.start()
@@ -311,7 +323,10 @@ class ReplaySession:
 
         ticket = None
         if self.waiter is not None and arrival is not None:
-            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, arrival - self.step_start, max(0, transfer))
+            offset, transfer = arrival - self.step_start, max(0, transfer)
+            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, offset, transfer)
+            if len(self._wait_args) < 4096:  # what the waits were asked, for the report
+                self._wait_args.append((offset, transfer))
         return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs, ticket=ticket)
 
     def footprint(self, rec) -> int:
@@ -504,7 +519,8 @@ class ReplaySession:
             "device_steps": self._device_steps(),
             "device_clock": None if self._dclock is None else self._dclock.name,
             "device_waits": None if self.waiter is None else {"mechanism": self.waiter.name,
-                                                              "waits": self.waiter.waits},
+                                                              "waits": self.waiter.waits,
+                                                              **_spread(self._wait_args)},
             "calls": self.calls,
             # set-up: from the start-up hook to the first step's start (the program's imports
             # and model building with the replayer's own share), and that share: reading the
