@@ -21,7 +21,13 @@ replays on one GPU): iteration-time error <= 1% at world 1, <= 2% for FSDP2; pea
 <= 0.01%.
 
     python bench/gpu_fidelity.py [--device auto|cuda|cpu] [--workloads demo,ddp,fsdp,scale]
-        [--steps 12] [--repeats 3] [--quick] [--timeout 300] [--json] [--out FILE]
+        [--steps 12] [--repeats 3] [--payload digest] [--no-floor] [--quick] [--timeout 300] [--json]
+        [--out FILE]
+
+Each fidelity workload is recorded a second time (unless --no-floor) and that recording
+scored against the first as a replay is: the noise floor, how far two runs of the same
+program are apart on this machine (on an H200 a plain run's steps moved between 31 and
+48 ms within one run), beside which an error means something.
 
 Every child has a timeout; a workload that fails has its error in the table and the rest
 go on (exit 1 at the end). Progress goes to stderr, each workload's figures as it ends; the
@@ -149,11 +155,13 @@ class Bench:
     def child_timeout(self) -> list:
         return ["--timeout", str(max(10, int(self.args.timeout) - 20))]  # its own first: a hang still reports
 
-    def record(self, w: Workload) -> tuple[Path, dict]:
-        bundle = self.work / f"{w.name}.prism"
-        syncs = self.work / f"{w.name}-record-syncs"
+    def record(self, w: Workload, again: bool = False) -> tuple[Path, dict]:
+        name = f"{w.name}-again" if again else w.name
+        bundle = self.work / f"{name}.prism"
+        syncs = self.work / f"{name}-record-syncs"
         syncs.mkdir()
-        self.clock.say(f"{w.name}: recording world {w.world}, steps 1:{self.args.steps}")
+        self.clock.say(f"{w.name}: recording {'again (the noise floor) ' if again else ''}world {w.world}, "
+                       f"steps 1:{self.args.steps}")
         _, wall = run_child(self.cli("record", "-o", bundle, "--nproc", w.world, "--steps", f"1:{self.args.steps}",
                                      "--payload", self.args.payload, "--memory", *self.child_timeout(), "--",
                                      *self.program(w)),
@@ -190,7 +198,17 @@ class Bench:
         bundle, rec = self.record(w)
         self.bundles[w.name] = bundle
         done, failures = self.replays(w, bundle)
-        return row(w, bundle, rec, done, failures)
+        out = row(w, bundle, rec, done, failures)
+        if self.args.floor:
+            # the same program recorded again, scored against the first as a replay is: how
+            # far apart two runs of it are here, with no replay at all
+            try:
+                again, _ = self.record(w, again=True)
+                out.update(floor(bundle, again, out["scored_steps"], out["clock"]))
+            except Failed as e:
+                out["floor_error"] = str(e)
+                self.clock.say(str(e))
+        return out
 
     def scale(self, w: Workload) -> dict:
         base = self.bundles.get(w.source)
@@ -212,6 +230,23 @@ class Bench:
         out = row(w, big, rec, done, failures)
         out["device_waits"] = [rep.get("device_waits") or {} for rep, _, _ in done]
         return out
+
+
+def floor(first: Path, again: Path, scored: list[int], clock: str) -> dict:
+    """Rank 0's scored steps in a second recording against the first, on `clock`: the mean
+    of per-step errors and the error of the mean step, as a replay's are reckoned."""
+    from prism_rr.analysis import step_durations
+    from prism_rr.format import open_bundle
+
+    with open_bundle(first) as a, open_bundle(again) as b:
+        pairs = [(step_durations(a, s, clock).get(0), step_durations(b, s, clock).get(0)) for s in scored]
+    pairs = [(x, y) for x, y in pairs if x and y]
+    if not pairs:
+        return {"floor_error_pct": None, "floor_mean_error_pct": None}
+    per_step = statistics.mean(abs(y - x) / x * 100 for x, y in pairs)
+    mx, my = statistics.mean(x for x, _ in pairs), statistics.mean(y for _, y in pairs)
+    return {"floor_error_pct": per_step, "floor_mean_error_pct": abs(my - mx) / mx * 100,
+            "floor_step_s": my / 1e9}
 
 
 def read_syncs(folder: Path) -> dict | None:
@@ -381,13 +416,19 @@ def _syncs(r: dict) -> str:
     return f"{_f(r['syncs_recorded_per_step'], '.1f')} -> {_f(r['syncs_replayed_per_step'], '.1f')}"
 
 
+def _floor(r: dict) -> str:
+    if "floor_error_pct" not in r:
+        return "-" if "floor_error" not in r else "failed"
+    return f"{_f(r['floor_error_pct'], '.2f', '%')} / {_f(r['floor_mean_error_pct'], '.2f', '%')}"
+
+
 def _device_time(d: dict) -> str:
     if not d["feature"]:
         return "no"
     return f"yes ({', '.join(d['clocks'])}), {d['steps_resolved']}/{d['steps']} steps"
 
 
-COLUMNS = ("workload", "world", "clock", "recorded", "replayed", "err/step", "err(mean)", "target", "spread",
+COLUMNS = ("workload", "world", "clock", "recorded", "replayed", "err/step", "err(mean)", "target", "floor", "spread",
            "peak rec", "peak rep", "peak err", "target", "replay", "replayer own", "syncs/step rec->rep",
            "device time")
 
@@ -397,13 +438,13 @@ def cells(r: dict) -> list[str]:
     own = f"{_f(r['replayer_setup_s'], '.2f', ' s')} + {_ms(r['replayer_in_steps_s'])}/step"
     if r["mode"] == "prediction":
         p = r["prediction"]
-        err = [f"{_f(p['step_time_change_pct'], '+.1f', '%')} predicted", "", "-", "",
+        err = [f"{_f(p['step_time_change_pct'], '+.1f', '%')} predicted", "", "-", "", "",
                _mb(p["recorded_peak_memory_bytes"]),
                _mb(p["peak_memory_bytes"]), f"{_f(p['peak_memory_change_pct'], '+.1f', '%')} predicted", "-"]
         rec, rep = _ms(p["recorded_step_time_s"]), _ms(p["step_time_s"])
     else:
         err = [_f(r["error_pct"], ".2f", "%"), _f(r["mean_step_error_pct"], ".2f", "%"),
-               _target(r["error_pct"], r["target_error_pct"]), _f(r["recorded_step_spread_pct"], ".1f", "%"),
+               _target(r["error_pct"], r["target_error_pct"]), _floor(r), _f(r["recorded_step_spread_pct"], ".1f", "%"),
                _mb(r["peak_recorded_bytes"]), _mb(r["peak_replayed_bytes"]), _f(r["peak_error_pct"], ".4f", "%"),
                _target(r["peak_error_pct"], MEMORY_TARGET_PCT)]
         rec, rep = _ms(r["recorded_step_s"]), _ms(r["replayed_step_s"])
@@ -446,7 +487,8 @@ def table(result: dict) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip() for cs in rows]
     lines += notes
     lines.append("targets: iteration-time error <= 1% at world 1, <= 2% for FSDP2 (err/step: the mean of per-step "
-                 "errors; err(mean): the error of the mean step; spread: the recorded steps' std/mean); peak memory "
+                 "errors; err(mean): the error of the mean step; floor: a second recording against the first, per step / of "
+                 "the mean, the noise no replay can beat here; spread: the recorded steps' std/mean); peak memory "
                  f"<= {MEMORY_TARGET_PCT}%; no host synchronization added inside a replayed step")
     waits = result["device_waits"]
     if waits.get("absent"):
@@ -506,6 +548,8 @@ def main(argv=None) -> int:
     p.add_argument("--payload", default="digest", choices=("digest", "small", "none", "full"),
                    help="what the recordings keep of each call's tensors (digest: hashed on the host, "
                         "which synchronizes a CUDA device at each call; none: nothing)")
+    p.add_argument("--no-floor", dest="floor", action="store_false",
+                   help="skip each workload's second recording (the noise floor: two runs of it, no replay)")
     p.add_argument("--quick", action="store_true", help="fewest steps, one replay, small models: a smoke test")
     p.add_argument("--timeout", type=float, default=300, help="seconds for each child process")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout; the table on stderr")

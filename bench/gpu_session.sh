@@ -5,9 +5,18 @@
 #   run: OUT=$OUT sh bench/gpu_session.sh        (timeout_s 580; about 8 minutes)
 # Rerun only what failed: GPU_FIDELITY_ARGS="--workloads fsdp,scale-waits" or
 # `pytest -q -s -m gpu tests/gpu/test_device_wait_cuda.py` with the same PYTHONPATH.
+# The device machine reaches no package index: prism-rr's dependencies it lacks (textual,
+# zstandard and theirs, for Python 3.12 there) travel as wheels in .whl/ (carry: [".whl"];
+# `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl`,
+# /work/.library/device/README.md) and are installed into .gpu-site, which gpu-check uses.
 OUT=${OUT:-.}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
+if ls .whl/*.whl > /dev/null 2>&1; then
+  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .gpu-site .whl/*.whl \
+    > "$OUT/pip.log" 2>&1 || echo "installing .whl/ failed: $OUT/pip.log"
+  export PYTHONPATH="$PWD/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 {
   date
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
