@@ -467,6 +467,8 @@ class CallLog:
     def out(self, cid: int, payload: bytes | None, inputs: bool = False) -> None:
         """The outputs' payload of a call whose DONE said D_OUT_LATER, or with `inputs` the
         inputs' of one whose ENTER said E_IN_LATER (None: there is none)."""
+        if cid < 0:  # a call whose ENTER found no room: dropped (and counted) already
+            return
         flags = O_INPUTS if inputs else 0
         if payload is None:
             self._append(OUT.size, lambda mm, off, n, seq: OUT.pack_into(mm, off, n, T_OUT, flags, 0, cid, seq))
@@ -779,6 +781,7 @@ class _Open:
     payload_out: tuple | None = None
     waiting_out: bool = False
     waiting_in: bool = False  # E_IN_LATER: its inputs' payload not in yet
+    got_out: bool = False  # its outputs' OUT is in
     spilled: bool = False  # in the spool's open-calls snapshot already (the compactor's)
 
 
@@ -871,7 +874,7 @@ class LogDecoder:
                 call.peer, call.call_seq = peer, call_seq
             if aux & AUX_PAYLOAD:
                 call.payload_out = _payload(entry, DONE_BODY.size, self.where)
-            if flags & D_OUT_LATER:
+            if flags & D_OUT_LATER and not call.got_out:  # (its OUT may have come first: a backend thread's DONE)
                 call.waiting_out = True
                 return []
             if call.waiting_in:
@@ -887,7 +890,7 @@ class LogDecoder:
             if flags & O_INPUTS:
                 call.payload_in, call.waiting_in = payload, False
             else:
-                call.payload_out, call.waiting_out = payload, False
+                call.payload_out, call.waiting_out, call.got_out = payload, False, True
             if call.end is None or call.waiting_in or call.waiting_out:
                 return []  # its DONE, or another payload, is still to come
             del self.pending[cid]

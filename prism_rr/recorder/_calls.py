@@ -180,7 +180,7 @@ class CallRecorder:
             call.cid = self._log_enter(flags, start, self.last_return or 0, step, call.gid, call.seq, peer, call.tag,
                                        in_desc, out_desc, stack, op, reduce_op, alloc, peak, payload)
             if flags & E_IN_LATER:
-                later.take(call.cid, ins, True)  # on the stream before the backend: the inputs as given
+                self._take_later(call, ins, True)  # on the stream before the backend: the inputs as given
             self.last_return = None
             call.start = start
             call.step = step
@@ -241,7 +241,7 @@ class CallRecorder:
                 later = self.later
                 if outs is not None and later is not None and later.wanted(outs):
                     self._log_done(call.cid, end, issued, D_OUT_LATER, -1, -1, None)
-                    later.take(call.cid, outs, False)
+                    self._take_later(call, outs, False)
                 else:
                     self._log_done(call.cid, end, issued, 0, -1, -1, None if outs is None else self._payload(outs))
             except BaseException as exc:
@@ -303,7 +303,7 @@ class CallRecorder:
                 payload = self._outputs(call)
             self.log.done(call.cid, end, call.issued, flags, sourced_peer, call_seq, payload)
             if later is not None:
-                later.take(call.cid, call.outs, False)
+                self._take_later(call, call.outs, False)
             if error is not None:
                 self.rec.write(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed", value=call.seq,
                                       text=f"{call.op}: {type(error).__name__}: {error}"[:500]))
@@ -335,7 +335,7 @@ class CallRecorder:
                 if self.rec.on:
                     later = self.later
                     if later is not None and later.wanted(call.outs) and _payload.alive(call.outs):
-                        later.take(call.cid, call.outs, False)
+                        self._take_later(call, call.outs, False)
                     else:
                         self.log.out(call.cid, self._outputs(call))
             except BaseException as exc:
@@ -414,6 +414,23 @@ class CallRecorder:
         # The real backend's method holds the backend: a call kept by anyone past the
         # group's end must not keep it (its destructor, run late, aborts the process).
         call.ins = call.outs = call.future = call.fn = call.args = None
+
+    def _take_later(self, call, tensors, inputs: bool) -> None:
+        """Queue the reading of a call's payload (DevicePayloads.take), with the per-operator
+        mode looking away (the reading's operators are not the program's). A failure costs
+        that payload (a payload_lost marker says so), not the recording: the call's ENTER is
+        in the log already, and failing here would leave it looking hung."""
+        try:
+            mode = self.ops_mode
+            if mode is None:
+                self.later.take(call.cid, tensors, inputs)
+            else:
+                dispatch.aside(mode, self.later.take, call.cid, tensors, inputs)
+        except Exception as exc:
+            t = monotonic_ns()
+            self.rec.write(Marker(start_ns=t, end_ns=t, step=self.step, name="payload_lost", value=call.seq,
+                                  text=f"{call.op}: its {'inputs' if inputs else 'outputs'} could not be read: "
+                                       f"{type(exc).__name__}: {exc}"[:500]))
 
     def resolve_later(self, final: bool = False) -> None:
         """Write the payloads the device has passed (DevicePayloads); with `final`, all."""

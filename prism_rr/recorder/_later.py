@@ -10,8 +10,9 @@ H200 the DDP trainer's recorded step took 7.76 ms with digests against 5.97 ms w
 
 Here the device takes the sums on the call's stream (where the synchronous path takes them
 too), and copies them with the bytes into pinned host memory without blocking, behind an
-event. Once the event has passed (polled at each call and step boundary; waited for at the
-recording's clean end, and at a flight dump) the payload is made from the host copies and
+event. Once the event has passed (polled at each call and step boundary and at a flight
+dump; waited for at the recording's clean end, FINAL_WAIT_S at most) the payload is made
+from the host copies and
 written as an OUT entry: the call's ENTER said E_IN_LATER, its DONE D_OUT_LATER
 (format/calllog.py). The payload's bytes are the synchronous path's, so a bundle cannot tell
 which made them.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 import torch
@@ -28,6 +30,7 @@ import torch
 from prism_rr.format.blobs import KEEP_SMALL
 from prism_rr.format.calllog import P_BYTES, P_DIGEST_BYTES, P_DIGESTS, payload_tail
 from prism_rr.intercept import payload as _payload
+from prism_rr.recorder._device import FINAL_WAIT_S
 
 __all__ = ["DevicePayloads"]
 
@@ -62,20 +65,34 @@ class DevicePayloads:
         if not tensors:
             return False
         total = 0
-        device = self.device
+        on = tensors[0].device
+        if on.type != self.device:
+            return False
         for t in tensors:
-            if t.device.type != device or t.layout is not torch.strided:
-                return False
+            if t.device != on or t.layout is not torch.strided:
+                return False  # tensors of two devices: read at once
             total += t.numel() * t.element_size()
         if self.mode == _payload.SMALL and total > KEEP_SMALL:
             return False
-        return not (self._cuda and torch.cuda.is_current_stream_capturing())
+        if self._cuda:
+            with torch.cuda.device(on):
+                return not torch.cuda.is_current_stream_capturing()
+        return True
 
     def take(self, cid: int, tensors, inputs: bool) -> None:
-        """Queue the reading of call `cid`'s inputs (or outputs) on the current stream; its
-        OUT entry is written once the device has passed it. On a failure an OUT without a
-        payload is written at once (the call's record is made without it) and the error
-        raised."""
+        """Queue the reading of call `cid`'s inputs (or outputs) on the tensors' device's
+        current stream (the current device's may be another: a program that never called
+        set_device); its OUT entry is written once the device has passed it. On a failure
+        an OUT without a payload is written at once (the call's record is made without it)
+        and the error raised. A call the log dropped (cid -1) has nothing to read."""
+        if cid < 0:
+            return
+        if self._cuda:
+            with torch.cuda.device(tensors[0].device):
+                return self._take(cid, tensors, inputs)
+        return self._take(cid, tensors, inputs)
+
+    def _take(self, cid: int, tensors, inputs: bool) -> None:
         try:
             sizes = [t.numel() * t.element_size() for t in tensors]
             parts = []
@@ -106,23 +123,39 @@ class DevicePayloads:
             return src.clone()
         host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)  # torch's pinned cache
         host.copy_(src, non_blocking=True)
+        # the source may be another stream's (FSDP2's all-gather outputs): its memory is not
+        # handed out again before this stream has read it
+        src.record_stream(torch.cuda.current_stream())
         return host
 
     def resolve(self, final: bool = False) -> int:
         """Write the payloads the device has passed, in the order taken; with `final`, wait
-        for the rest. The number written."""
+        for the rest, up to FINAL_WAIT_S (a device stuck in a hung collective must not hang
+        the exit: what it never passed stays unread, its calls' records without it). The
+        number written. Not `final`, it gives way to a resolve in progress (a signal's stop
+        may land on the thread that runs one)."""
+        if not self._lock.acquire(blocking=final):
+            return 0
         pending = self._pending
         n = 0
-        with self._lock:
+        deadline = None
+        try:
             while pending:
                 event, cid, inputs, what, parts = pending[0]
                 if event is not None and not event.query():
                     if not final:
                         break
-                    event.synchronize()
+                    if deadline is None:
+                        deadline = time.monotonic() + FINAL_WAIT_S
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.0005)
+                    continue
                 pending.popleft()
                 self.log.out(cid, _made(what, parts), inputs=inputs)
                 n += 1
+        finally:
+            self._lock.release()
         return n
 
     @property

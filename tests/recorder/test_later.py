@@ -70,6 +70,29 @@ def test_a_call_is_made_once_its_done_and_every_later_payload_are_in(tmp_path):
     assert [c.seq for c in _calls(log)] == [0, 1, 2, 4, 3]
 
 
+def test_a_call_the_log_dropped_reads_nothing_and_writes_nothing(tmp_path):
+    """A full ring drops a call (enter gives cid -1, counted): its later payloads neither
+    fail the recording nor write an entry."""
+    log = _log(tmp_path)
+    later = DevicePayloads(log, _payload.DIGEST, device="cpu")
+    later.take(-1, [torch.ones(4)], True)
+    log.out(-1, payload_tail(1, P_DIGESTS, digests=[1]), inputs=True)
+    assert later.pending == 0 and later.resolve(final=True) == 0 and _calls(log) == []
+
+
+def test_an_outputs_payload_before_its_done_is_kept(tmp_path):
+    """A backend thread's DONE (D_OUT_LATER) can land after the program's thread wrote the
+    outputs' OUT: the call is made at the DONE, whole, not held until the end."""
+    log = _log(tmp_path)
+    outs = payload_tail(1, P_DIGESTS, digests=[22])
+    cid = _enter(log, 0)
+    log.out(cid, outs)
+    log.done(cid, 50, 20, D_OUT_LATER, -1, -1)
+    _enter(log, 1)  # a later call, still open: the first is made before it
+    got = _calls(log)
+    assert [(c.seq, c.end_ns, c.digest_out) for c in got] == [(0, 50, (22,)), (1, None, None)], got
+
+
 def _cases():
     g = torch.Generator().manual_seed(0)
 
