@@ -90,6 +90,26 @@ class HostEventClock(DeviceClock):
         return out
 
 
+class Passing:
+    """Device events read in order: passed(event) once the device has passed it; with
+    `final`, waiting for it, FINAL_WAIT_S at most over all the events of one reading."""
+
+    def __init__(self, final: bool):
+        self.final = final
+        self._deadline = None
+
+    def passed(self, event) -> bool:
+        while not event.query():
+            if not self.final:
+                return False
+            if self._deadline is None:
+                self._deadline = time.monotonic() + FINAL_WAIT_S
+            if time.monotonic() > self._deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+
 class CudaClock(DeviceClock):
     """CUDA events (timing enabled) recorded on the current stream of one device, taken
     from a pool and given back once read.
@@ -149,22 +169,15 @@ class CudaClock(DeviceClock):
         pending = self._pending
         out = []
         ref, ref_ns = self._ref, self._ref_ns
-        deadline = None
+        waiting = Passing(final)
         while pending:
             key, event = pending[0]
             if event is None:
                 pending.popleft()
                 out.append((key, None))
                 continue
-            if not event.query():
-                if not final:
-                    break
-                if deadline is None:
-                    deadline = time.monotonic() + FINAL_WAIT_S
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.0005)
-                continue
+            if not waiting.passed(event):
+                break
             pending.popleft()
             ns = ref_ns + round(ref.elapsed_time(event) * 1e6)
             out.append((key, ns))

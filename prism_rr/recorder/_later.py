@@ -11,7 +11,7 @@ H200 the DDP trainer's recorded step took 7.76 ms with digests against 5.97 ms w
 Here the device takes the sums on the call's stream (where the synchronous path takes them
 too), and copies them with the bytes into pinned host memory without blocking, behind an
 event. Once the event has passed (polled at each call and step boundary and at a flight
-dump; waited for at the recording's clean end, FINAL_WAIT_S at most) the payload is made
+dump; waited for at the recording's clean end, _device.FINAL_WAIT_S at most) the payload is made
 from the host copies and
 written as an OUT entry: the call's ENTER said E_IN_LATER, its DONE D_OUT_LATER
 (format/calllog.py). The payload's bytes are the synchronous path's, so a bundle cannot tell
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 
 import torch
@@ -30,7 +29,7 @@ import torch
 from prism_rr.format.blobs import KEEP_SMALL
 from prism_rr.format.calllog import P_BYTES, P_DIGEST_BYTES, P_DIGESTS, payload_tail
 from prism_rr.intercept import payload as _payload
-from prism_rr.recorder._device import FINAL_WAIT_S
+from prism_rr.recorder._device import Passing
 
 __all__ = ["DevicePayloads"]
 
@@ -138,19 +137,12 @@ class DevicePayloads:
             return 0
         pending = self._pending
         n = 0
-        deadline = None
+        waiting = Passing(final)
         try:
             while pending:
                 event, cid, inputs, what, parts = pending[0]
-                if event is not None and not event.query():
-                    if not final:
-                        break
-                    if deadline is None:
-                        deadline = time.monotonic() + FINAL_WAIT_S
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.0005)
-                    continue
+                if event is not None and not waiting.passed(event):
+                    break
                 pending.popleft()
                 self.log.out(cid, _made(what, parts), inputs=inputs)
                 n += 1
