@@ -13,12 +13,13 @@ Times live in slots, one int64 of device time (ns) each, that only the device wr
                                 arrival, measured from a stamp the device made), then
                                 `transfer_ns` more; the end goes into slot `into`
     occupy_aside(slot, offset_ns,
-                 transfer_ns)   the same wait on a stream of its own that starts where the
+           transfer_ns, into)   the same wait on a stream of its own that starts where the
                                 current one is, as NCCL's stream does; returns a Ticket
                                 whose wait() makes the current stream (or the one given)
                                 wait for it: an asynchronous call's work, waited for later
-    read(slot)                  the slot's value on the host (waits for the device: for
-                                tests and benches, never inside a replayed step)
+    read(slot), read_all()      a slot's value, every slot's, on the host (waits for the
+                                device: for tests, benches and a replay's end, never inside
+                                a replayed step)
 
 Mechanisms, `waiter_for(device, mechanism)`:
 
@@ -76,11 +77,15 @@ class Waiter:
     def occupy(self, slot: int, offset_ns: int, transfer_ns: int = 0, into: int | None = None) -> None:
         raise NotImplementedError
 
-    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0, into: int | None = None) -> Ticket:
         raise NotImplementedError
 
     def read(self, slot: int) -> int:
         raise NotImplementedError
+
+    def read_all(self) -> list[int]:
+        """Every slot's value (one wait for the device: at the end, never inside a step)."""
+        return [self.read(i) for i in range(self.slots)]
 
     waits = 0  # occupy_aside calls so far
 
@@ -149,11 +154,15 @@ class HostWaiter(Waiter):
         if into is not None:
             self._v[into] = self._clock()
 
-    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
-        """The host is the stream: it arrives now, and waits when the ticket is waited for."""
-        self._check(slot)
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0, into: int | None = None) -> Ticket:
+        """The host is the stream: it arrives now, and waits when the ticket is waited for
+        (until the end, which `into` keeps)."""
+        self._check(slot, into)
         self.waits += 1
-        return _HostTicket(max(self._clock(), self._v[slot] + offset_ns) + transfer_ns, self._sleep_until)
+        end = max(self._clock(), self._v[slot] + offset_ns) + transfer_ns
+        if into is not None:
+            self._v[into] = end
+        return _HostTicket(end, self._sleep_until)
 
     def read(self, slot: int) -> int:
         self._check(slot)
@@ -165,7 +174,7 @@ class _StreamWaiter(Waiter):
 
     _side = None  # made on first use, on the current stream's device
 
-    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0) -> Ticket:
+    def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0, into: int | None = None) -> Ticket:
         import torch
 
         current = torch.cuda.current_stream()
@@ -173,7 +182,7 @@ class _StreamWaiter(Waiter):
             self._side = torch.cuda.Stream(device=current.device)
         self._side.wait_stream(current)  # it starts where the program's stream is
         with torch.cuda.stream(self._side):
-            self.occupy(slot, offset_ns, transfer_ns)
+            self.occupy(slot, offset_ns, transfer_ns, into)
         done = torch.cuda.Event()
         done.record(self._side)
         self.waits += 1
@@ -219,6 +228,9 @@ class TritonWaiter(_StreamWaiter):
     def read(self, slot: int) -> int:
         self._check(slot)
         return int(self._v[slot].item())
+
+    def read_all(self) -> list[int]:
+        return self._v.tolist()
 
 
 class SleepWaiter(_StreamWaiter):

@@ -291,6 +291,12 @@ def _wait_lines(report: dict) -> list[str]:
             (o0, o1, o2), (t0, t1, t2) = w["offset_ms"], w["transfer_ms"]
             lines.append(f"    rank {r}: until {o0:g} / {o1:g} / {o2:g} ms after its step's start (min / median / "
                          f"max), then {t0:g} / {t1:g} / {t2:g} ms of transfer")
+        last = w.get("last") or []
+        if last:
+            late = sorted(end - (offset + transfer) for _, offset, transfer, end in last)
+            lines.append(f"    rank {r}: its last {len(last)} waits ended {late[0]:.3f} / {late[len(late) // 2]:.3f} / "
+                         f"{late[-1]:.3f} ms after that (min / median / max: the stream came later, or the wait "
+                         "started late)")
     return lines
 
 

@@ -39,6 +39,9 @@ _SPIN_NS = 1_500_000
 # the waiter's side stream that runs late must still read its own step's start, not the
 # next one's that the program's stream may have stamped meanwhile
 STEP_SLOTS = 4
+# ... and the ends of the last waits in a ring of slots after those: read once at the end,
+# each set beside what it was asked (the report's device_waits "last")
+TRACE_SLOTS = 64
 
 
 def _spread(args: list[tuple[int, int]]) -> dict:
@@ -222,6 +225,7 @@ class ReplaySession:
         # calls of step 0 wait on the host.
         self.waiter = None
         self._wait_args: list[tuple[int, int]] = []  # (offset, transfer) ns of the first waits
+        self._wait_trace: list[tuple[int, int, int]] = []  # (step, offset, transfer) of each wait, ring slot by index
         mech = os.environ.get(WAITS_VAR, "").strip().lower()
         self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
         self._steps.start()
@@ -324,9 +328,11 @@ class ReplaySession:
         ticket = None
         if self.waiter is not None and arrival is not None:
             offset, transfer = arrival - self.step_start, max(0, transfer)
-            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, offset, transfer)
+            into = STEP_SLOTS + len(self._wait_trace) % TRACE_SLOTS
+            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, offset, transfer, into)
             if len(self._wait_args) < 4096:  # what the waits were asked, for the report
                 self._wait_args.append((offset, transfer))
+            self._wait_trace.append((self.step, offset, transfer))
         return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs, ticket=ticket)
 
     def footprint(self, rec) -> int:
@@ -481,11 +487,32 @@ class ReplaySession:
 
                 on = torch.device("cuda", torch.cuda.current_device()) if self._device == "cuda" else "cpu"
                 self.waiter = waiter_for(on, None if self._waits in ("1", "on", "auto") else self._waits,
-                                         slots=STEP_SLOTS)
+                                         slots=STEP_SLOTS + TRACE_SLOTS)
             self.waiter.stamp(self.step % STEP_SLOTS)
         except Exception as exc:
             log.warning("prism-rr: virtual peers wait on the host (%s: %s)", type(exc).__name__, exc)
             self._waits = self.waiter = None
+
+    def _last_waits(self) -> list[list[float]]:
+        """[step, asked offset, asked transfer, end after the step's stamp] (ms) of the last
+        waits whose step's stamp and end slot are still held: where a wait ended on the
+        device, beside what it was asked (a later end: the stream, or the wait's own start,
+        came after the peer). One read of the device's slots, at the end."""
+        trace = self._wait_trace
+        if self.waiter is None or not trace:
+            return []
+        try:
+            v = self.waiter.read_all()
+        except Exception as exc:
+            log.warning("prism-rr: the device waits' ends could not be read: %s", exc)
+            return []
+        out = []
+        for i in range(max(0, len(trace) - TRACE_SLOTS), len(trace)):
+            step, offset, transfer = trace[i]
+            if self.step - STEP_SLOTS < step <= self.step:  # its stamp not yet written over
+                end = v[STEP_SLOTS + i % TRACE_SLOTS] - v[step % STEP_SLOTS]
+                out.append([step, round(offset / 1e6, 4), round(transfer / 1e6, 4), round(end / 1e6, 4)])
+        return out
 
     def _calibrate(self) -> None:
         """Virtual timing: real compute runs this much slower (or faster) than recorded."""
@@ -520,7 +547,8 @@ class ReplaySession:
             "device_clock": None if self._dclock is None else self._dclock.name,
             "device_waits": None if self.waiter is None else {"mechanism": self.waiter.name,
                                                               "waits": self.waiter.waits,
-                                                              **_spread(self._wait_args)},
+                                                              **_spread(self._wait_args),
+                                                              "last": self._last_waits()},
             "calls": self.calls,
             # set-up: from the start-up hook to the first step's start (the program's imports
             # and model building with the replayer's own share), and that share: reading the

@@ -131,6 +131,11 @@ def test_a_replay_whose_peers_wait_through_the_waiter(tmp_path, monkeypatch):
     # what they were asked: the peer's 150 ms from the step's start at most (its arrival,
     # once the real rank's compute is behind it), the transfer a few ms at most
     assert 0.1 < waits["offset_ms"][2] < 200 and 0 <= waits["transfer_ms"][0] <= waits["transfer_ms"][2] < 50, waits
+    # the last waits' ends, read back from the waiter's slots: each no earlier than asked,
+    # and, the stream here being the host that waits for each, not much later
+    last = waits["last"]
+    assert last and {step for step, *_ in last} <= {1, 2, 3, 4}, last
+    assert all(offset + transfer - 0.001 <= end < offset + transfer + 100 for _, offset, transfer, end in last), last
     assert "virtual peers waited with host (rank 0: 10 waits)" in result.card, result.card
     assert rep["scored_steps"] == [1, 2, 3] and not rep["diverged"]
     for st in rep["steps"][1:]:
