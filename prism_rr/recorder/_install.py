@@ -144,15 +144,21 @@ def arm() -> None:
     on_import("torch.distributed.distributed_c10d", install_now)
 
 
-def record_replay(output, *, payload: str, rank: int, world_size: int, backend: str, replay_of: dict) -> None:
+def record_replay(output, *, payload: str, rank: int, world_size: int, backend: str, replay_of: dict,
+                  device: str = "cpu") -> None:
     """Start recording this replayed rank into spools under `output` (`prism-rr replay -o`):
-    its groups observe it through `current_observer()`."""
+    its groups observe it through `current_observer()`. `device`: where the replayed
+    program's tensors are; its steps are timed on that device's clock too (a recording's,
+    _device.clock_for), so that compare can set the replay's device times beside the
+    recording's."""
     from prism_rr.recorder._session import Recording
 
     options = RecordOptions.make(output, payload=payload)
-    info = _manifest.rank_info(options, rank, world_size, backend, "cpu")
+    info = _manifest.rank_info(options, rank, world_size, backend, device)
     info["replay_of"] = replay_of
-    Recording(options, rank, info).start()
+    rec = Recording(options, rank, info)
+    rec.time_device(device)
+    rec.start()
 
 
 def current_observer():

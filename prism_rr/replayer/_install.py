@@ -184,7 +184,8 @@ def _record_replay(session, backend: str) -> None:
 
     opts = session.options
     record_replay(opts.output, payload=opts.payload, rank=session.rank, world_size=session.bundle.world_size,
-                  backend=backend, replay_of={"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing})
+                  backend=backend, replay_of={"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing},
+                  device=session.device)
 
 
 def _check_group(session, gid: int, ranks) -> None:

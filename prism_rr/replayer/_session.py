@@ -250,6 +250,11 @@ class ReplaySession:
 
     # --- the real rank's clock ---------------------------------------------------------
 
+    @property
+    def device(self) -> str:
+        """Where the program's tensors are in this replay: "cuda" or "cpu"."""
+        return self._device
+
     def model_now(self, t: int | None = None) -> int:
         """The model clock now: real time with live timing, the virtual clock with virtual."""
         t = monotonic_ns() if t is None else t

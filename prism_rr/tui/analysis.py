@@ -344,19 +344,18 @@ def diagnose_apart(bundle: Bundle, **kw):
 # --- compare ---------------------------------------------------------------------------
 
 
-def _step_medians(bundle: Bundle) -> dict[int, float]:
-    # compare: both sides on the host's clock (a replay's recording has no device time)
+def _step_medians(bundle: Bundle, clock: str) -> dict[int, float]:
     out = {}
     for s in bundle.steps:
-        d = step_durations(bundle, s, clock="host")
+        d = step_durations(bundle, s, clock=clock)
         if d:
             out[s] = median(d.values())
     return out
 
 
-def _rank_means(bundle: Bundle, ranks, steps=None) -> dict[int, float]:
+def _rank_means(bundle: Bundle, ranks, steps, clock: str) -> dict[int, float]:
     out = {}
-    per_step = [step_durations(bundle, s, clock="host") for s in (bundle.steps if steps is None else steps)]
+    per_step = [step_durations(bundle, s, clock=clock) for s in steps]
     for r in ranks:
         d = [durations[r] for durations in per_step if r in durations]
         if d:
@@ -430,11 +429,14 @@ def compare_bundles(recorded: Bundle, replayed: Bundle) -> dict:
 
     Only the replay's ranks are compared call by call (a replay runs a few ranks).
     """
-    rec_steps, rep_steps = _step_medians(recorded), _step_medians(replayed)
+    # one clock for both sides: the device's where both timed their steps there (a replay's
+    # own recording on the GPU it ran on), else the host's
+    clock = "device" if all(b.summaries.get("device_steps") for b in (recorded, replayed)) else "host"
+    rec_steps, rep_steps = _step_medians(recorded, clock), _step_medians(replayed, clock)
     common = sorted(set(rec_steps) & set(rep_steps))
     scored = common[1:] if len(common) > 1 else common
     ranks = [r for r in replayed.recorded_ranks if r in set(recorded.recorded_ranks)]
-    rec_ranks, rep_ranks = _rank_means(recorded, ranks, scored), _rank_means(replayed, ranks, scored)
+    rec_ranks, rep_ranks = _rank_means(recorded, ranks, scored, clock), _rank_means(replayed, ranks, scored, clock)
     made_up = replay_data(recorded, replayed)
     divergences = [d for r in ranks if (d := first_divergence(recorded, replayed, r, made_up)) is not None]
     first = min(divergences, key=lambda d: (d["step"], d["index"]), default=None)
@@ -442,6 +444,7 @@ def compare_bundles(recorded: Bundle, replayed: Bundle) -> dict:
         "steps": [(s, rec_steps.get(s), rep_steps.get(s)) for s in scored],
         "ranks": [(r, rec_ranks.get(r), rep_ranks.get(r)) for r in ranks],
         "scored_steps": scored,
+        "clock": clock,
         "first_divergence": first,
         "data_compared": bool(made_up),  # the replay said where it ran on the recorded data
         "warning": replay_warning(recorded, replayed),

@@ -103,10 +103,17 @@ def test_steps_are_scored_on_the_device_clock_where_both_sides_have_it(tmp_path,
     monkeypatch.setenv(ENV_VAR, "host")
     bundle = record(tmp_path, [STEPS_PY], 2, payload="none")
     cmd = [sys.executable, str(STEPS_PY)]
-    on_device = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs", cmd=cmd)
+    own = tmp_path / "replayed.prism"  # the replay's own recording (-o): its steps on the device's clock too
+    on_device = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs", cmd=cmd, output=own)
     assert on_device.exit_code == 0, stderr_of(on_device, 0)
     assert on_device.report["clock"] == "device" and "device clock)" in on_device.card, on_device.card
     assert on_device.report["scored_steps"] == [1, 2, 3]
+    from prism_rr.tui.analysis import compare_bundles
+
+    with open_bundle(bundle) as a, open_bundle(own) as b:
+        assert b.summaries.get("device_steps"), "the replay's own recording has no device time"
+        compared = compare_bundles(a, b)
+        assert compared["clock"] == "device" and compared["steps"] and compared["first_divergence"] is None, compared
     monkeypatch.setenv(ENV_VAR, "off")
     on_host = replay(bundle, ranks=[0], timeout=120, log_dir=tmp_path / "logs2", cmd=cmd)
     assert on_host.exit_code == 0, stderr_of(on_host, 0)

@@ -36,7 +36,7 @@ async def test_the_compare_screen_says_what_it_compared(window_and_replay):
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(pilot)
         text = screen_text(app)
-        assert "No divergence" in text and "compared: steps 2-2" in text
+        assert "No divergence" in text and "compared: steps 2-2 on the host's clock" in text
 
 
 @sync

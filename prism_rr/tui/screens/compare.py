@@ -81,8 +81,9 @@ class CompareScreen(Screen):
                         f"{d['what']}.  j shows it in the timeline.")
         scored = result.get("scored_steps") or []
         if scored:
-            text.append(f"\ncompared: steps {scored[0]}-{scored[-1]}, the recording's calls (the first step, "
-                        "which also holds start-up, is left out, as replay scores)", style="grey50")
+            text.append(f"\ncompared: steps {scored[0]}-{scored[-1]} on the {result.get('clock', 'host')}'s clock, "
+                        "the recording's calls (the first step, which also holds start-up, is left out, as replay "
+                        "scores)", style="grey50")
         text.append("\ndata compared where the replay ran on the recorded data, as replay checks it"
                     if result.get("data_compared") else
                     "\ndata not compared: only a replay's own recording (replay -o) says where it ran on the "
