@@ -173,7 +173,7 @@ class CallRecorder:
             step = self.step
             payload = None
             if self.inputs and not call.receives:
-                if later is not None and later.wanted(ins):
+                if self._reads_later(ins):
                     flags |= E_IN_LATER
                 else:
                     payload = self._payload(ins)
@@ -238,8 +238,7 @@ class CallRecorder:
         if self.rec.on:
             try:
                 outs = call.outs if self.mode and (not call.p2p or call.receives) else None
-                later = self.later
-                if outs is not None and later is not None and later.wanted(outs):
+                if outs is not None and self._reads_later(outs):
                     self._log_done(call.cid, end, issued, D_OUT_LATER, -1, -1, None)
                     self._take_later(call, outs, False)
                 else:
@@ -287,7 +286,7 @@ class CallRecorder:
             return
         try:
             payload = None
-            later = None
+            later = False
             wants = self.mode and error is None and (not call.p2p or call.receives) and call.outs
             if error is not None:
                 flags |= D_FAILED
@@ -296,13 +295,13 @@ class CallRecorder:
                 call.out_later = True
                 with self._lock:
                     self.finished[id(call)] = call
-            elif wants and self.later is not None and self.later.wanted(call.outs) and _payload.alive(call.outs):
+            elif wants and self._reads_later(call.outs, checked=True):
                 flags |= D_OUT_LATER
-                later = self.later
+                later = True
             elif wants:
                 payload = self._outputs(call)
             self.log.done(call.cid, end, call.issued, flags, sourced_peer, call_seq, payload)
-            if later is not None:
+            if later:
                 self._take_later(call, call.outs, False)
             if error is not None:
                 self.rec.write(Marker(start_ns=end, end_ns=end, step=call.step, name="call_failed", value=call.seq,
@@ -333,8 +332,7 @@ class CallRecorder:
             call.out_later = False
             try:
                 if self.rec.on:
-                    later = self.later
-                    if later is not None and later.wanted(call.outs) and _payload.alive(call.outs):
+                    if self._reads_later(call.outs, checked=True):
                         self._take_later(call, call.outs, False)
                     else:
                         self.log.out(call.cid, self._outputs(call))
@@ -414,6 +412,13 @@ class CallRecorder:
         # The real backend's method holds the backend: a call kept by anyone past the
         # group's end must not keep it (its destructor, run late, aborts the process).
         call.ins = call.outs = call.future = call.fn = call.args = None
+
+    def _reads_later(self, tensors, checked: bool = False) -> bool:
+        """Whether these tensors' payload is read once the device has passed them
+        (DevicePayloads.wanted); `checked`: only whole ones (outputs the program may have
+        freed since, as _outputs reads them)."""
+        later = self.later
+        return later is not None and later.wanted(tensors) and (not checked or _payload.alive(tensors))
 
     def _take_later(self, call, tensors, inputs: bool) -> None:
         """Queue the reading of a call's payload (DevicePayloads.take), with the per-operator

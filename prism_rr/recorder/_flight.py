@@ -263,11 +263,8 @@ class Flight:
         """This rank's call log (its last K steps and the calls open now) as a spool in
         `flight-<n>/`."""
         rec = self.rec
-        device = rec.device_times
         if rec.on:
-            rec.calls.resolve_later()  # payloads the device has passed, into the dump
-        if device is not None and rec.on:
-            device.resolve()  # the device times resolved by now go into the dump
+            rec.read_device()  # the payloads and device times the device has passed, into the dump
         contents = rec.log.snapshot()  # a copy of the mapped bytes, taken under the log's lock
         # This rank's records are whole up to now: the dump is its recording's proper end
         # (analysis then knows it did nothing more, unlike a rank that died).

@@ -13,9 +13,8 @@ too), and copies them with the bytes into pinned host memory without blocking, b
 event. Once the event has passed (polled at each call and step boundary and at a flight
 dump; waited for at the recording's clean end, _device.FINAL_WAIT_S at most) the payload
 is made from the host copies and written as an OUT entry: the call's ENTER said
-E_IN_LATER, its DONE D_OUT_LATER
-(format/calllog.py). The payload's bytes are the synchronous path's, so a bundle cannot tell
-which made them.
+E_IN_LATER, its DONE D_OUT_LATER (format/calllog.py). The payload's bytes are the
+synchronous path's, so a bundle cannot tell which made them.
 """
 
 from __future__ import annotations

@@ -152,6 +152,14 @@ class Recording:
         if self.calls.mode in (SMALL, DIGEST):
             self.calls.later = DevicePayloads(self.log, self.calls.mode, device)
 
+    def read_device(self, final: bool = False) -> None:
+        """Into the call log, what the device has passed: the payloads read later
+        (_later.py) and the device times (_device_times.py); with `final`, all of them,
+        each wait bounded (_device.FINAL_WAIT_S)."""
+        self.calls.resolve_later(final)
+        if self.device_times is not None:
+            self.device_times.resolve(final=final)
+
     def time_device(self, device, durations: bool = False) -> None:
         """Mark steps and calls on `device`'s clock (recorder/_device.py: none on CPU unless
         PRISM_RR_DEVICE_CLOCK=host); `durations`: ask each call's Work for its backend's
@@ -210,14 +218,10 @@ class Recording:
         calls = self.calls
         if self.on and calls.finished and threading.get_ident() == self._thread:
             calls.write_finished()  # outputs read on the program's thread only
-        device = self.device_times
-        final = threading.get_ident() == self._thread and not reason.startswith("SIG")
         if self.on:
-            calls.resolve_later(final)  # payloads read from the device: all of them at a clean end
-        if self.on and device is not None:
             # what the device has passed; all of it (a bounded wait) at a clean end on the
             # program's thread, never from a signal
-            device.resolve(final=final)
+            self.read_device(final=threading.get_ident() == self._thread and not reason.startswith("SIG"))
         was_on = self.on
         self.on = False
         global _current

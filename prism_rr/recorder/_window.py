@@ -116,6 +116,4 @@ class StepWindow:
             rec.write(Marker(start_ns=t, end_ns=t, step=step + 1, name="window_end"))
         elif rec.active and device is not None:
             device.step_started(step + 1, t)
-        rec.calls.resolve_later()  # payloads the device has passed (recorder/_later.py)
-        if device is not None:
-            device.resolve()  # what the device has passed by now: a step or so back
+        rec.read_device()  # what the device has passed by now: a step or so back
