@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from time import monotonic_ns
 
@@ -225,7 +226,8 @@ class ReplaySession:
         # calls of step 0 wait on the host.
         self.waiter = None
         self._wait_args: list[tuple[int, int]] = []  # (offset, transfer) ns of the first waits
-        self._wait_trace: list[tuple[int, int, int]] = []  # (step, offset, transfer) of each wait, ring slot by index
+        # (wait's index, step, offset, transfer) of the last waits, as many as their ends' slots
+        self._wait_trace: deque = deque(maxlen=TRACE_SLOTS)
         mech = os.environ.get(WAITS_VAR, "").strip().lower()
         self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
         self._steps.start()
@@ -333,11 +335,11 @@ class ReplaySession:
         ticket = None
         if self.waiter is not None and arrival is not None:
             offset, transfer = arrival - self.step_start, max(0, transfer)
-            into = STEP_SLOTS + len(self._wait_trace) % TRACE_SLOTS
-            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, offset, transfer, into)
+            i = self.waiter.waits  # this wait's index: its end goes into ring slot i
+            ticket = self.waiter.occupy_aside(self.step % STEP_SLOTS, offset, transfer, STEP_SLOTS + i % TRACE_SLOTS)
             if len(self._wait_args) < 4096:  # what the waits were asked, for the report
                 self._wait_args.append((offset, transfer))
-            self._wait_trace.append((self.step, offset, transfer))
+            self._wait_trace.append((i, self.step, offset, transfer))
         return ReplayWork(self, model_ns if self.timed else 0, value, blocking=blocking, inputs=inputs, ticket=ticket)
 
     def footprint(self, rec) -> int:
@@ -503,8 +505,7 @@ class ReplaySession:
         waits whose step's stamp and end slot are still held: where a wait ended on the
         device, beside what it was asked (a later end: the stream, or the wait's own start,
         came after the peer). One read of the device's slots, at the end."""
-        trace = self._wait_trace
-        if self.waiter is None or not trace:
+        if self.waiter is None or not self._wait_trace:
             return []
         try:
             v = self.waiter.read_all()
@@ -512,8 +513,7 @@ class ReplaySession:
             log.warning("prism-rr: the device waits' ends could not be read: %s", exc)
             return []
         out = []
-        for i in range(max(0, len(trace) - TRACE_SLOTS), len(trace)):
-            step, offset, transfer = trace[i]
+        for i, step, offset, transfer in self._wait_trace:
             if self.step - STEP_SLOTS < step <= self.step:  # its stamp not yet written over
                 end = v[STEP_SLOTS + i % TRACE_SLOTS] - v[step % STEP_SLOTS]
                 out.append([step, round(offset / 1e6, 4), round(transfer / 1e6, 4), round(end / 1e6, 4)])
