@@ -131,7 +131,8 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # "device" (both have device step times) or "host"
         "clock": clock,
         # how each real rank's virtual peers waited, where a waiter did it (_device_wait:
-        # PRISM_RR_DEVICE_WAITS): {rank: {"mechanism", "waits"}}; {} where the host slept
+        # PRISM_RR_DEVICE_WAITS): {rank: {"mechanism", "waits", "offset_ms", "transfer_ms",
+        # "last"}} (_session.write); {} where the host slept
         "device_waits": {str(r): st["device_waits"] for r, st in sorted(stats.items()) if st.get("device_waits")},
         # why the error above is not a fidelity figure ([] where it is): the recorded ranks
         # shared cores, another kind of device, host times of work on a GPU
