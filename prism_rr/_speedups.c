@@ -23,6 +23,7 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* Python 3.11: the caller's frames walked as the interpreter keeps them, without making a
  * frame object for each (PyFrame_GetBack does: an allocation and a free per frame, most
@@ -148,14 +149,17 @@ room(Cursor *self, long long n)
     return at;
 }
 
-/* The payload part an entry carries: a bytes-like object, or one tensor's bytes from
- * memory (ptr, nbytes, what). Its length, or -1 with no payload. */
+/* The payload part an entry carries: a bytes-like object, one tensor's bytes from memory
+ * (ptr, nbytes, what), or several tensors' [what, ptr, nbytes, ptr, nbytes, ...] (the
+ * layout of payload_tail with datas, format/calllog.py). Its length, or -1 with none. */
 typedef struct {
     Py_buffer buf;
     int has_buf;
     const char *ptr;
     long long nbytes;
     int what;
+    PyObject *list; /* several tensors' bytes: [what, address, nbytes, ...] (borrowed) */
+    Py_ssize_t count;
 } Payload;
 
 static int
@@ -163,9 +167,41 @@ payload_parse(PyObject *payload, Payload *p, long long *len)
 {
     p->has_buf = 0;
     p->ptr = NULL;
+    p->list = NULL;
     *len = -1;
     if (payload == NULL || payload == Py_None)
         return 0;
+    if (PyList_CheckExact(payload)) { /* [what, address, nbytes, ...]: tensors' bytes in memory */
+        Py_ssize_t m = PyList_GET_SIZE(payload);
+        if (m < 1 || (m - 1) % 2 || (m - 1) / 2 > 0xFFFF) {
+            PyErr_SetString(PyExc_ValueError, "tensors' bytes: [what, address, nbytes, ...], at most 65535");
+            return -1;
+        }
+        long long total = 0;
+        for (Py_ssize_t i = 1; i < m; i += 2) {
+            const void *ptr = PyLong_AsVoidPtr(PyList_GET_ITEM(payload, i));
+            long long k = PyLong_AsLongLong(PyList_GET_ITEM(payload, i + 1));
+            if (PyErr_Occurred())
+                return -1;
+            if (k < 0 || k > 0xFFFFFFFFLL || (ptr == NULL && k)) {
+                PyErr_SetString(PyExc_ValueError, "tensors' bytes: bad address or length");
+                return -1;
+            }
+            total += k;
+        }
+        if (total > 0xFFFFFFFFLL) {
+            PyErr_SetString(PyExc_ValueError, "tensors' bytes: too many");
+            return -1;
+        }
+        p->what = (int)PyLong_AsLong(PyList_GET_ITEM(payload, 0));
+        if (PyErr_Occurred())
+            return -1;
+        p->list = payload;
+        p->count = (m - 1) / 2;
+        p->nbytes = total;
+        *len = 8 + 4 * p->count + total;
+        return 0;
+    }
     if (PyTuple_Check(payload)) { /* (address, nbytes, what): one tensor's bytes in memory */
         if (PyTuple_GET_SIZE(payload) != 3) {
             PyErr_SetString(PyExc_TypeError, "a tensor's bytes: (address, nbytes, what)");
@@ -195,6 +231,23 @@ payload_write(char *dst, Payload *p)
 {
     if (p->has_buf) {
         memcpy(dst, p->buf.buf, p->buf.len);
+        return;
+    }
+    if (p->list != NULL) { /* checked by payload_parse */
+        put_u16(dst, (uint16_t)p->count);
+        dst[2] = (char)p->what;
+        dst[3] = 0;
+        put_u32(dst + 4, (uint32_t)p->nbytes);
+        char *lens = dst + 8, *data = dst + 8 + 4 * p->count;
+        for (Py_ssize_t i = 0; i < p->count; i++) {
+            const char *ptr = (const char *)PyLong_AsVoidPtr(PyList_GET_ITEM(p->list, 1 + 2 * i));
+            long long k = PyLong_AsLongLong(PyList_GET_ITEM(p->list, 2 + 2 * i));
+            put_u32(lens + 4 * i, (uint32_t)k);
+            if (k) {
+                memcpy(data, ptr, (size_t)k);
+                data += k;
+            }
+        }
         return;
     }
     put_u16(dst, 1);
@@ -267,54 +320,46 @@ as_ll(PyObject *v)
 
 #define ARG_LL(i, var) long long var = as_ll(args[i])
 
-/* enter(flags, start, prev, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
- *       reduce_op, mem_alloc, mem_peak[, payload]) -> call id. payload: None, bytes, or
- *       (address, nbytes, what): one tensor's bytes to copy from memory. */
-static PyObject *
-Cursor_enter(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
+/* An ENTER's fields, as enter takes them (v[0..14]): flags, start, prev, step, group,
+ * call_seq, peer, tag, in_desc, out_desc, stack, op, reduce_op, mem_alloc, mem_peak. */
+#define ENTER_FIELDS 15
+
+/* Write an ENTER here: its call id; -1 where it needs the slow path (no room, or busy);
+ * -3 on an error. `payload`: as enter's. */
+static long long
+write_enter(Cursor *self, const long long *v, PyObject *payload)
 {
-    if (nargs != 15 && nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "enter takes 15 or 16 arguments");
-        return NULL;
-    }
-    ARG_LL(0, flags); ARG_LL(1, start); ARG_LL(2, prev); ARG_LL(3, step); ARG_LL(4, group);
-    ARG_LL(5, call_seq); ARG_LL(6, peer); ARG_LL(7, tag); ARG_LL(8, in_desc); ARG_LL(9, out_desc);
-    ARG_LL(10, stack); ARG_LL(11, op); ARG_LL(12, reduce_op); ARG_LL(13, alloc); ARG_LL(14, peak);
-    if (PyErr_Occurred())
-        return NULL;
     Payload p;
     long long plen;
-    if (payload_parse(nargs > 15 ? args[15] : NULL, &p, &plen) < 0)
-        return NULL;
+    if (payload_parse(payload, &p, &plen) < 0)
+        return -3;
     long long n = plen < 0 ? ENTER_SIZE : ((ENTER_BODY + plen + 8 + ALIGN - 1) & ~(long long)(ALIGN - 1));
     long long at = room(self, n);
     if (at < 0) {
         payload_done(&p);
-        if (self->slow_enter == NULL || self->slow_enter == Py_None)
-            return PyLong_FromLong(-2);
-        return PyObject_Vectorcall(self->slow_enter, args, nargs, NULL);
+        return -1;
     }
     long long pos = self->head, seq = self->seq + 1;
     char *e = self->ring + at;
     put_u32(e, (uint32_t)n);
     e[4] = T_ENTER;
-    e[5] = (char)flags;
+    e[5] = (char)v[0];
     put_u16(e + 6, plen < 0 ? 0 : AUX_PAYLOAD);
-    put_i64(e + 8, start);
-    put_i64(e + 16, prev);
+    put_i64(e + 8, v[1]);
+    put_i64(e + 16, v[2]);
     put_u64(e + 24, (uint64_t)seq);
-    put_i32(e + 32, (int32_t)step);
-    put_i32(e + 36, (int32_t)group);
-    put_i64(e + 40, call_seq);
-    put_i32(e + 48, (int32_t)peer);
-    put_i32(e + 52, (int32_t)tag);
-    put_u32(e + 56, (uint32_t)in_desc);
-    put_u32(e + 60, (uint32_t)out_desc);
-    put_u32(e + 64, (uint32_t)stack);
-    put_u16(e + 68, (uint16_t)op);
-    put_u16(e + 70, (uint16_t)reduce_op);
-    put_i64(e + 72, alloc);
-    put_i64(e + 80, peak);
+    put_i32(e + 32, (int32_t)v[3]);
+    put_i32(e + 36, (int32_t)v[4]);
+    put_i64(e + 40, v[5]);
+    put_i32(e + 48, (int32_t)v[6]);
+    put_i32(e + 52, (int32_t)v[7]);
+    put_u32(e + 56, (uint32_t)v[8]);
+    put_u32(e + 60, (uint32_t)v[9]);
+    put_u32(e + 64, (uint32_t)v[10]);
+    put_u16(e + 68, (uint16_t)v[11]);
+    put_u16(e + 70, (uint16_t)v[12]);
+    put_i64(e + 72, v[13]);
+    put_i64(e + 80, v[14]);
     long long used = ENTER_BODY;
     if (plen >= 0) {
         payload_write(e + ENTER_BODY, &p);
@@ -325,35 +370,24 @@ Cursor_enter(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
     self->seq = seq;
     self->head = pos + n;
     if (set_open(self, seq, pos) < 0)
-        return NULL;
-    return PyLong_FromLongLong(seq);
+        return -3;
+    return seq;
 }
 
-/* done(cid, end, issued[, flags[, peer[, call_seq[, payload]]]]) -> 0 (payload: as enter's) */
-static PyObject *
-Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
+/* Write a DONE here: 0; -1 where it needs the slow path; -3 on an error. */
+static int
+write_done(Cursor *self, long long cid, long long end, long long issued, long long flags, long long peer,
+           long long call_seq, PyObject *payload)
 {
-    if (nargs < 3 || nargs > 7) {
-        PyErr_SetString(PyExc_TypeError, "done takes 3 to 7 arguments");
-        return NULL;
-    }
-    ARG_LL(0, cid); ARG_LL(1, end); ARG_LL(2, issued);
-    long long flags = nargs > 3 ? as_ll(args[3]) : 0;
-    long long peer = nargs > 4 ? as_ll(args[4]) : -1;
-    long long call_seq = nargs > 5 ? as_ll(args[5]) : -1;
-    if (PyErr_Occurred())
-        return NULL;
     Payload p;
     long long plen;
-    if (payload_parse(nargs > 6 ? args[6] : NULL, &p, &plen) < 0)
-        return NULL;
+    if (payload_parse(payload, &p, &plen) < 0)
+        return -3;
     long long n = plen < 0 ? DONE_SIZE : ((DONE_BODY + plen + 8 + ALIGN - 1) & ~(long long)(ALIGN - 1));
     long long at = cid < 0 ? -1 : room(self, n); /* a call whose ENTER was dropped: the slow path counts it */
     if (at < 0) {
         payload_done(&p);
-        if (self->slow_done == NULL || self->slow_done == Py_None)
-            return PyLong_FromLong(-2);
-        return PyObject_Vectorcall(self->slow_done, args, nargs, NULL);
+        return -1;
     }
     long long seq = self->seq + 1;
     char *e = self->ring + at;
@@ -377,7 +411,58 @@ Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
     self->seq = seq;
     self->head += n;
     if (pop_open(self, cid) < 0)
+        return -3;
+    return 0;
+}
+
+/* enter(flags, start, prev, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
+ *       reduce_op, mem_alloc, mem_peak[, payload]) -> call id. payload: None, bytes, or
+ *       (address, nbytes, what): one tensor's bytes to copy from memory. */
+static PyObject *
+Cursor_enter(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != ENTER_FIELDS && nargs != ENTER_FIELDS + 1) {
+        PyErr_SetString(PyExc_TypeError, "enter takes 15 or 16 arguments");
         return NULL;
+    }
+    long long v[ENTER_FIELDS];
+    for (int i = 0; i < ENTER_FIELDS; i++)
+        v[i] = as_ll(args[i]);
+    if (PyErr_Occurred())
+        return NULL;
+    long long cid = write_enter(self, v, nargs > ENTER_FIELDS ? args[ENTER_FIELDS] : NULL);
+    if (cid == -3)
+        return NULL;
+    if (cid == -1) {
+        if (self->slow_enter == NULL || self->slow_enter == Py_None)
+            return PyLong_FromLong(-2);
+        return PyObject_Vectorcall(self->slow_enter, args, nargs, NULL);
+    }
+    return PyLong_FromLongLong(cid);
+}
+
+/* done(cid, end, issued[, flags[, peer[, call_seq[, payload]]]]) -> 0 (payload: as enter's) */
+static PyObject *
+Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 7) {
+        PyErr_SetString(PyExc_TypeError, "done takes 3 to 7 arguments");
+        return NULL;
+    }
+    ARG_LL(0, cid); ARG_LL(1, end); ARG_LL(2, issued);
+    long long flags = nargs > 3 ? as_ll(args[3]) : 0;
+    long long peer = nargs > 4 ? as_ll(args[4]) : -1;
+    long long call_seq = nargs > 5 ? as_ll(args[5]) : -1;
+    if (PyErr_Occurred())
+        return NULL;
+    int rc = write_done(self, cid, end, issued, flags, peer, call_seq, nargs > 6 ? args[6] : NULL);
+    if (rc == -3)
+        return NULL;
+    if (rc == -1) {
+        if (self->slow_done == NULL || self->slow_done == Py_None)
+            return PyLong_FromLong(-2);
+        return PyObject_Vectorcall(self->slow_done, args, nargs, NULL);
+    }
     return PyLong_FromLong(0);
 }
 
@@ -592,25 +677,17 @@ stack_of(PyObject **out, int n, PyObject *stacks)
     return Py_NewRef(result);
 }
 
-/* stack(depth, skip, is_user, texts, stacks): caller_stack from its caches. skip: frames
- * above the caller of this function. A tuple of texts (interned in `stacks`), () when no
- * frame is user code, False on a cache miss. */
+/* caller_stack from its caches (a new reference): a tuple of texts (interned in `stacks`),
+ * () when no frame is user code, False on a cache miss; NULL on an error. skip: frames
+ * above the current Python frame (the caller of the C function). */
 static PyObject *
-stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+stack_walk(long depth, long skip, PyObject *is_user, PyObject *texts, PyObject *stacks)
 {
 #if PY_VERSION_HEX < 0x030B0000
     Py_RETURN_FALSE;
 #else
-    if (nargs != 5 || !PyDict_Check(args[2]) || !PyDict_Check(args[3]) || !PyDict_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "stack(depth, skip, is_user, texts, stacks)");
-        return NULL;
-    }
-    long depth = PyLong_AsLong(args[0]), skip = PyLong_AsLong(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
     if (depth > 64)
         depth = 64;
-    PyObject *is_user = args[2], *texts = args[3], *stacks = args[4];
     FrameRef frame = frame_first();
     for (long i = 0; i < skip && frame != NULL; i++)
         frame = frame_back(frame);
@@ -636,8 +713,590 @@ stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 #endif
 }
 
+/* stack(depth, skip, is_user, texts, stacks): caller_stack from its caches (stack_walk);
+ * skip: frames above the caller of this function. */
+static PyObject *
+stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_Check(args[2]) || !PyDict_Check(args[3]) || !PyDict_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "stack(depth, skip, is_user, texts, stacks)");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[0]), skip = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    return stack_walk(depth, skip, args[2], args[3], args[4]);
+}
+
+/* --- CallState: the recorder's state for one rank's calls, and its blocking call path --
+ *
+ * The base of recorder/_calls.py's CallRecorder (where the speedups were built; `object`
+ * elsewhere): its hot attributes are this struct's members, which the Python code reads
+ * and writes as attributes, and `fast_blocking` runs CallRecorder.blocking's common case
+ * in C (a blocking call on a group whose recording needs nothing but the call log: no
+ * memory readings, device clock, payloads read later, per-operator mode or memory
+ * tracker, no call open or finished, every name, shape and stack seen before). Anything
+ * else goes to the Python path (`_blocking_py`), before anything is written; the entries
+ * written are the same, field for field, written by the same Cursor code. */
+
+/* Where the slots of intercept/group.py's Call lie (call_layout). */
+enum { C_OP, C_GID, C_SEQ, C_INS, C_OUTS, C_FN, C_ARGS, C_REDUCE_OP, C_ROOT, C_PEER, C_TAG, C_ASYNC, C_P2P,
+       C_RECEIVES, C_CID, C_START, C_STEP, C_ISSUED, C_DONE, C_SLOTS };
+static const char *call_slot_names[C_SLOTS] = {
+    "op", "gid", "seq", "ins", "outs", "fn", "args", "reduce_op", "root", "peer", "tag", "async_op", "p2p",
+    "receives", "cid", "start", "step", "issued", "done"};
+static PyTypeObject *call_type = NULL;
+static Py_ssize_t call_offsets[C_SLOTS];
+
+#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + call_offsets[i]))
+
+static inline void
+slot_set(PyObject *obj, int i, PyObject *value) /* steals `value` */
+{
+    PyObject **at = &SLOT(obj, i);
+    PyObject *old = *at;
+    *at = value;
+    Py_XDECREF(old);
+}
+
+/* call_layout(Call): learn where Call's slots lie (member descriptors of object slots). */
+static PyObject *
+call_layout(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "call_layout(Call): a class");
+        return NULL;
+    }
+    Py_ssize_t offsets[C_SLOTS];
+    for (int i = 0; i < C_SLOTS; i++) {
+        PyObject *d = PyDict_GetItemString(((PyTypeObject *)cls)->tp_dict, call_slot_names[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "call_layout: %s is not a slot", call_slot_names[i]);
+            return NULL;
+        }
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+            PyErr_Format(PyExc_TypeError, "call_layout: %s is not an object slot", call_slot_names[i]);
+            return NULL;
+        }
+        offsets[i] = m->offset;
+    }
+    memcpy(call_offsets, offsets, sizeof offsets);
+    Py_XSETREF(call_type, (PyTypeObject *)Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *rec, *open, *finished, *later, *memory, *tracker, *ops_mode, *device;
+    PyObject *last_return, *step, *descs, *names, *stacks, *graph_task, *task_seen;
+    PyObject *cursor;       /* the log's Cursor, or None (a log written by the Python path) */
+    PyObject *stack_caches; /* (is_user, texts, stacks) of intercept/stack.py, or None */
+    PyObject *log_payload;  /* intercept/payload.log_payload */
+    PyObject *done_work;    /* () -> the completed Work a blocking send or recv returns */
+    int mode, inputs, stack_depth;
+    long long inline_max;
+} CallState;
+
+#define CALLSTATE_OBJECTS(X) X(rec) X(open) X(finished) X(later) X(memory) X(tracker) X(ops_mode) X(device) \
+    X(last_return) X(step) X(descs) X(names) X(stacks) X(graph_task) X(task_seen) X(cursor) X(stack_caches) \
+    X(log_payload) X(done_work)
+
+static int
+CallState_traverse(CallState *self, visitproc visit, void *arg)
+{
+#define VISIT(f) Py_VISIT(self->f);
+    CALLSTATE_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int
+CallState_clear(CallState *self)
+{
+#define CLEAR(f) Py_CLEAR(self->f);
+    CALLSTATE_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void
+CallState_dealloc(CallState *self)
+{
+    PyObject_GC_UnTrack(self);
+    CallState_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *s_wait, *s_complete, *s_fail, *s_on, *s_settle, *s_blocking_py, *s_shape, *s_dtype;
+
+static inline long long
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic_ns's clock */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int
+is_none(PyObject *o)
+{
+    return o == NULL || o == Py_None;
+}
+
+/* The dictionary id of these tensors' shapes and dtypes (CallRecorder._desc's key): > 0;
+ * 0 where it is not there yet; -1 on an error. */
+static long long
+desc_id(CallState *self, PyObject *tensors)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(tensors);
+    PyObject **items = PySequence_Fast_ITEMS(tensors);
+    PyObject *key;
+    if (n == 1) {
+        PyObject *shape = PyObject_GetAttr(items[0], s_shape);
+        PyObject *dtype = shape ? PyObject_GetAttr(items[0], s_dtype) : NULL;
+        key = dtype ? PyTuple_Pack(2, shape, dtype) : NULL;
+        Py_XDECREF(shape);
+        Py_XDECREF(dtype);
+    } else {
+        key = PyTuple_New(n);
+        for (Py_ssize_t i = 0; key != NULL && i < n; i++) {
+            PyObject *shape = PyObject_GetAttr(items[i], s_shape);
+            PyObject *dtype = shape ? PyObject_GetAttr(items[i], s_dtype) : NULL;
+            PyObject *pair = dtype ? PyTuple_Pack(2, shape, dtype) : NULL;
+            Py_XDECREF(shape);
+            Py_XDECREF(dtype);
+            if (pair == NULL)
+                Py_CLEAR(key);
+            else
+                PyTuple_SET_ITEM(key, i, pair);
+        }
+    }
+    if (key == NULL)
+        return -1;
+    PyObject *got = PyDict_GetItemWithError(self->descs, key);
+    Py_DECREF(key);
+    if (got == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return as_ll(got);
+}
+
+/* names[key]'s id (> 0); 0 where it is not there; -1 on an error. */
+static long long
+name_id(CallState *self, PyObject *key)
+{
+    PyObject *got = PyDict_GetItemWithError(self->names, key);
+    if (got == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return as_ll(got);
+}
+
+/* The pending exception as one object (normalized, its traceback attached); NULL if none. */
+static PyObject *
+take_error(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+}
+
+static inline void
+give_error(PyObject *value) /* steals `value`: it is the pending exception again */
+{
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(value)), value, PyException_GetTraceback(value));
+}
+
+/* rec.fail(the pending exception): 0, or -1 with fail's own error pending. */
+static int
+fail(CallState *self)
+{
+    PyObject *exc = take_error();
+    if (exc == NULL)
+        return 0;
+    PyObject *r = PyObject_CallMethodOneArg(self->rec, s_fail, exc);
+    Py_DECREF(exc);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* log_payload(tensors, mode, None, False, inline_max): a new reference (None included), or NULL. */
+static PyObject *
+payload_of(CallState *self, PyObject *tensors)
+{
+    PyObject *mode = PyLong_FromLong(self->mode), *max = PyLong_FromLongLong(self->inline_max);
+    PyObject *r = NULL;
+    if (mode != NULL && max != NULL) {
+        PyObject *args[5] = {tensors, mode, Py_None, Py_False, max};
+        r = PyObject_Vectorcall(self->log_payload, args, 5, NULL);
+    }
+    Py_XDECREF(mode);
+    Py_XDECREF(max);
+    return r;
+}
+
+static PyObject *
+fallback(CallState *self, PyObject *call)
+{
+    return PyObject_CallMethodOneArg((PyObject *)self, s_blocking_py, call);
+}
+
+/* The call's ENTER through the log's slow path (Python: it makes room, or drops): its id. */
+static long long
+slow_enter(Cursor *cur, const long long *v, PyObject *payload)
+{
+    PyObject *args[ENTER_FIELDS + 1];
+    int made = 0;
+    long long cid = -3;
+    for (; made < ENTER_FIELDS; made++)
+        if ((args[made] = PyLong_FromLongLong(v[made])) == NULL)
+            goto out;
+    args[ENTER_FIELDS] = payload;
+    PyObject *r = PyObject_Vectorcall(cur->slow_enter, args, ENTER_FIELDS + 1, NULL);
+    if (r != NULL) {
+        cid = as_ll(r);
+        Py_DECREF(r);
+        if (cid == -1 && PyErr_Occurred())
+            cid = -3;
+    }
+out:
+    for (int i = 0; i < made; i++)
+        Py_DECREF(args[i]);
+    return cid;
+}
+
+static int
+slow_done(Cursor *cur, long long cid, long long end, long long issued, PyObject *payload)
+{
+    long long v[6] = {cid, end, issued, 0, -1, -1};
+    PyObject *args[7];
+    int made = 0, rc = -3;
+    for (; made < 6; made++)
+        if ((args[made] = PyLong_FromLongLong(v[made])) == NULL)
+            goto out;
+    args[6] = payload;
+    PyObject *r = PyObject_Vectorcall(cur->slow_done, args, 7, NULL);
+    if (r != NULL) {
+        rc = 0;
+        Py_DECREF(r);
+    }
+out:
+    for (int i = 0; i < made; i++)
+        Py_DECREF(args[i]);
+    return rc;
+}
+
+/* The call failed in the backend (fn or wait raised): self.complete(call, exc), and the
+ * exception goes on to the program. */
+static PyObject *
+failed_call(CallState *self, PyObject *call)
+{
+    PyObject *exc = take_error();
+    if (exc == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, s_complete, call, exc, NULL);
+    if (r == NULL) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    Py_DECREF(r);
+    give_error(exc);
+    return NULL;
+}
+
+/* CallRecorder.blocking (recorder/_calls.py), its common case: enter, run, wait and
+ * complete a blocking call. Anything else: the Python path. */
+static PyObject *
+CallState_fast_blocking(CallState *self, PyObject *call)
+{
+    if (call_type == NULL || Py_TYPE(call) != call_type || is_none(self->cursor)
+        || !Py_IS_TYPE(self->cursor, &CursorType) || !is_none(self->later) || !is_none(self->memory)
+        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == 3
+        || self->open == NULL || !PyDict_CheckExact(self->open) || PyDict_GET_SIZE(self->open)
+        || self->finished == NULL || !PyDict_Check(self->finished) || PyDict_GET_SIZE(self->finished)
+        || self->descs == NULL || !PyDict_Check(self->descs) || self->names == NULL || !PyDict_Check(self->names)
+        || self->stacks == NULL || !PyDict_Check(self->stacks) || self->rec == NULL
+        || self->log_payload == NULL || self->step == NULL || !PyLong_Check(self->step))
+        return fallback(self, call);
+    for (int i = 0; i < C_CID; i++)
+        if (SLOT(call, i) == NULL)
+            return fallback(self, call);
+    PyObject *ins = SLOT(call, C_INS), *outs = SLOT(call, C_OUTS), *fn = SLOT(call, C_FN);
+    PyObject *fargs = SLOT(call, C_ARGS);
+    int p2p = SLOT(call, C_P2P) == Py_True, receives = SLOT(call, C_RECEIVES) == Py_True;
+    if (SLOT(call, C_ASYNC) != Py_False || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins))
+        || !(PyList_CheckExact(outs) || PyTuple_CheckExact(outs)) || !PyTuple_CheckExact(fargs))
+        return fallback(self, call);
+    if (p2p) { /* _in_backward: a pass not seen yet is the Python path's to note */
+        if (is_none(self->graph_task) || self->task_seen == NULL || self->done_work == NULL)
+            return fallback(self, call);
+        PyObject *tid = PyObject_CallNoArgs(self->graph_task);
+        if (tid == NULL)
+            return NULL;
+        long long t = as_ll(tid), seen = as_ll(self->task_seen);
+        Py_DECREF(tid);
+        if (PyErr_Occurred())
+            return NULL;
+        if (t != -1 && t != seen)
+            return fallback(self, call);
+    }
+    Cursor *cur = (Cursor *)self->cursor;
+    long long start = now_ns();
+    long long v[ENTER_FIELDS];
+    PyObject *payload = NULL, *frames = NULL;
+    long long in_desc = desc_id(self, ins), out_desc = 0, flags, peer;
+    if (in_desc <= 0)
+        goto not_entered;
+    if (p2p) {
+        flags = receives ? 0x06 : 0x02; /* E_P2P | E_RECV, E_P2P */
+        PyObject *o = SLOT(call, C_PEER);
+        peer = is_none(o) ? -1 : as_ll(o);
+    } else {
+        PyObject *o = SLOT(call, C_ROOT);
+        peer = is_none(o) ? -1 : as_ll(o);
+        if (outs == ins) {
+            flags = 0x08; /* E_SAME_OUT */
+        } else {
+            flags = 0;
+            out_desc = desc_id(self, outs);
+            if (out_desc <= 0)
+                goto not_entered;
+        }
+    }
+    long long stack_id = 0;
+    if (self->stack_depth > 0) {
+        PyObject *c = self->stack_caches;
+        if (c == NULL || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 3 || !PyDict_Check(PyTuple_GET_ITEM(c, 0))
+            || !PyDict_Check(PyTuple_GET_ITEM(c, 1)) || !PyDict_Check(PyTuple_GET_ITEM(c, 2)))
+            goto python;
+        /* two frames out: the group's _collective or _p2p, and its method */
+        frames = stack_walk(self->stack_depth, 2, PyTuple_GET_ITEM(c, 0), PyTuple_GET_ITEM(c, 1),
+                            PyTuple_GET_ITEM(c, 2));
+        if (frames == NULL)
+            goto not_entered;
+        if (frames == Py_False)
+            goto python;
+        if (PyTuple_GET_SIZE(frames)) {
+            PyObject *got = PyDict_GetItemWithError(self->stacks, frames);
+            if (got == NULL)
+                goto not_entered;
+            stack_id = as_ll(got);
+        }
+        Py_CLEAR(frames);
+    }
+    long long op = name_id(self, SLOT(call, C_OP)), reduce_op = 0;
+    if (op <= 0)
+        goto not_entered;
+    if (!is_none(SLOT(call, C_REDUCE_OP)) && (reduce_op = name_id(self, SLOT(call, C_REDUCE_OP))) <= 0)
+        goto not_entered;
+    if (self->mode && self->inputs && !receives && (payload = payload_of(self, ins)) == NULL)
+        goto not_entered;
+    PyObject *prev = self->last_return;
+    v[0] = flags;
+    v[1] = start;
+    v[2] = (is_none(prev) || !PyObject_IsTrue(prev)) ? 0 : as_ll(prev);
+    v[3] = as_ll(self->step);
+    v[4] = as_ll(SLOT(call, C_GID));
+    v[5] = as_ll(SLOT(call, C_SEQ));
+    v[6] = peer;
+    v[7] = as_ll(SLOT(call, C_TAG));
+    v[8] = in_desc;
+    v[9] = out_desc;
+    v[10] = stack_id;
+    v[11] = op;
+    v[12] = reduce_op;
+    v[13] = v[14] = -1;
+    if (PyErr_Occurred())
+        goto not_entered;
+    long long cid = write_enter(cur, v, payload);
+    if (cid == -1)
+        cid = slow_enter(cur, v, payload);
+    Py_CLEAR(payload);
+    if (cid == -3)
+        goto not_entered;
+    /* entered */
+    PyObject *key = PyLong_FromVoidPtr(call), *cid_obj = PyLong_FromLongLong(cid);
+    PyObject *start_obj = PyLong_FromLongLong(start), *zero = PyLong_FromLong(0);
+    if (key == NULL || cid_obj == NULL || start_obj == NULL || zero == NULL) {
+        Py_XDECREF(key);
+        Py_XDECREF(cid_obj);
+        Py_XDECREF(start_obj);
+        Py_XDECREF(zero);
+        goto not_entered;
+    }
+    Py_XSETREF(self->last_return, Py_NewRef(Py_None));
+    slot_set(call, C_CID, cid_obj);
+    slot_set(call, C_START, start_obj);
+    slot_set(call, C_STEP, Py_NewRef(self->step));
+    slot_set(call, C_ISSUED, zero);
+    if (PyDict_SetItem(self->open, key, call) < 0) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    /* run it */
+    PyObject *work = PyObject_Call(fn, fargs, NULL);
+    if (work == NULL) {
+        Py_DECREF(key);
+        return failed_call(self, call);
+    }
+    long long issued = now_ns();
+    PyObject *issued_obj = PyLong_FromLongLong(issued);
+    if (issued_obj == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(work);
+        return NULL;
+    }
+    slot_set(call, C_ISSUED, Py_NewRef(issued_obj));
+    Py_XSETREF(self->last_return, issued_obj);
+    if (work != Py_None) {
+        PyObject *r = PyObject_CallMethodNoArgs(work, s_wait);
+        if (r == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(work);
+            return failed_call(self, call);
+        }
+        Py_DECREF(r);
+    }
+    long long end = now_ns();
+    slot_set(call, C_DONE, Py_NewRef(Py_True));
+    if (PyDict_DelItem(self->open, key) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+            Py_DECREF(key);
+            Py_DECREF(work);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
+    Py_DECREF(key);
+    if (self->last_return != NULL && PyLong_Check(self->last_return)
+        && PyLong_AsLongLong(self->last_return) == issued) {
+        PyObject *e = PyLong_FromLongLong(end);
+        if (e == NULL) {
+            Py_DECREF(work);
+            return NULL;
+        }
+        Py_XSETREF(self->last_return, e); /* the caller was waiting until now: not compute */
+    }
+    /* its DONE */
+    PyObject *on = PyObject_GetAttr(self->rec, s_on);
+    int is_on = on == NULL ? -1 : PyObject_IsTrue(on);
+    Py_XDECREF(on);
+    if (is_on > 0) {
+        PyObject *out_payload = NULL;
+        int rc = 0;
+        if (self->mode && (!p2p || receives)) {
+            out_payload = payload_of(self, outs);
+            if (out_payload == NULL)
+                rc = -3;
+        }
+        if (rc == 0) {
+            rc = write_done(cur, cid, end, issued, 0, -1, -1, out_payload);
+            if (rc == -1)
+                rc = slow_done(cur, cid, end, issued, out_payload);
+        }
+        Py_XDECREF(out_payload);
+        if (rc == -3 && fail(self) < 0) {
+            Py_DECREF(work);
+            return NULL;
+        }
+    } else if (is_on < 0 && fail(self) < 0) {
+        Py_DECREF(work);
+        return NULL;
+    }
+    if (!is_none(self->tracker)) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, s_settle, call);
+        if (r == NULL) {
+            Py_DECREF(work);
+            return NULL;
+        }
+        Py_DECREF(r);
+    } else {
+        slot_set(call, C_INS, Py_NewRef(Py_None));
+        slot_set(call, C_OUTS, Py_NewRef(Py_None));
+        slot_set(call, C_FN, Py_NewRef(Py_None));
+        slot_set(call, C_ARGS, Py_NewRef(Py_None));
+    }
+    if (p2p) {
+        Py_DECREF(work);
+        return PyObject_CallNoArgs(self->done_work);
+    }
+    return work;
+
+python: /* a miss of a cache the Python path fills: it runs the call, from the start */
+    Py_XDECREF(frames);
+    Py_XDECREF(payload);
+    return fallback(self, call);
+
+not_entered: /* an error (or a miss: the Python path's) before the ENTER */
+    Py_XDECREF(frames);
+    Py_XDECREF(payload);
+    if (!PyErr_Occurred())
+        return fallback(self, call);
+    /* the Python path would fail the recording (rec.fail) and run the call unrecorded */
+    if (fail(self) < 0)
+        return NULL;
+    return PyObject_Call(fn, fargs, NULL);
+}
+
+static PyMethodDef CallState_methods[] = {
+    {"fast_blocking", (PyCFunction)CallState_fast_blocking, METH_O,
+     "CallRecorder.blocking's common case in C; anything else through self._blocking_py(call)."},
+    {NULL}
+};
+
+#define OBJ_MEMBER(name, field, doc) {name, T_OBJECT, offsetof(CallState, field), 0, doc}
+static PyMemberDef CallState_members[] = {
+    OBJ_MEMBER("rec", rec, "the Recording"),
+    OBJ_MEMBER("open", open, "id(call) -> call: entered, not completed"),
+    OBJ_MEMBER("finished", finished, "calls whose outputs the program's thread has yet to write"),
+    OBJ_MEMBER("later", later, "a DevicePayloads, or None"),
+    OBJ_MEMBER("memory", memory, "() -> (allocated, peak), or None"),
+    OBJ_MEMBER("tracker", tracker, "the CPU memory tracker, or None"),
+    OBJ_MEMBER("ops_mode", ops_mode, "the per-operator dispatch mode, or None"),
+    OBJ_MEMBER("device", device, "the recording's DeviceTimes, or None"),
+    OBJ_MEMBER("last_return", last_return, "when the previous call gave control back, or None"),
+    OBJ_MEMBER("step", step, "the step"),
+    OBJ_MEMBER("_descs", descs, "(shape, dtype) or a tuple of them -> dictionary id"),
+    OBJ_MEMBER("_names", names, "name -> dictionary id"),
+    OBJ_MEMBER("_stacks", stacks, "stack -> dictionary id"),
+    OBJ_MEMBER("_graph_task", graph_task, "torch's current autograd graph task id, once looked up"),
+    OBJ_MEMBER("_task_seen", task_seen, "the last backward pass that got an end-of-backward reap"),
+    OBJ_MEMBER("_cursor", cursor, "the call log's Cursor, or None"),
+    OBJ_MEMBER("_stack_caches", stack_caches, "intercept/stack.py's (is_user, texts, stacks), or None"),
+    OBJ_MEMBER("_log_payload", log_payload, "intercept/payload.log_payload"),
+    OBJ_MEMBER("_done_work", done_work, "() -> a completed Work"),
+    {"mode", T_INT, offsetof(CallState, mode), 0, "the payload mode (intercept/payload.MODES)"},
+    {"inputs", T_BOOL, offsetof(CallState, inputs), 0, "whether inputs' payloads are kept"},
+    {"stack_depth", T_INT, offsetof(CallState, stack_depth), 0, "frames of user code kept per call"},
+    {"inline_max", T_LONGLONG, offsetof(CallState, inline_max), 0, "payloads kept in the log up to this size"},
+    {NULL}
+};
+
+static PyTypeObject CallStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "prism_rr._speedups.CallState",
+    .tp_basicsize = sizeof(CallState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The hot state of recorder/_calls.py's CallRecorder, and its blocking call path in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)CallState_traverse,
+    .tp_clear = (inquiry)CallState_clear,
+    .tp_dealloc = (destructor)CallState_dealloc,
+    .tp_methods = CallState_methods,
+    .tp_members = CallState_members,
+};
+
 static PyMethodDef module_methods[] = {
     {"stack", (PyCFunction)(void (*)(void))stack, METH_FASTCALL, "caller_stack from its caches, or False."},
+    {"call_layout", (PyCFunction)call_layout, METH_O, "call_layout(Call): where its slots lie, for CallState."},
     {NULL}
 };
 
@@ -649,14 +1308,24 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&CursorType) < 0)
+    if (PyType_Ready(&CursorType) < 0 || PyType_Ready(&CallStateType) < 0)
         return NULL;
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+    INTERN(s_wait, "wait") INTERN(s_complete, "complete") INTERN(s_fail, "fail") INTERN(s_on, "on")
+    INTERN(s_settle, "settle") INTERN(s_blocking_py, "_blocking_py") INTERN(s_shape, "shape") INTERN(s_dtype, "dtype")
+#undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&CursorType);
     if (PyModule_AddObject(m, "Cursor", (PyObject *)&CursorType) < 0) {
         Py_DECREF(&CursorType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CallStateType);
+    if (PyModule_AddObject(m, "CallState", (PyObject *)&CallStateType) < 0) {
+        Py_DECREF(&CallStateType);
         Py_DECREF(m);
         return NULL;
     }

@@ -146,6 +146,13 @@ def _one_tensor(ptr: int, nbytes: int, what: int) -> bytes:
     return _pack_one(1, what, 0, nbytes, nbytes) + (_string_at(ptr, nbytes) if nbytes else b"")
 
 
+def _tensors(spec: list) -> bytes:
+    """The payload part of several tensors' bytes in memory: spec is [what, address,
+    nbytes, address, nbytes, ...] (payload_tail's bytes, read from those addresses)."""
+    what, ptrs, sizes = spec[0], spec[1::2], spec[2::2]
+    return payload_tail(len(sizes), what, datas=[_string_at(p, k) if k else b"" for p, k in zip(ptrs, sizes)])
+
+
 def accelerated() -> bool:
     """Whether call logs are written by the C speedups (prism_rr._speedups)."""
     return _FastCursor is not None
@@ -374,9 +381,12 @@ class CallLog:
                mem_alloc, mem_peak, payload=None) -> int:
         """Write a call as entered; its call id (for done), or -1 when it found no room.
         The inputs' payload: bytes, or (address, nbytes, what): one tensor's bytes in
-        memory, copied here (what: P_BYTES and P_DIGEST_BYTES, or P_BYTES)."""
+        memory, copied here (what: P_BYTES and P_DIGEST_BYTES, or P_BYTES), or [what,
+        address, nbytes, address, nbytes, ...]: several tensors' bytes in memory."""
         if type(payload) is tuple:
             payload = _one_tensor(*payload)
+        elif type(payload) is list:
+            payload = _tensors(payload)
         if payload is None:
             n = ENTER.size
         else:
@@ -427,6 +437,8 @@ class CallLog:
             return 0
         if type(payload) is tuple:
             payload = _one_tensor(*payload)
+        elif type(payload) is list:
+            payload = _tensors(payload)
         if payload is None:
             n = DONE.size
         else:

@@ -131,7 +131,8 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
                 inline_max: int = INLINE_MAX):
     """The call log's payload part (format/calllog.py, PAYLOAD_HEAD) for a call's tensors
     under payload mode `mode`, or None when it keeps none of them; for one plain CPU
-    tensor, (its address, its length, what) for the log to copy from. Small calls (at most
+    tensor, (its address, its length, what) for the log to copy from, and for several,
+    [what, address, length, address, length, ...]. Small calls (at most
     KEEP_SMALL bytes in all) keep their bytes in every mode but none: the compactor makes
     their blob ids and digests. `checked`: the tensors may have lost their storage since
     the call (outputs read after the program could free them): read only whole ones.
@@ -151,6 +152,20 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
         if mode == DIGEST:
             return payload_tail(0, P_DIGESTS, digests=())
         return payload_tail(0, P_BLOBS, blobs=()) if mode == FULL else None
+    if not checked:  # plain contiguous CPU tensors: their addresses, for the log to copy their bytes
+        spec = [P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES]
+        total = 0
+        for t in tensors:
+            if type(t) is not _Tensor or t.layout is not _strided or not t.is_cpu or not t.is_contiguous():
+                break
+            k = t.nbytes
+            total += k
+            if total > KEEP_SMALL:
+                break
+            spec.append(t.data_ptr())
+            spec.append(k)
+        else:
+            return spec
     n = len(tensors)
     sizes = [t.numel() * t.element_size() for t in tensors]
     total = sum(sizes)

@@ -19,6 +19,7 @@ id after. Nothing here encodes or compresses: the compactor does, off the progra
 
 from __future__ import annotations
 
+import os
 import threading
 from time import monotonic_ns
 
@@ -32,6 +33,18 @@ from prism_rr.intercept.stack import caller_stack
 
 _log_payload = _payload.log_payload
 
+try:  # blocking()'s common case in C, on the same state (prism_rr/_speedups.c); optional
+    if os.environ.get("PRISM_RR_PURE_PYTHON"):
+        raise ImportError("PRISM_RR_PURE_PYTHON is set")
+    from prism_rr._speedups import CallState as _State
+    from prism_rr._speedups import call_layout as _call_layout
+except ImportError:
+    _State = object
+else:
+    from prism_rr.intercept.group import Call
+
+    _call_layout(Call)
+
 __all__ = ["CallRecorder"]
 
 
@@ -39,9 +52,13 @@ class DictionaryFull(RuntimeError):
     pass
 
 
-class CallRecorder:
+class CallRecorder(_State):
     """Writes one rank's calls into its call log. `rec` is the Recording (its step, its
-    memory readings, its per-operator mode, its off switch)."""
+    memory readings, its per-operator mode, its off switch).
+
+    Where the C speedups were built, its hot attributes live in their CallState (the base
+    class; `object` elsewhere) and `blocking` runs there for the common case; the Python
+    code reads and writes them as any attribute."""
 
     def __init__(self, rec, log: CallLog, payload: str, stack_depth: int):
         self.rec = rec
@@ -75,6 +92,12 @@ class CallRecorder:
         self._task_seen = -1  # the last backward pass that got an end-of-backward reap
         self._log_enter = log.enter
         self._log_done = log.done
+        # what the C path of `blocking` writes with, where it runs
+        self._cursor = log.cur if getattr(log, "accelerated", False) else None
+        fast = _stack._fast_stack is not None
+        self._stack_caches = (_stack._is_user, _stack._text, _stack._stacks) if fast else None
+        self._log_payload = _log_payload
+        self._done_work = _done_work
 
     # --- the dictionary -------------------------------------------------------------
 
@@ -250,6 +273,14 @@ class CallRecorder:
         else:
             call.ins = call.outs = call.fn = call.args = None
         return _done_work() if call.p2p else work
+
+    if _State is not object:
+        # the C path (CallState.fast_blocking): the same entries, field for field; what it
+        # does not handle (p2p in a new backward pass, memory readings, device clock,
+        # payloads read later, full payloads, open calls, a name or shape or stack not seen
+        # yet) it hands to this Python path before writing anything
+        _blocking_py = blocking
+        blocking = _State.fast_blocking
 
     def issued(self, call) -> None:
         t = monotonic_ns()

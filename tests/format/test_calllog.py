@@ -294,3 +294,36 @@ def test_a_log_that_is_none_is_refused_by_name(tmp_path):
 def test_the_seq_is_stored_keyed():
     """A stale word of zeros or small numbers never passes for a seq."""
     assert SEQ_KEY >> 48 and all((n ^ SEQ_KEY) >> 40 for n in range(1, 1 << 20, 4099))
+
+
+@pytest.mark.parametrize("fast", WRITERS)
+def test_several_tensors_bytes_from_memory_are_their_payload_tail(tmp_path, fast):
+    """A call's payload given as [what, address, nbytes, ...] (several plain tensors, read
+    from memory by the writer) is written as the same bytes as payload_tail of their
+    datas, in an ENTER and in a DONE, empty tensors included."""
+    datas = [b"", b"\x01" * 5, bytes(range(200)), b"xyz"]
+    bufs = [ctypes.create_string_buffer(d, len(d) or 1) for d in datas]
+    what = P_BYTES | P_DIGEST_BYTES
+    spec = [what] + [v for b, d in zip(bufs, datas) for v in (ctypes.addressof(b), len(d))]
+    files = []
+    for form in ("memory", "bytes"):
+        log = CallLog(log_path(tmp_path / form, 0), 0, ring_size=1 << 16, persist_size=1 << 16, accelerate=fast)
+        ids = _dictionary(log)
+        for i in range(3):
+            payload = list(spec) if form == "memory" else payload_tail(len(datas), what, datas=datas)
+            cid = log.enter(0, 10 * i + 1, 10 * i, 0, 0, i, -1, 0, ids["desc"], ids["desc"], 0, ids["op"], 0, -1, -1,
+                            payload)
+            log.done(cid, 10 * i + 5, 10 * i + 2, 0, -1, -1, payload)
+        files.append(log.path.read_bytes())
+    assert files[0] == files[1]
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+@pytest.mark.parametrize("bad", [[], [4, 1], [4, 0, 5], [4, 16, -1], [4, 16, 1 << 33], ["x", 16, 1]])
+def test_a_bad_address_list_is_refused_and_nothing_written(tmp_path, bad):
+    log = CallLog(log_path(tmp_path, 0), 0, ring_size=1 << 16, persist_size=1 << 16, accelerate=True)
+    ids = _dictionary(log)
+    head = log.cur.head
+    with pytest.raises((ValueError, TypeError, OverflowError)):
+        log.enter(0, 1, 0, 0, 0, 0, -1, 0, ids["desc"], 0, 0, ids["op"], 0, -1, -1, bad)
+    assert log.cur.head == head

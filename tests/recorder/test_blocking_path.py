@@ -1,0 +1,47 @@
+"""The recorder's blocking call path in C (prism_rr/_speedups.c, CallState.fast_blocking)
+and in Python (recorder/_calls.py, CallRecorder.blocking) record the same calls, field for
+field: real gloo ranks run the same program on each path."""
+
+import dataclasses
+import json
+
+import pytest
+
+from prism_rr.format.calllog import accelerated
+from prism_rr.recorder import _calls
+
+from recorder_helpers import SCRIPTS, run_recorded
+
+TIMES = ("start_ns", "end_ns", "issued_ns")
+
+
+def _run(tmp_path, pure: bool, payload: str):
+    spools, _ = run_recorded(tmp_path, [SCRIPTS / "blocking.py", tmp_path], 2, timeout=120, payload=payload,
+                             env_extra={"PRISM_RR_PURE_PYTHON": "1"} if pure else None)
+    paths = [json.loads((tmp_path / f"path-{r}.json").read_text()) for r in range(2)]
+    calls = {r: [dataclasses.replace(c, **{k: 0 for k in TIMES}) for c in spools.calls(r)] for r in range(2)}
+    # the time between calls (a Compute record from the ENTER's `prev`) and markers
+    kinds = {r: [type(x).__name__ for x in spools.records[r]] for r in range(2)}
+    return calls, paths, kinds
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("payload", ["digest", "none", "small"])
+def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload):
+    assert _calls._State is not object  # built: CallRecorder runs on CallState
+    c_calls, c_paths, c_kinds = _run(tmp_path / "c", False, payload)
+    py_calls, py_paths, py_kinds = _run(tmp_path / "py", True, payload)
+    assert all(p["c_path"] for p in c_paths) and not any(p["c_path"] for p in py_paths)
+    for rank in range(2):
+        made = len(c_calls[rank])
+        assert made == len(py_calls[rank]) > 4 * 14
+        # the first round (names, shapes and stacks new) and what C hands over (a send or
+        # recv's first call in a step's backward pass: none here) go the Python way
+        assert c_paths[rank]["python"] <= made // 4 + 2, c_paths[rank]
+        for a, b in zip(c_calls[rank], py_calls[rank]):
+            assert a == b
+        assert c_kinds[rank] == py_kinds[rank]
+        assert c_kinds[rank].count("Compute") >= made - 2
+        if payload != "none":
+            assert any(c.op == "all_gather" and c.blob_out and len(c.blob_out) == 2 for c in c_calls[rank])
