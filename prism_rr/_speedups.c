@@ -930,13 +930,13 @@ fail(CallState *self)
 
 /* log_payload(tensors, mode, None, False, inline_max): a new reference (None included), or NULL. */
 static PyObject *
-payload_of(CallState *self, PyObject *tensors)
+payload_of(CallState *self, PyObject *log_payload, PyObject *tensors)
 {
     PyObject *mode = PyLong_FromLong(self->mode), *max = PyLong_FromLongLong(self->inline_max);
     PyObject *r = NULL;
     if (mode != NULL && max != NULL) {
         PyObject *args[5] = {tensors, mode, Py_None, Py_False, max};
-        r = PyObject_Vectorcall(self->log_payload, args, 5, NULL);
+        r = PyObject_Vectorcall(log_payload, args, 5, NULL);
     }
     Py_XDECREF(mode);
     Py_XDECREF(max);
@@ -1012,47 +1012,173 @@ failed_call(CallState *self, PyObject *call)
     return NULL;
 }
 
+/* What the blocking path uses, held for the length of the call: the backend releases the
+ * GIL while it runs, and another thread may drop the call's or the state's references. */
+typedef struct {
+    PyObject *ins, *outs, *fn, *args, *cursor, *rec, *log_payload, *done_work;
+} Held;
+
+static void
+held_release(Held *h)
+{
+    Py_XDECREF(h->ins);
+    Py_XDECREF(h->outs);
+    Py_XDECREF(h->fn);
+    Py_XDECREF(h->args);
+    Py_XDECREF(h->cursor);
+    Py_XDECREF(h->rec);
+    Py_XDECREF(h->log_payload);
+    Py_XDECREF(h->done_work);
+}
+
+/* After the call ran: the bookkeeping failed (the pending error). The Python path fails
+ * the recording (rec.fail) and the program gets its Work; so here. */
+static PyObject *
+ran_but_failed(CallState *self, PyObject *work)
+{
+    if (fail(self) < 0) {
+        Py_DECREF(work);
+        return NULL;
+    }
+    return work;
+}
+
+/* The call's record once it ran: the call done, its DONE, its references let go. */
+static PyObject *
+completed(CallState *self, PyObject *call, Held *h, long long cid, long long issued, PyObject *issued_obj,
+          PyObject *key, PyObject *work, int p2p, int receives)
+{
+    long long end = now_ns();
+    slot_set(call, C_DONE, Py_NewRef(Py_True));
+    if (PyDict_DelItem(self->open, key) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError))
+            return ran_but_failed(self, work);
+        PyErr_Clear();
+    }
+    PyObject *last = self->last_return;
+    int same = last == issued_obj;
+    if (!same && last != NULL && PyLong_CheckExact(last)) {
+        same = PyObject_RichCompareBool(last, issued_obj, Py_EQ);
+        if (same < 0)
+            return ran_but_failed(self, work);
+    }
+    if (same) { /* the caller was waiting until now: not compute */
+        PyObject *e = PyLong_FromLongLong(end);
+        if (e == NULL)
+            return ran_but_failed(self, work);
+        Py_XSETREF(self->last_return, e);
+    }
+    PyObject *on = PyObject_GetAttr(h->rec, s_on);
+    int is_on = on == NULL ? -1 : PyObject_IsTrue(on);
+    Py_XDECREF(on);
+    if (is_on < 0)
+        return ran_but_failed(self, work);
+    if (is_on) {
+        PyObject *out_payload = NULL;
+        int rc = 0;
+        if (self->mode && (!p2p || receives)) {
+            out_payload = payload_of(self, h->log_payload, h->outs);
+            if (out_payload == NULL)
+                rc = -3;
+        }
+        if (rc == 0) {
+            Cursor *cur = (Cursor *)h->cursor;
+            rc = write_done(cur, cid, end, issued, 0, -1, -1, out_payload);
+            if (rc == -1)
+                rc = slow_done(cur, cid, end, issued, out_payload);
+        }
+        Py_XDECREF(out_payload);
+        if (rc == -3 && fail(self) < 0) {
+            Py_DECREF(work);
+            return NULL;
+        }
+    }
+    if (!is_none(self->tracker)) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, s_settle, call);
+        if (r == NULL) {
+            Py_DECREF(work);
+            return NULL;
+        }
+        Py_DECREF(r);
+    } else {
+        slot_set(call, C_INS, Py_NewRef(Py_None));
+        slot_set(call, C_OUTS, Py_NewRef(Py_None));
+        slot_set(call, C_FN, Py_NewRef(Py_None));
+        slot_set(call, C_ARGS, Py_NewRef(Py_None));
+    }
+    if (p2p) {
+        Py_DECREF(work);
+        return PyObject_CallNoArgs(h->done_work);
+    }
+    return work;
+}
+
+/* The ENTER is written: note the call open, run it, wait for it, complete it. */
+static PyObject *
+entered(CallState *self, PyObject *call, Held *h, long long cid, long long start, int p2p, int receives)
+{
+    PyObject *key = PyLong_FromVoidPtr(call), *cid_obj = PyLong_FromLongLong(cid);
+    PyObject *start_obj = PyLong_FromLongLong(start), *zero = PyLong_FromLong(0);
+    if (key == NULL || cid_obj == NULL || start_obj == NULL || zero == NULL) {
+        Py_XDECREF(key);
+        Py_XDECREF(cid_obj);
+        Py_XDECREF(start_obj);
+        Py_XDECREF(zero);
+        goto unrecorded;
+    }
+    Py_XSETREF(self->last_return, Py_NewRef(Py_None));
+    slot_set(call, C_CID, cid_obj);
+    slot_set(call, C_START, start_obj);
+    slot_set(call, C_STEP, Py_NewRef(self->step));
+    slot_set(call, C_ISSUED, zero);
+    if (PyDict_SetItem(self->open, key, call) < 0) {
+        Py_DECREF(key);
+        goto unrecorded;
+    }
+    PyObject *work = PyObject_Call(h->fn, h->args, NULL);
+    if (work == NULL) {
+        Py_DECREF(key);
+        return failed_call(self, call);
+    }
+    long long issued = now_ns();
+    PyObject *issued_obj = PyLong_FromLongLong(issued);
+    if (issued_obj == NULL) {
+        Py_DECREF(key);
+        return ran_but_failed(self, work);
+    }
+    slot_set(call, C_ISSUED, Py_NewRef(issued_obj));
+    Py_XSETREF(self->last_return, Py_NewRef(issued_obj));
+    if (work != Py_None) {
+        PyObject *r = PyObject_CallMethodNoArgs(work, s_wait);
+        if (r == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(issued_obj);
+            Py_DECREF(work);
+            return failed_call(self, call);
+        }
+        Py_DECREF(r);
+    }
+    PyObject *result = completed(self, call, h, cid, issued, issued_obj, key, work, p2p, receives);
+    Py_DECREF(key);
+    Py_DECREF(issued_obj);
+    return result;
+
+unrecorded: /* as the Python path's enter failing: the recording fails, the call runs */
+    if (fail(self) < 0)
+        return NULL;
+    return PyObject_Call(h->fn, h->args, NULL);
+}
+
 /* CallRecorder.blocking (recorder/_calls.py), its common case: enter, run, wait and
  * complete a blocking call. Anything else: the Python path. */
 static PyObject *
-CallState_fast_blocking(CallState *self, PyObject *call)
+blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
 {
-    if (call_type == NULL || Py_TYPE(call) != call_type || is_none(self->cursor)
-        || !Py_IS_TYPE(self->cursor, &CursorType) || !is_none(self->later) || !is_none(self->memory)
-        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == 3
-        || self->open == NULL || !PyDict_CheckExact(self->open) || PyDict_GET_SIZE(self->open)
-        || self->finished == NULL || !PyDict_Check(self->finished) || PyDict_GET_SIZE(self->finished)
-        || self->descs == NULL || !PyDict_Check(self->descs) || self->names == NULL || !PyDict_Check(self->names)
-        || self->stacks == NULL || !PyDict_Check(self->stacks) || self->rec == NULL
-        || self->log_payload == NULL || self->step == NULL || !PyLong_Check(self->step))
-        return fallback(self, call);
-    for (int i = 0; i < C_CID; i++)
-        if (SLOT(call, i) == NULL)
-            return fallback(self, call);
-    PyObject *ins = SLOT(call, C_INS), *outs = SLOT(call, C_OUTS), *fn = SLOT(call, C_FN);
-    PyObject *fargs = SLOT(call, C_ARGS);
-    int p2p = SLOT(call, C_P2P) == Py_True, receives = SLOT(call, C_RECEIVES) == Py_True;
-    if (SLOT(call, C_ASYNC) != Py_False || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins))
-        || !(PyList_CheckExact(outs) || PyTuple_CheckExact(outs)) || !PyTuple_CheckExact(fargs))
-        return fallback(self, call);
-    if (p2p) { /* _in_backward: a pass not seen yet is the Python path's to note */
-        if (is_none(self->graph_task) || self->task_seen == NULL || self->done_work == NULL)
-            return fallback(self, call);
-        PyObject *tid = PyObject_CallNoArgs(self->graph_task);
-        if (tid == NULL)
-            return NULL;
-        long long t = as_ll(tid), seen = as_ll(self->task_seen);
-        Py_DECREF(tid);
-        if (PyErr_Occurred())
-            return NULL;
-        if (t != -1 && t != seen)
-            return fallback(self, call);
-    }
-    Cursor *cur = (Cursor *)self->cursor;
+    Cursor *cur = (Cursor *)h->cursor;
     long long start = now_ns();
     long long v[ENTER_FIELDS];
     PyObject *payload = NULL, *frames = NULL;
-    long long in_desc = desc_id(self, ins), out_desc = 0, flags, peer;
+    long long in_desc = desc_id(self, h->ins), out_desc = 0, flags, peer;
     if (in_desc <= 0)
         goto not_entered;
     if (p2p) {
@@ -1062,11 +1188,11 @@ CallState_fast_blocking(CallState *self, PyObject *call)
     } else {
         PyObject *o = SLOT(call, C_ROOT);
         peer = is_none(o) ? -1 : as_ll(o);
-        if (outs == ins) {
+        if (h->outs == h->ins) {
             flags = 0x08; /* E_SAME_OUT */
         } else {
             flags = 0;
-            out_desc = desc_id(self, outs);
+            out_desc = desc_id(self, h->outs);
             if (out_desc <= 0)
                 goto not_entered;
         }
@@ -1097,12 +1223,13 @@ CallState_fast_blocking(CallState *self, PyObject *call)
         goto not_entered;
     if (!is_none(SLOT(call, C_REDUCE_OP)) && (reduce_op = name_id(self, SLOT(call, C_REDUCE_OP))) <= 0)
         goto not_entered;
-    if (self->mode && self->inputs && !receives && (payload = payload_of(self, ins)) == NULL)
+    if (self->mode && self->inputs && !receives && (payload = payload_of(self, h->log_payload, h->ins)) == NULL)
         goto not_entered;
     PyObject *prev = self->last_return;
+    int prev_true = is_none(prev) ? 0 : PyObject_IsTrue(prev);
     v[0] = flags;
     v[1] = start;
-    v[2] = (is_none(prev) || !PyObject_IsTrue(prev)) ? 0 : as_ll(prev);
+    v[2] = prev_true > 0 ? as_ll(prev) : 0;
     v[3] = as_ll(self->step);
     v[4] = as_ll(SLOT(call, C_GID));
     v[5] = as_ll(SLOT(call, C_SEQ));
@@ -1122,113 +1249,7 @@ CallState_fast_blocking(CallState *self, PyObject *call)
     Py_CLEAR(payload);
     if (cid == -3)
         goto not_entered;
-    /* entered */
-    PyObject *key = PyLong_FromVoidPtr(call), *cid_obj = PyLong_FromLongLong(cid);
-    PyObject *start_obj = PyLong_FromLongLong(start), *zero = PyLong_FromLong(0);
-    if (key == NULL || cid_obj == NULL || start_obj == NULL || zero == NULL) {
-        Py_XDECREF(key);
-        Py_XDECREF(cid_obj);
-        Py_XDECREF(start_obj);
-        Py_XDECREF(zero);
-        goto not_entered;
-    }
-    Py_XSETREF(self->last_return, Py_NewRef(Py_None));
-    slot_set(call, C_CID, cid_obj);
-    slot_set(call, C_START, start_obj);
-    slot_set(call, C_STEP, Py_NewRef(self->step));
-    slot_set(call, C_ISSUED, zero);
-    if (PyDict_SetItem(self->open, key, call) < 0) {
-        Py_DECREF(key);
-        return NULL;
-    }
-    /* run it */
-    PyObject *work = PyObject_Call(fn, fargs, NULL);
-    if (work == NULL) {
-        Py_DECREF(key);
-        return failed_call(self, call);
-    }
-    long long issued = now_ns();
-    PyObject *issued_obj = PyLong_FromLongLong(issued);
-    if (issued_obj == NULL) {
-        Py_DECREF(key);
-        Py_DECREF(work);
-        return NULL;
-    }
-    slot_set(call, C_ISSUED, Py_NewRef(issued_obj));
-    Py_XSETREF(self->last_return, issued_obj);
-    if (work != Py_None) {
-        PyObject *r = PyObject_CallMethodNoArgs(work, s_wait);
-        if (r == NULL) {
-            Py_DECREF(key);
-            Py_DECREF(work);
-            return failed_call(self, call);
-        }
-        Py_DECREF(r);
-    }
-    long long end = now_ns();
-    slot_set(call, C_DONE, Py_NewRef(Py_True));
-    if (PyDict_DelItem(self->open, key) < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
-            Py_DECREF(key);
-            Py_DECREF(work);
-            return NULL;
-        }
-        PyErr_Clear();
-    }
-    Py_DECREF(key);
-    if (self->last_return != NULL && PyLong_Check(self->last_return)
-        && PyLong_AsLongLong(self->last_return) == issued) {
-        PyObject *e = PyLong_FromLongLong(end);
-        if (e == NULL) {
-            Py_DECREF(work);
-            return NULL;
-        }
-        Py_XSETREF(self->last_return, e); /* the caller was waiting until now: not compute */
-    }
-    /* its DONE */
-    PyObject *on = PyObject_GetAttr(self->rec, s_on);
-    int is_on = on == NULL ? -1 : PyObject_IsTrue(on);
-    Py_XDECREF(on);
-    if (is_on > 0) {
-        PyObject *out_payload = NULL;
-        int rc = 0;
-        if (self->mode && (!p2p || receives)) {
-            out_payload = payload_of(self, outs);
-            if (out_payload == NULL)
-                rc = -3;
-        }
-        if (rc == 0) {
-            rc = write_done(cur, cid, end, issued, 0, -1, -1, out_payload);
-            if (rc == -1)
-                rc = slow_done(cur, cid, end, issued, out_payload);
-        }
-        Py_XDECREF(out_payload);
-        if (rc == -3 && fail(self) < 0) {
-            Py_DECREF(work);
-            return NULL;
-        }
-    } else if (is_on < 0 && fail(self) < 0) {
-        Py_DECREF(work);
-        return NULL;
-    }
-    if (!is_none(self->tracker)) {
-        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, s_settle, call);
-        if (r == NULL) {
-            Py_DECREF(work);
-            return NULL;
-        }
-        Py_DECREF(r);
-    } else {
-        slot_set(call, C_INS, Py_NewRef(Py_None));
-        slot_set(call, C_OUTS, Py_NewRef(Py_None));
-        slot_set(call, C_FN, Py_NewRef(Py_None));
-        slot_set(call, C_ARGS, Py_NewRef(Py_None));
-    }
-    if (p2p) {
-        Py_DECREF(work);
-        return PyObject_CallNoArgs(self->done_work);
-    }
-    return work;
+    return entered(self, call, h, cid, start, p2p, receives);
 
 python: /* a miss of a cache the Python path fills: it runs the call, from the start */
     Py_XDECREF(frames);
@@ -1243,7 +1264,50 @@ not_entered: /* an error (or a miss: the Python path's) before the ENTER */
     /* the Python path would fail the recording (rec.fail) and run the call unrecorded */
     if (fail(self) < 0)
         return NULL;
-    return PyObject_Call(fn, fargs, NULL);
+    return PyObject_Call(h->fn, h->args, NULL);
+}
+
+static PyObject *
+CallState_fast_blocking(CallState *self, PyObject *call)
+{
+    if (call_type == NULL || Py_TYPE(call) != call_type || is_none(self->cursor)
+        || !Py_IS_TYPE(self->cursor, &CursorType) || !is_none(self->later) || !is_none(self->memory)
+        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == 3
+        || self->open == NULL || !PyDict_CheckExact(self->open) || PyDict_GET_SIZE(self->open)
+        || self->finished == NULL || !PyDict_Check(self->finished) || PyDict_GET_SIZE(self->finished)
+        || self->descs == NULL || !PyDict_Check(self->descs) || self->names == NULL || !PyDict_Check(self->names)
+        || self->stacks == NULL || !PyDict_Check(self->stacks) || self->rec == NULL
+        || self->log_payload == NULL || self->step == NULL || !PyLong_Check(self->step))
+        return fallback(self, call);
+    for (int i = 0; i < C_CID; i++)
+        if (SLOT(call, i) == NULL)
+            return fallback(self, call);
+    PyObject *ins = SLOT(call, C_INS), *outs = SLOT(call, C_OUTS), *fargs = SLOT(call, C_ARGS);
+    int p2p = SLOT(call, C_P2P) == Py_True, receives = SLOT(call, C_RECEIVES) == Py_True;
+    if (SLOT(call, C_ASYNC) != Py_False || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins))
+        || !(PyList_CheckExact(outs) || PyTuple_CheckExact(outs)) || !PyTuple_CheckExact(fargs))
+        return fallback(self, call);
+    if (p2p) { /* _in_backward: a pass not seen yet is the Python path's to note */
+        if (is_none(self->graph_task) || self->task_seen == NULL || self->done_work == NULL)
+            return fallback(self, call);
+        PyObject *task = Py_NewRef(self->graph_task);
+        PyObject *tid = PyObject_CallNoArgs(task);
+        Py_DECREF(task);
+        if (tid == NULL)
+            return NULL;
+        long long t = as_ll(tid), seen = as_ll(self->task_seen);
+        Py_DECREF(tid);
+        if (PyErr_Occurred())
+            return NULL;
+        if (t != -1 && t != seen)
+            return fallback(self, call);
+    }
+    Held h = {Py_NewRef(ins), Py_NewRef(outs), Py_NewRef(SLOT(call, C_FN)), Py_NewRef(fargs),
+              Py_NewRef(self->cursor), Py_NewRef(self->rec), Py_NewRef(self->log_payload),
+              Py_XNewRef(self->done_work)};
+    PyObject *result = blocking_held(self, call, &h, p2p, receives);
+    held_release(&h);
+    return result;
 }
 
 static PyMethodDef CallState_methods[] = {
