@@ -2,9 +2,10 @@
  *
  * Optional: pip builds it on install when it can (setup.py, `optional=True`), and every
  * function here has a pure-Python twin that writes the same bytes (format/calllog.py's
- * Cursor, intercept/stack.py's caller_stack); PRISM_RR_PURE_PYTHON=1 makes prism-rr use
- * the twins. Nothing here imports torch or reads a tensor: a tensor's bytes come as a
- * pointer and a length that the caller read from torch.
+ * Cursor, intercept/stack.py's caller_stack, recorder/_calls.py's CallRecorder.blocking);
+ * PRISM_RR_PURE_PYTHON=1 makes prism-rr use the twins. Nothing here imports torch or
+ * reads a tensor's data: a tensor's bytes come as a pointer and a length that the caller
+ * read from torch (CallState reads tensors' `shape` and `dtype` as any attribute).
  *
  * Cursor: the writing position of a call log's ring and its two hot entries, ENTER and
  * DONE (layouts: FORMAT.md, "Call log"; format/calllog.py). Each method runs whole with
@@ -16,6 +17,12 @@
  * stack: caller_stack's walk over the caller's frames, from its caches only (and caches of
  * its own in front of them); False on any miss (the Python walk fills the caches). On
  * Python 3.11 it reads the interpreter's frames, making no frame objects.
+ *
+ * CallState: the base of recorder/_calls.py's CallRecorder, holding its hot attributes,
+ * and `fast_blocking`, its blocking call path (enter, run, wait, complete) for the common
+ * case, written with the two above; anything else it hands to the Python path
+ * (CallRecorder._blocking_py) before it writes anything. Same entries either way
+ * (tests/recorder/test_blocking_path.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
