@@ -185,6 +185,12 @@ payload_parse(PyObject *payload, Payload *p, long long *len)
             return -1;
         }
         long long total = 0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (!PyLong_CheckExact(PyList_GET_ITEM(payload, i))) { /* no __index__ run between two reads */
+                PyErr_SetString(PyExc_TypeError, "tensors' bytes: [what, address, nbytes, ...] of ints");
+                return -1;
+            }
+        }
         for (Py_ssize_t i = 1; i < m; i += 2) {
             const void *ptr = PyLong_AsVoidPtr(PyList_GET_ITEM(payload, i));
             long long k = PyLong_AsLongLong(PyList_GET_ITEM(payload, i + 1));
@@ -837,12 +843,20 @@ CallState_dealloc(CallState *self)
 
 static PyObject *s_wait, *s_complete, *s_fail, *s_on, *s_settle, *s_blocking_py, *s_shape, *s_dtype;
 
+/* time.monotonic_ns(): on Linux CLOCK_MONOTONIC, which Python reads; elsewhere Python's own. */
 static inline long long
 now_ns(void)
 {
+#ifdef __linux__
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic_ns's clock */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+#elif PY_VERSION_HEX >= 0x030D0000
+    PyTime_t t;
+    return PyTime_MonotonicRaw(&t) < 0 ? 0 : (long long)t;
+#else
+    return (long long)_PyTime_GetMonotonicClock();
+#endif
 }
 
 static inline int
@@ -853,26 +867,36 @@ is_none(PyObject *o)
 
 /* The dictionary id of these tensors' shapes and dtypes (CallRecorder._desc's key): > 0;
  * 0 where it is not there yet; -1 on an error. */
+/* (shape, dtype) of one tensor, or NULL (a new reference; the tensor held while its
+ * attributes run, which may be Python code: a tensor subclass's). */
+static PyObject *
+shape_dtype(PyObject *t)
+{
+    Py_INCREF(t);
+    PyObject *shape = PyObject_GetAttr(t, s_shape);
+    PyObject *dtype = shape ? PyObject_GetAttr(t, s_dtype) : NULL;
+    PyObject *pair = dtype ? PyTuple_Pack(2, shape, dtype) : NULL;
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_DECREF(t);
+    return pair;
+}
+
 static long long
 desc_id(CallState *self, PyObject *tensors)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(tensors);
-    PyObject **items = PySequence_Fast_ITEMS(tensors);
     PyObject *key;
     if (n == 1) {
-        PyObject *shape = PyObject_GetAttr(items[0], s_shape);
-        PyObject *dtype = shape ? PyObject_GetAttr(items[0], s_dtype) : NULL;
-        key = dtype ? PyTuple_Pack(2, shape, dtype) : NULL;
-        Py_XDECREF(shape);
-        Py_XDECREF(dtype);
+        key = shape_dtype(PySequence_Fast_GET_ITEM(tensors, 0));
     } else {
         key = PyTuple_New(n);
         for (Py_ssize_t i = 0; key != NULL && i < n; i++) {
-            PyObject *shape = PyObject_GetAttr(items[i], s_shape);
-            PyObject *dtype = shape ? PyObject_GetAttr(items[i], s_dtype) : NULL;
-            PyObject *pair = dtype ? PyTuple_Pack(2, shape, dtype) : NULL;
-            Py_XDECREF(shape);
-            Py_XDECREF(dtype);
+            if (PySequence_Fast_GET_SIZE(tensors) != n) { /* a list changed under us: the Python path's */
+                Py_DECREF(key);
+                return 0;
+            }
+            PyObject *pair = shape_dtype(PySequence_Fast_GET_ITEM(tensors, i));
             if (pair == NULL)
                 Py_CLEAR(key);
             else
@@ -966,7 +990,11 @@ slow_enter(Cursor *cur, const long long *v, PyObject *payload)
     for (; made < ENTER_FIELDS; made++)
         if ((args[made] = PyLong_FromLongLong(v[made])) == NULL)
             goto out;
-    args[ENTER_FIELDS] = payload;
+    if (cur->slow_enter == NULL || cur->slow_enter == Py_None) {
+        cid = -2; /* as Cursor.enter: nowhere to write it */
+        goto out;
+    }
+    args[ENTER_FIELDS] = payload != NULL ? payload : Py_None;
     PyObject *r = PyObject_Vectorcall(cur->slow_enter, args, ENTER_FIELDS + 1, NULL);
     if (r != NULL) {
         cid = as_ll(r);
@@ -989,7 +1017,11 @@ slow_done(Cursor *cur, long long cid, long long end, long long issued, PyObject 
     for (; made < 6; made++)
         if ((args[made] = PyLong_FromLongLong(v[made])) == NULL)
             goto out;
-    args[6] = payload;
+    if (cur->slow_done == NULL || cur->slow_done == Py_None) {
+        rc = 0; /* as Cursor.done: nowhere to write it */
+        goto out;
+    }
+    args[6] = payload != NULL ? payload : Py_None;
     PyObject *r = PyObject_Vectorcall(cur->slow_done, args, 7, NULL);
     if (r != NULL) {
         rc = 0;
@@ -1038,14 +1070,26 @@ held_release(Held *h)
     Py_XDECREF(h->done_work);
 }
 
-/* After the call ran: the bookkeeping failed (the pending error). The Python path fails
- * the recording (rec.fail) and the program gets its Work; so here. */
+/* After the call ran, its bookkeeping failed (the pending error): as the Python path does
+ * with an error while it writes the DONE, the recording fails (rec.fail) and the program
+ * gets what it would have; the call is let go (not open, its references dropped). */
 static PyObject *
-ran_but_failed(CallState *self, PyObject *work)
+ran_but_failed(CallState *self, PyObject *call, PyObject *key, Held *h, PyObject *work, int p2p)
 {
     if (fail(self) < 0) {
         Py_DECREF(work);
         return NULL;
+    }
+    slot_set(call, C_DONE, Py_NewRef(Py_True));
+    if (PyDict_DelItem(self->open, key) < 0)
+        PyErr_Clear();
+    slot_set(call, C_INS, Py_NewRef(Py_None));
+    slot_set(call, C_OUTS, Py_NewRef(Py_None));
+    slot_set(call, C_FN, Py_NewRef(Py_None));
+    slot_set(call, C_ARGS, Py_NewRef(Py_None));
+    if (p2p) { /* a blocking send or recv's Work waited again would wait for another message */
+        Py_DECREF(work);
+        return PyObject_CallNoArgs(h->done_work);
     }
     return work;
 }
@@ -1059,7 +1103,7 @@ completed(CallState *self, PyObject *call, Held *h, long long cid, long long iss
     slot_set(call, C_DONE, Py_NewRef(Py_True));
     if (PyDict_DelItem(self->open, key) < 0) {
         if (!PyErr_ExceptionMatches(PyExc_KeyError))
-            return ran_but_failed(self, work);
+            return ran_but_failed(self, call, key, h, work, p2p);
         PyErr_Clear();
     }
     PyObject *last = self->last_return;
@@ -1067,19 +1111,19 @@ completed(CallState *self, PyObject *call, Held *h, long long cid, long long iss
     if (!same && last != NULL && PyLong_CheckExact(last)) {
         same = PyObject_RichCompareBool(last, issued_obj, Py_EQ);
         if (same < 0)
-            return ran_but_failed(self, work);
+            return ran_but_failed(self, call, key, h, work, p2p);
     }
     if (same) { /* the caller was waiting until now: not compute */
         PyObject *e = PyLong_FromLongLong(end);
         if (e == NULL)
-            return ran_but_failed(self, work);
+            return ran_but_failed(self, call, key, h, work, p2p);
         Py_XSETREF(self->last_return, e);
     }
     PyObject *on = PyObject_GetAttr(h->rec, s_on);
     int is_on = on == NULL ? -1 : PyObject_IsTrue(on);
     Py_XDECREF(on);
     if (is_on < 0)
-        return ran_but_failed(self, work);
+        return ran_but_failed(self, call, key, h, work, p2p);
     if (is_on) {
         PyObject *out_payload = NULL;
         int rc = 0;
@@ -1150,8 +1194,9 @@ entered(CallState *self, PyObject *call, Held *h, long long cid, long long start
     long long issued = now_ns();
     PyObject *issued_obj = PyLong_FromLongLong(issued);
     if (issued_obj == NULL) {
+        PyObject *r = ran_but_failed(self, call, key, h, work, p2p);
         Py_DECREF(key);
-        return ran_but_failed(self, work);
+        return r;
     }
     slot_set(call, C_ISSUED, Py_NewRef(issued_obj));
     Py_XSETREF(self->last_return, Py_NewRef(issued_obj));
@@ -1182,9 +1227,22 @@ static PyObject *
 blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
 {
     Cursor *cur = (Cursor *)h->cursor;
-    long long start = now_ns();
     long long v[ENTER_FIELDS];
     PyObject *payload = NULL, *frames = NULL;
+    if (p2p) { /* _in_backward: a pass not seen yet is the Python path's to note */
+        PyObject *task = Py_NewRef(self->graph_task);
+        PyObject *tid = PyObject_CallNoArgs(task);
+        Py_DECREF(task);
+        if (tid == NULL)
+            goto not_entered;
+        long long t = as_ll(tid), seen = as_ll(self->task_seen);
+        Py_DECREF(tid);
+        if (PyErr_Occurred())
+            goto not_entered;
+        if (t != -1 && t != seen)
+            goto python;
+    }
+    long long start = now_ns();
     long long in_desc = desc_id(self, h->ins), out_desc = 0, flags, peer;
     if (in_desc <= 0)
         goto not_entered;
@@ -1192,9 +1250,13 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
         flags = receives ? 0x06 : 0x02; /* E_P2P | E_RECV, E_P2P */
         PyObject *o = SLOT(call, C_PEER);
         peer = is_none(o) ? -1 : as_ll(o);
+        if (PyErr_Occurred())
+            goto not_entered;
     } else {
         PyObject *o = SLOT(call, C_ROOT);
         peer = is_none(o) ? -1 : as_ll(o);
+        if (PyErr_Occurred())
+            goto not_entered;
         if (h->outs == h->ins) {
             flags = 0x08; /* E_SAME_OUT */
         } else {
@@ -1294,21 +1356,8 @@ CallState_fast_blocking(CallState *self, PyObject *call)
     if (SLOT(call, C_ASYNC) != Py_False || !(PyList_CheckExact(ins) || PyTuple_CheckExact(ins))
         || !(PyList_CheckExact(outs) || PyTuple_CheckExact(outs)) || !PyTuple_CheckExact(fargs))
         return fallback(self, call);
-    if (p2p) { /* _in_backward: a pass not seen yet is the Python path's to note */
-        if (is_none(self->graph_task) || self->task_seen == NULL || self->done_work == NULL)
-            return fallback(self, call);
-        PyObject *task = Py_NewRef(self->graph_task);
-        PyObject *tid = PyObject_CallNoArgs(task);
-        Py_DECREF(task);
-        if (tid == NULL)
-            return NULL;
-        long long t = as_ll(tid), seen = as_ll(self->task_seen);
-        Py_DECREF(tid);
-        if (PyErr_Occurred())
-            return NULL;
-        if (t != -1 && t != seen)
-            return fallback(self, call);
-    }
+    if (p2p && (is_none(self->graph_task) || self->task_seen == NULL || self->done_work == NULL))
+        return fallback(self, call);
     Held h = {Py_NewRef(ins), Py_NewRef(outs), Py_NewRef(SLOT(call, C_FN)), Py_NewRef(fargs),
               Py_NewRef(self->cursor), Py_NewRef(self->rec), Py_NewRef(self->log_payload),
               Py_XNewRef(self->done_work)};

@@ -149,7 +149,11 @@ def _one_tensor(ptr: int, nbytes: int, what: int) -> bytes:
 def _tensors(spec: list) -> bytes:
     """The payload part of several tensors' bytes in memory: spec is [what, address,
     nbytes, address, nbytes, ...] (payload_tail's bytes, read from those addresses)."""
+    if not spec or len(spec) % 2 != 1 or len(spec) > 2 * 0xFFFF + 1 or any(type(v) is not int for v in spec):
+        raise ValueError("tensors' bytes: [what, address, nbytes, ...] of ints, at most 65535")
     what, ptrs, sizes = spec[0], spec[1::2], spec[2::2]
+    if any(not 0 <= k <= 0xFFFFFFFF or (k and not p) for p, k in zip(ptrs, sizes)):
+        raise ValueError("tensors' bytes: bad address or length")
     return payload_tail(len(sizes), what, datas=[_string_at(p, k) if k else b"" for p, k in zip(ptrs, sizes)])
 
 

@@ -318,10 +318,22 @@ def test_several_tensors_bytes_from_memory_are_their_payload_tail(tmp_path, fast
     assert files[0] == files[1]
 
 
-@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
-@pytest.mark.parametrize("bad", [[], [4, 1], [4, 0, 5], [4, 16, -1], [4, 16, 1 << 33], ["x", 16, 1]])
-def test_a_bad_address_list_is_refused_and_nothing_written(tmp_path, bad):
-    log = CallLog(log_path(tmp_path, 0), 0, ring_size=1 << 16, persist_size=1 << 16, accelerate=True)
+class _Index:
+    """An int-like whose value changes each time it is read (a hostile caller's)."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __index__(self):
+        self.reads += 1
+        return 1 if self.reads == 1 else 4096
+
+
+@pytest.mark.parametrize("fast", WRITERS)
+@pytest.mark.parametrize("bad", [[], [4, 1], [4, 0, 5], [4, 16, -1], [4, 16, 1 << 33], ["x", 16, 1], [4, 16, _Index()]],
+                         ids=["empty", "odd", "null", "negative", "huge", "what", "index"])
+def test_a_bad_address_list_is_refused_and_nothing_written(tmp_path, bad, fast):
+    log = CallLog(log_path(tmp_path, 0), 0, ring_size=1 << 16, persist_size=1 << 16, accelerate=fast)
     ids = _dictionary(log)
     head = log.cur.head
     with pytest.raises((ValueError, TypeError, OverflowError)):

@@ -15,9 +15,11 @@ from recorder_helpers import SCRIPTS, run_recorded
 TIMES = ("start_ns", "end_ns", "issued_ns")
 
 
-def _run(tmp_path, pure: bool, payload: str):
-    spools, _ = run_recorded(tmp_path, [SCRIPTS / "blocking.py", tmp_path], 2, timeout=120, payload=payload,
-                             env_extra={"PRISM_RR_PURE_PYTHON": "1"} if pure else None)
+def _run(tmp_path, pure: bool, payload: str, rounds: int = 4, ring: int | None = None):
+    argv = [SCRIPTS / "blocking.py", tmp_path, rounds, 15 if ring else 0]
+    spools, _ = run_recorded(tmp_path, argv, 2, timeout=120, payload=payload,
+                             env_extra={"PRISM_RR_PURE_PYTHON": "1"} if pure else None,
+                             **({"ring_size": ring} if ring else {}))
     paths = [json.loads((tmp_path / f"path-{r}.json").read_text()) for r in range(2)]
     calls = {r: [dataclasses.replace(c, **{k: 0 for k in TIMES}) for c in spools.calls(r)] for r in range(2)}
     # the time between calls (a Compute record from the ENTER's `prev`) and markers
@@ -25,20 +27,23 @@ def _run(tmp_path, pure: bool, payload: str):
     return calls, paths, kinds
 
 
+# A 64 KiB ring goes round twice: at its end an entry takes the log's slow path (padding),
+# from the C path as from the Python one, with and without a payload.
 @pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("payload", ["digest", "none", "small"])
-def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload):
+@pytest.mark.parametrize("payload, rounds, ring", [("digest", 4, None), ("none", 4, None), ("small", 4, None),
+                                                   ("none", 45, 1 << 16), ("digest", 30, 1 << 16)],
+                         ids=["digest", "none", "small", "none-ring-64k", "digest-ring-64k"])
+def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload, rounds, ring):
     assert _calls._State is not object  # built: CallRecorder runs on CallState
-    c_calls, c_paths, c_kinds = _run(tmp_path / "c", False, payload)
-    py_calls, py_paths, py_kinds = _run(tmp_path / "py", True, payload)
+    c_calls, c_paths, c_kinds = _run(tmp_path / "c", False, payload, rounds, ring)
+    py_calls, py_paths, py_kinds = _run(tmp_path / "py", True, payload, rounds, ring)
     assert all(p["c_path"] for p in c_paths) and not any(p["c_path"] for p in py_paths)
     for rank in range(2):
         made = len(c_calls[rank])
-        assert made == len(py_calls[rank]) > 4 * 14
-        # the first round (names, shapes and stacks new) and what C hands over (a send or
-        # recv's first call in a step's backward pass: none here) go the Python way
-        assert c_paths[rank]["python"] <= made // 4 + 2, c_paths[rank]
+        assert made == len(py_calls[rank]) == rounds * 14 + 1
+        # the first round (names, shapes and stacks new) goes the Python way, and the last barrier
+        assert c_paths[rank]["python"] == 15, c_paths[rank]
         for a, b in zip(c_calls[rank], py_calls[rank]):
             assert a == b
         assert c_kinds[rank] == py_kinds[rank]

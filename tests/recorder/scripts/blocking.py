@@ -2,19 +2,24 @@
 training loop makes them: the recorder's blocking path in C takes a call once its names,
 shapes and stack were seen (the Python path learns them the first time).
 
-Run as one rank of a 2-rank world: blocking.py <out>. Writes <out>/path-<rank>.json: how
+Run as one rank of a 2-rank world: blocking.py <out> [rounds] [pause ms] (each round, a
+pause: a step's compute, in which a small ring's compactor catches up). Writes
+<out>/path-<rank>.json: how
 many calls the recorder's Python path took (its `_blocking_py`, which the C path hands
 what it does not handle), and whether the C path is there at all.
 """
 
 import json
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 torch.set_num_threads(1)
 out = sys.argv[1]
+n_rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+pause = float(sys.argv[3]) / 1e3 if len(sys.argv) > 3 else 0.0
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 pair = dist.new_group([0, 1])
@@ -64,8 +69,9 @@ def rounds(i: int) -> None:
     dist.all_reduce(torch.full((1,), v), group=pair)
 
 
-for i in range(4):
+for i in range(n_rounds):
     rounds(i)
+    time.sleep(pause)
 dist.barrier()
 with open(f"{out}/path-{rank}.json", "w") as f:
     json.dump({"c_path": fast, "python": python}, f)
