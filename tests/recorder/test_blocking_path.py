@@ -4,13 +4,18 @@ field: real gloo ranks run the same program on each path."""
 
 import dataclasses
 import json
+import os
+import sys
 
 import pytest
 
 from prism_rr.format.calllog import accelerated
+from prism_rr.format.reader import open_bundle
+from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.recorder import _calls
 
 from recorder_helpers import SCRIPTS, run_recorded
+from tests.cli_helpers import run_cli
 
 TIMES = ("start_ns", "end_ns", "issued_ns")
 
@@ -50,3 +55,27 @@ def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload, rounds,
         assert c_kinds[rank].count("Compute") >= made - 2
         if payload != "none":
             assert any(c.op == "all_gather" and c.blob_out and len(c.blob_out) == 2 for c in c_calls[rank])
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+@pytest.mark.timeout(400)
+def test_a_flight_ring_gone_round_keeps_the_same_calls_on_both_paths(tmp_path):
+    """Flight mode's ring of 1 MiB, round twice (12,600 calls under its default payload,
+    small: ENTERs without one): the entries the ring drops to make room go through the log's
+    slow path, from the C path as from the Python one; the dump at exit holds the same calls."""
+    got = {}
+    for pure in (False, True):
+        d = tmp_path / ("py" if pure else "c")
+        d.mkdir()
+        out = d / "dump.prism"
+        r = run_cli("record", "--flight", 2, "--flight-budget", 1, "--flight-at-exit", "-o", out, "--nproc", 2, "--",
+                    sys.executable, SCRIPTS / "blocking.py", d, 900, 0, timeout=300,
+                    env=dict(os.environ, PRISM_RR_PURE_PYTHON="1") if pure else None)
+        assert r.returncode == 0, r.stderr[-3000:]
+        with open_bundle(out) as b:
+            got[pure] = {rank: [dataclasses.replace(c, **{k: 0 for k in TIMES}) for c in b.events(rank)
+                                if isinstance(c, (Collective, PointToPoint))] for rank in b.recorded_ranks}
+    for rank in (0, 1):
+        kept = got[False][rank]
+        assert 2000 < len(kept) < 900 * 14  # the ring let the oldest go
+        assert kept == got[True][rank]
