@@ -26,11 +26,12 @@ import time
 from collections import deque
 from time import monotonic_ns
 
+from prism_rr.intercept.device_reads import FINAL_WAIT_S, Passing  # noqa: F401  (FINAL_WAIT_S: the bound named here)
+
 __all__ = ["ENV_VAR", "CudaClock", "DeviceClock", "HostEventClock", "NOT_YET", "clock_for",
            "collective_duration_ns"]
 
 ENV_VAR = "PRISM_RR_DEVICE_CLOCK"  # "host": HostEventClock; "off": none, even on CUDA
-FINAL_WAIT_S = 5.0  # what a final resolve waits, at most, for the device to pass the marks left
 NOT_YET = object()  # collective_duration_ns: the backend's end event is not reached yet
 
 
@@ -88,26 +89,6 @@ class HostEventClock(DeviceClock):
             key, t, _ = marks.popleft()
             out.append((key, t - epoch))
         return out
-
-
-class Passing:
-    """Device events read in order: passed(event) once the device has passed it; with
-    `final`, waiting for it, FINAL_WAIT_S at most over all the events of one reading."""
-
-    def __init__(self, final: bool):
-        self.final = final
-        self._deadline = None
-
-    def passed(self, event) -> bool:
-        while not event.query():
-            if not self.final:
-                return False
-            if self._deadline is None:
-                self._deadline = time.monotonic() + FINAL_WAIT_S
-            if time.monotonic() > self._deadline:
-                return False
-            time.sleep(0.0005)
-        return True
 
 
 class CudaClock(DeviceClock):

@@ -161,6 +161,9 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         "first_divergence": divs[0] if divs else None,
         "divergences": len(divs),
         "synthetic_numerics": any(st.get("synthetic_numerics") for st in stats.values()),
+        # calls whose inputs were compared with the recording once the device had passed
+        # them (on CUDA: no host synchronization for the check), over the real ranks
+        "inputs_checked_later": sum(int(st.get("inputs_checked_later") or 0) for st in stats.values()),
         # A bundle made by `scale` predicts the shapes of FSDP's gathers and scatters on the
         # groups it resized; those calls are checked on op, group, seq and dtypes only.
         "predicted_shape_calls": sum(int(st.get("predicted_shape_calls", 0)) for st in stats.values()),

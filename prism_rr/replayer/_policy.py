@@ -55,6 +55,30 @@ def _shapes(x) -> tuple:
     return tuple(tuple(s) for s in x)
 
 
+def _data_wanted(own):
+    """(digests, payload ids): what of a call's input data the recording has to compare
+    with; None where it has neither (a receive's data is the sender's to check)."""
+    if isinstance(own, PointToPoint):
+        if ops.receives(own.op):
+            return None
+        dig, blobs = own.digest, own.blob
+    else:
+        dig, blobs = own.digest_in, own.blob_in
+    if dig is None and blobs is None:
+        return None
+    return dig is not None, blobs is not None
+
+
+def _report(s, gid: int, seq: int, op: str, d, stack=None) -> None:
+    """Session.diverge with a divergence's values as the report shows them."""
+    expected, got = d.expected, d.got
+    if d.topic == "data":
+        expected, got = _hex(expected), _hex(got)
+    elif d.field.endswith("shapes"):
+        expected, got = _shapes(expected), _shapes(got)
+    s.diverge(gid, seq, op, _REPORTED.get(d.field, d.field), expected, got, stack)
+
+
 _SHAPE_FIELDS = {Collective: ("in_shapes", "out_shapes"), PointToPoint: ("shapes",)}
 _FROM_ROOT = ("copy_root", "scatter_root")  # forms whose outputs are the root's data alone
 _REPORTED = {"blob_in": "payload_in", "blob": "payload"}  # a divergence's field, as the report names it
@@ -142,6 +166,7 @@ class ReplayPolicy(Policy):
         the inputs are known to match."""
         s = self._session
         gid, seq, op = group.gid, call.seq, call.op
+        s.check_read()  # the calls before whose inputs the device has passed since
         if own is None:
             self._unrecorded(group, call, live)
             return False
@@ -157,17 +182,22 @@ class ReplayPolicy(Policy):
         # Data made up for virtual peers has flowed into this rank's numerics once it is
         # synthetic: its tensors can no longer match the recorded digests, only shapes can.
         data = not s.synthetic
+        later = None
         if data:
-            live = self._with_data(live, own, call.ins)
-        d = call_divergence(own, live, data=data, shapes=not predicted)
+            wanted = _data_wanted(own)
+            later = s.reads_for(call.ins) if wanted is not None else None
+            if later is None:
+                live = self._with_data(live, own, call.ins)
+        d = call_divergence(own, live, data=data and later is None, shapes=not predicted)
         if d is not None:
-            expected, got = d.expected, d.got
-            if d.topic == "data":
-                expected, got = _hex(expected), _hex(got)
-            elif d.field.endswith("shapes"):
-                expected, got = _shapes(expected), _shapes(got)
-            s.diverge(gid, seq, op, _REPORTED.get(d.field, d.field), expected, got)
+            _report(s, gid, seq, op, d)
             return False
+        if later is not None:
+            # the inputs as the device will have them once the backend's turn comes: read
+            # behind an event, compared when it has passed (Session.check_read); the
+            # recorded outputs stand meanwhile, as for inputs that match
+            later.take((self._checked, gid, seq, op, own, live, predicted, user_stack()), call.ins,
+                       whole=wanted[1])
         if predicted:
             pairs = ((name, _shapes(getattr(own, name)), _shapes(getattr(live, name)))
                      for name in _SHAPE_FIELDS[type(own)])
@@ -223,6 +253,21 @@ class ReplayPolicy(Policy):
         s.stop_at_hang({"kind": NEVER_JOINED, "rank": s.rank, "peers": ends,
                         "call": s.ends.live(group.gid, call.seq, call.op, user_stack(),
                                             peer=call.peer if call.p2p else None)})
+
+    def _checked(self, read) -> None:
+        """A call's inputs read once the device passed them (Session.check_read): compared
+        with the recording as _check compares inputs read at once."""
+        _, gid, seq, op, own, live, predicted, stack = read.key
+        dig, blobs = _data_wanted(own)
+        names = ("digest", "blob") if isinstance(own, PointToPoint) else ("digest_in", "blob_in")
+        changes = {}
+        if dig:
+            changes[names[0]] = tuple(read.digests())
+        if blobs:
+            changes[names[1]] = tuple(blob_id(data) for data in read.datas())
+        d = call_divergence(own, replace(live, **changes), data=True, shapes=not predicted)
+        if d is not None:
+            _report(self._session, gid, seq, op, d, stack)
 
     @staticmethod
     def _with_data(live, own, ins):

@@ -40,6 +40,9 @@ _SPIN_NS = 1_500_000
 # the waiter's side stream that runs late must still read its own step's start, not the
 # next one's that the program's stream may have stamped meanwhile
 STEP_SLOTS = 4
+# A replayed call's inputs compared with the recorded digests once the device has passed
+# them (the default on CUDA; "0": read at once; "cpu": the same path on CPU tensors, tests')
+CHECKS_VAR = "PRISM_RR_DEVICE_CHECKS"
 # ... and the ends of the last waits in a ring of slots after those: read once at the end,
 # each set beside what it was asked (the report's device_waits "last")
 TRACE_SLOTS = 64
@@ -230,6 +233,13 @@ class ReplaySession:
         self._wait_trace: deque = deque(maxlen=TRACE_SLOTS)
         mech = os.environ.get(WAITS_VAR, "").strip().lower()
         self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
+        # A call's inputs checked against the recorded digests without a host
+        # synchronization: on CUDA read once the device has passed them (DeviceReads),
+        # compared then (at the next call, step boundary or the end); "cpu" runs the same
+        # path on CPU tensors (tests), "0" reads them at once.
+        checks = os.environ.get(CHECKS_VAR, "").strip().lower()
+        self._reads_device = None if checks in ("0", "off") else ("cpu" if checks == "cpu" else "cuda")
+        self.reads = None  # the DeviceReads, made at the first call whose inputs it takes
         self._steps.start()
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
@@ -399,9 +409,29 @@ class ReplaySession:
             self.synthetic = True
             self.made_up_from_ns = monotonic_ns()
 
-    def diverge(self, group: int, seq: int, op: str, what: str, expected, got) -> None:
+    def reads_for(self, tensors):
+        """The DeviceReads that reads these inputs once the device has passed them, or None
+        where they are read at once (on CPU; off; a CUDA graph being captured)."""
+        if self._reads_device is None or not tensors or tensors[0].device.type != self._reads_device:
+            return None
+        if self.reads is None:
+            from prism_rr.intercept.device_reads import DeviceReads
+
+            self.reads = DeviceReads(self._reads_device)
+        return self.reads if self.reads.wanted(tensors) else None
+
+    def check_read(self, final: bool = False) -> None:
+        """Compare the inputs the device has passed with the recording (each read's key
+        begins with the function that does: the policy's); with `final`, all of them."""
+        reads = self.reads
+        if reads is not None and reads._pending:
+            reads.drain(lambda read: read.key[0](read), final)
+
+    def diverge(self, group: int, seq: int, op: str, what: str, expected, got, stack=None) -> None:
+        """The replay left the recording at this call (`stack`: where the program made it,
+        when it is found later than that: inputs read once the device passed them)."""
         d = Divergence(rank=self.rank, group=group, seq=seq, op=op, what=what, expected=str(expected),
-                       got=str(got), stack=user_stack())
+                       got=str(got), stack=user_stack() if stack is None else stack)
         self.divergences.append(d)
         if self.options.continue_on_divergence:
             log.warning("%s (continuing)", d.paragraph())
@@ -458,6 +488,7 @@ class ReplaySession:
     def mark_step(self) -> None:
         """A step boundary: an optimizer step, or `prism_rr.step()` (after which optimizer
         steps no longer are, as when recording; OptimizerSteps says when)."""
+        self.check_read()
         t = monotonic_ns()
         if self.last_return is not None and t > self.last_return:
             self.compute_ns += t - self.last_return
@@ -561,6 +592,7 @@ class ReplaySession:
             "setup_ns": None if self.armed_ns is None or not self.steps else self.steps[0][1] - self.armed_ns,
             "replayer_setup_ns": self.setup_ns,
             "synthetic_numerics": self.synthetic,
+            "inputs_checked_later": 0 if self.reads is None else self.reads.taken,
             "made_up_from_ns": self.made_up_from_ns,
             "predicted_shape_calls": self.predicted_shape_calls,
             "predicted_shape_mismatches": self.predicted_shape_mismatches,
@@ -589,6 +621,13 @@ class ReplaySession:
 
     def _at_exit(self) -> None:
         self.exiting = True  # the program is done: its results stand (see launch)
+        if self.stopped is None:
+            try:
+                self.check_read(final=True)
+            except DivergenceError:
+                pass  # said and kept (self.stopped): the exit code below says so
+            except Exception as exc:
+                log.warning("prism-rr: the last calls' inputs could not be checked: %s", exc)
         if self.stopped is None and self.hang is None:
             try:
                 self.waited_for = self._waited_for()

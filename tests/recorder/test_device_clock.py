@@ -396,9 +396,9 @@ def test_cuda_clock_reads_in_order_without_waiting_and_reuses_its_events():
 
 
 def test_cuda_clock_final_resolve_waits_a_bounded_while(monkeypatch):
-    from prism_rr.recorder import _device
+    from prism_rr.intercept import device_reads
 
-    monkeypatch.setattr(_device, "FINAL_WAIT_S", 0.2)
+    monkeypatch.setattr(device_reads, "FINAL_WAIT_S", 0.2)
     fake = _FakeCuda(start_ns=0, gap_ns=1_000)
     clock = _cuda_clock(fake)
     clock.mark("a")

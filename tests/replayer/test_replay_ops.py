@@ -36,6 +36,11 @@ def replayed01(recording):
     return _replay(tmp, bundle, (0, 1), "rep01", output=out, output_payload="digest"), out
 
 
+def _line(code: str) -> int:
+    """The line of ops.py that is `code`."""
+    return next(i for i, text in enumerate((SCRIPTS / "ops.py").read_text().splitlines(), 1) if text.strip() == code)
+
+
 def _same(tmp, rank, tag) -> list[str]:
     rec = torch.load(tmp / f"rec-{rank}.pt")
     got = torch.load(tmp / f"{tag}-{rank}.pt")
@@ -68,6 +73,20 @@ def test_real_ranks_receive_what_they_received(recording, request, ranks):
 
 
 @pytest.mark.timeout(180)
+def test_inputs_read_later_match_as_read_at_once(recording):
+    """Every call's inputs compared once the device has passed them (the CUDA path, here on
+    CPU tensors; small and large, full payloads: digests and bytes): no divergence, the
+    same outputs, every call checked, the last at the end."""
+    tmp, bundle = recording
+    result = replay(bundle, ranks=(2,), timeout=120, log_dir=tmp / "logs-later2", run_recorded_command=True,
+                    env={**ENV, "PRISM_TEST_TAG": "later2", "PRISM_RR_DEVICE_CHECKS": "cpu"})
+    assert result.exit_code == 0, stderr_of(result, 2)
+    assert _same(tmp, 2, "later2") == []
+    rep = result.report
+    assert rep["diverged"] is False and rep["inputs_checked_later"] >= 3 * 8
+
+
+@pytest.mark.timeout(180)
 def test_edited_shape_stops_at_the_right_call(recording, tmp_path):
     tmp, bundle = recording
     cmd = [sys.executable, str(SCRIPTS / "ops.py"), str(tmp), "edit"]
@@ -78,10 +97,35 @@ def test_edited_shape_stops_at_the_right_call(recording, tmp_path):
     # Step 1's all_gather: 8 world-group calls per step, all_gather second of them.
     assert (d["rank"], d["group"], d["seq"], d["op"], d["what"]) == (0, 0, 9, "all_gather", "in_shapes")
     assert (d["expected"], d["got"]) == ("((3,),)", "((4,),)")
-    assert d["stack"][0].endswith("ops.py:38 in <module>")
+    assert d["stack"][0].endswith(f"ops.py:{_line('dist.all_gather(outs, x(step, n))')} in <module>")
     assert "replay diverged on rank 0, group 0, seq 9" in stderr_of(result, 0)
     assert (tmp_path / "fidelity.json").exists()
     assert not (tmp / "edit-0.pt").exists()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("checks", ["", "cpu"], ids=["at-once", "read-later"])
+def test_edited_data_stops_at_the_right_call(recording, tmp_path, checks):
+    """One element of step 1's all_reduce input changed, its shape kept: the replay stops
+    there, naming the call, the field and where the program made it. Read later (the path
+    a CUDA replay takes: inputs read once the device passed them, here on CPU tensors),
+    the same call is named, found at the next one."""
+    tmp, bundle = recording
+    cmd = [sys.executable, str(SCRIPTS / "ops.py"), str(tmp), "data"]
+    result = replay(bundle, ranks=(0,), cmd=cmd, timeout=120, log_dir=tmp_path / "logs",
+                    env={**ENV, "PRISM_TEST_TAG": "data", "PRISM_RR_DEVICE_CHECKS": checks})
+    assert result.exit_code == 3 and result.rank_codes == {0: 3}, stderr_of(result, 0)
+    d = result.report["first_divergence"]
+    # Step 1's all_reduce: the first of its 8 world-group calls. A full recording keeps
+    # the inputs' bytes (and digests): their payload ids differ.
+    assert (d["rank"], d["group"], d["seq"], d["op"], d["what"]) == (0, 0, 8, "all_reduce", "payload_in")
+    assert d["expected"] != d["got"]
+    assert d["stack"][0].endswith(f"ops.py:{_line('dist.all_reduce(t)')} in <module>"), d["stack"]
+    assert "replay diverged on rank 0, group 0, seq 8" in stderr_of(result, 0)
+    assert not (tmp / "data-0.pt").exists()
+    # read later: every call's inputs up to the one after it (where it was found)
+    checked = result.report["inputs_checked_later"]
+    assert (checked >= 9) if checks else checked == 0, checked
 
 
 @pytest.mark.timeout(180)

@@ -1,8 +1,9 @@
 """A few steps of every replayable call at world 2 to 4; each rank saves what it received.
 
-Run as one rank of a torchrun-style world. argv: OUT_DIR [SHAPE_EDIT]. Saves
+Run as one rank of a torchrun-style world. argv: OUT_DIR [EDIT]. Saves
 OUT_DIR/<tag>-<rank>.pt (tag from PRISM_TEST_TAG, default "rec"): a dict name -> tensor.
-With SHAPE_EDIT set, step 1's all_gather input has one more element (an edited script).
+With EDIT "edit", step 1's all_gather input has one more element (an edited script); with
+"data", step 1's all_reduce input has another value in one element (same shape).
 """
 
 import os
@@ -15,6 +16,7 @@ import torch.distributed as dist
 torch.set_num_threads(1)
 out_dir = sys.argv[1]
 edit = len(sys.argv) > 2 and sys.argv[2] == "edit"
+data_edit = len(sys.argv) > 2 and sys.argv[2] == "data"
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 pair = dist.new_group([0, 1])
@@ -31,6 +33,8 @@ def x(step, *shape):
 for step in range(3):
     time.sleep(0.02 * (rank + 1))  # compute: a different length on each rank
     t = x(step, 4, 3)
+    if data_edit and step == 1:
+        t[0, 0] += 1.0
     dist.all_reduce(t)
     got[f"all_reduce{step}"] = t
     n = 4 if edit and step == 1 else 3
