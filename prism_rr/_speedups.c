@@ -754,10 +754,10 @@ stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* Where the slots of intercept/group.py's Call lie (call_layout). */
 enum { C_OP, C_GID, C_SEQ, C_INS, C_OUTS, C_FN, C_ARGS, C_REDUCE_OP, C_ROOT, C_PEER, C_TAG, C_ASYNC, C_P2P,
-       C_RECEIVES, C_CID, C_START, C_STEP, C_ISSUED, C_DONE, C_SLOTS };
+       C_RECEIVES, C_CID, C_START, C_STEP, C_ISSUED, C_DONE, C_FUTURE, C_OUT_LATER, C_ERROR, C_SLOTS };
 static const char *call_slot_names[C_SLOTS] = {
     "op", "gid", "seq", "ins", "outs", "fn", "args", "reduce_op", "root", "peer", "tag", "async_op", "p2p",
-    "receives", "cid", "start", "step", "issued", "done"};
+    "receives", "cid", "start", "step", "issued", "done", "future", "out_later", "error"};
 static PyTypeObject *call_type = NULL;
 static Py_ssize_t call_offsets[C_SLOTS];
 
@@ -807,13 +807,16 @@ typedef struct {
     PyObject *stack_caches; /* (is_user, texts, stacks) of intercept/stack.py, or None */
     PyObject *log_payload;  /* intercept/payload.log_payload */
     PyObject *done_work;    /* () -> the completed Work a blocking send or recv returns */
+    PyObject *op_names;     /* intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name */
+    PyObject *op_name;      /* ... and _op_name, for any other */
+    PyObject *reduce_op_type; /* torch's ReduceOp */
     int mode, inputs, stack_depth;
     long long inline_max;
 } CallState;
 
 #define CALLSTATE_OBJECTS(X) X(rec) X(open) X(finished) X(later) X(memory) X(tracker) X(ops_mode) X(device) \
     X(last_return) X(step) X(descs) X(names) X(stacks) X(graph_task) X(task_seen) X(cursor) X(stack_caches) \
-    X(log_payload) X(done_work)
+    X(log_payload) X(done_work) X(op_names) X(op_name) X(reduce_op_type)
 
 static int
 CallState_traverse(CallState *self, visitproc visit, void *arg)
@@ -1366,9 +1369,93 @@ CallState_fast_blocking(CallState *self, PyObject *call)
     return result;
 }
 
+/* The name of a reduce op (intercept/group.py's _op_name): a new reference, NULL on an error. */
+static PyObject *
+reduce_op_name(CallState *self, PyObject *op)
+{
+    if (op == Py_None)
+        return Py_NewRef(Py_None);
+    if (self->op_names != NULL && PyDict_Check(self->op_names) && self->reduce_op_type != NULL
+        && (PyObject *)Py_TYPE(op) == self->reduce_op_type) {
+        Py_hash_t h = PyObject_Hash(op);
+        if (h == -1)
+            return NULL;
+        PyObject *key = PyLong_FromSsize_t(h);
+        if (key == NULL)
+            return NULL;
+        PyObject *name = PyDict_GetItemWithError(self->op_names, key);
+        Py_DECREF(key);
+        if (name != NULL)
+            return Py_NewRef(name);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    if (self->op_name == NULL)
+        return PyErr_Format(PyExc_TypeError, "no _op_name"), NULL;
+    return PyObject_CallOneArg(self->op_name, op);
+}
+
+/* fast_collective(op, gid, seq, ins, outs, fn, args, reduce_op, root): the group's blocking
+ * collective as one Call (intercept/group.py's, made here as its __init__ makes it, the
+ * reduce op named as _op_name names it), through fast_blocking. */
+static PyObject *
+CallState_fast_collective(CallState *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "fast_collective(op, gid, seq, ins, outs, fn, args, reduce_op, root)");
+        return NULL;
+    }
+    if (call_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fast_collective: call_layout(Call) was not called");
+        return NULL;
+    }
+    PyObject *name = reduce_op_name(self, args[7]);
+    if (name == NULL)
+        return NULL;
+    PyObject *call = call_type->tp_alloc(call_type, 0);
+    if (call == NULL) {
+        Py_DECREF(name);
+        return NULL;
+    }
+    PyObject *cid = PyLong_FromLong(-1), *tag = PyLong_FromLong(0);
+    if (cid == NULL || tag == NULL) {
+        Py_XDECREF(cid);
+        Py_XDECREF(tag);
+        Py_DECREF(name);
+        Py_DECREF(call);
+        return NULL;
+    }
+    /* Call.__init__'s assignments, in its order of fields */
+    slot_set(call, C_OP, Py_NewRef(args[0]));
+    slot_set(call, C_GID, Py_NewRef(args[1]));
+    slot_set(call, C_SEQ, Py_NewRef(args[2]));
+    slot_set(call, C_INS, Py_NewRef(args[3]));
+    slot_set(call, C_OUTS, Py_NewRef(args[4]));
+    slot_set(call, C_FN, Py_NewRef(args[5]));
+    slot_set(call, C_ARGS, Py_NewRef(args[6]));
+    slot_set(call, C_REDUCE_OP, name);
+    slot_set(call, C_ROOT, Py_NewRef(args[8]));
+    slot_set(call, C_PEER, Py_NewRef(Py_None));
+    slot_set(call, C_TAG, tag);
+    slot_set(call, C_ASYNC, Py_NewRef(Py_False));
+    slot_set(call, C_P2P, Py_NewRef(Py_False));
+    slot_set(call, C_RECEIVES, Py_NewRef(Py_False));
+    slot_set(call, C_CID, cid);
+    slot_set(call, C_DONE, Py_NewRef(Py_False));
+    slot_set(call, C_FUTURE, Py_NewRef(Py_None));
+    slot_set(call, C_OUT_LATER, Py_NewRef(Py_False));
+    slot_set(call, C_ERROR, Py_NewRef(Py_None));
+    PyObject *result = CallState_fast_blocking(self, call);
+    Py_DECREF(call);
+    return result;
+}
+
 static PyMethodDef CallState_methods[] = {
     {"fast_blocking", (PyCFunction)CallState_fast_blocking, METH_O,
      "CallRecorder.blocking's common case in C; anything else through self._blocking_py(call)."},
+    {"fast_collective", (PyCFunction)(void (*)(void))CallState_fast_collective, METH_FASTCALL,
+     "fast_collective(op, gid, seq, ins, outs, fn, args, reduce_op, root): a blocking collective's Call, made "
+     "here, through fast_blocking."},
     {NULL}
 };
 
@@ -1393,6 +1480,9 @@ static PyMemberDef CallState_members[] = {
     OBJ_MEMBER("_stack_caches", stack_caches, "intercept/stack.py's (is_user, texts, stacks), or None"),
     OBJ_MEMBER("_log_payload", log_payload, "intercept/payload.log_payload"),
     OBJ_MEMBER("_done_work", done_work, "() -> a completed Work"),
+    OBJ_MEMBER("_op_names", op_names, "intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name"),
+    OBJ_MEMBER("_op_name", op_name, "intercept/group.py's _op_name"),
+    OBJ_MEMBER("_reduce_op_type", reduce_op_type, "torch's ReduceOp"),
     {"mode", T_INT, offsetof(CallState, mode), 0, "the payload mode (intercept/payload.MODES)"},
     {"inputs", T_BOOL, offsetof(CallState, inputs), 0, "whether inputs' payloads are kept"},
     {"stack_depth", T_INT, offsetof(CallState, stack_depth), 0, "frames of user code kept per call"},

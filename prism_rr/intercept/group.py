@@ -43,7 +43,8 @@ from torch._C._distributed_c10d import (
 
 from prism_rr.intercept.stack import blocking_p2p
 
-__all__ = ["Call", "ForwardingWork", "FromPeer", "InterceptGroup", "NoBackend", "Policy", "completed_work"]
+__all__ = ["Call", "ForwardingWork", "FromPeer", "InterceptGroup", "NoBackend", "Policy", "completed_work",
+           "op_names"]
 
 _BACKEND_TYPES = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
@@ -81,6 +82,12 @@ def _op_name(op) -> str:
         return name
     except Exception:
         return str(op)
+
+
+def op_names():
+    """(the names of ReduceOps by hash, the function that names any op, torch's ReduceOp):
+    what the recorder's C path names a reduce op with, as _op_name does."""
+    return _BY_HASH, _op_name, ReduceOp
 
 
 def _flat(lists) -> list:
@@ -315,6 +322,8 @@ class InterceptGroup(ProcessGroup):
         self.policy = policy
         self.observer = observer
         self._blocking = getattr(observer, "blocking", None)
+        # a blocking collective's Call made and run in C (the recorder's, where built)
+        self._blocking_collective = getattr(observer, "collective", None)
         self._seq = 0
         self._p2p_seq: dict[tuple[bool, int], int] = {}  # (receives, global peer) -> next seq
         self._coalesced: list | None = None
@@ -439,6 +448,9 @@ class InterceptGroup(ProcessGroup):
             if observer is None or not observer.live:
                 return policy.forward(fn, args)
             if not async_op and self._blocking is not None:
+                fast = self._blocking_collective
+                if fast is not None:
+                    return fast(op, self.gid, seq, ins, outs, fn, args, reduce_op, root)
                 return self._blocking(Call(op, self.gid, seq, ins, outs, fn, args,
                                            None if reduce_op is None else _op_name(reduce_op), root))
         # `reduce_op`: the options' ReduceOp, named only for a call that is built

@@ -98,6 +98,10 @@ class CallRecorder(_State):
         self._stack_caches = (_stack._is_user, _stack._text, _stack._stacks) if fast else None
         self._log_payload = _log_payload
         self._done_work = _done_work
+        if _State is not object:
+            from prism_rr.intercept.group import op_names
+
+            self._op_names, self._op_name, self._reduce_op_type = op_names()
 
     # --- the dictionary -------------------------------------------------------------
 

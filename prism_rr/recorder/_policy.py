@@ -49,6 +49,8 @@ class RecordingObserver:
         # A blocking call of the recording policy (which forwards), whole. A replay that
         # records itself runs its own policy: no.
         self.blocking = rec.calls.blocking
+        # ... and a blocking collective's Call made in C too, where the speedups were built
+        self.collective = getattr(rec.calls, "fast_collective", None)
 
     @property
     def live(self) -> bool:
