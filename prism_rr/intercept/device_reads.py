@@ -12,7 +12,8 @@ The recorder reads payloads this way (recorder/_later.py), and the replayer chec
 replayed call's inputs against the recorded digests this way (replayer/_policy.py).
 
 `device` "cpu" runs the same path on CPU tensors (plain copies, complete at once): how the
-tests on a machine without a GPU exercise everything but the stream.
+tests on a machine without a GPU exercise everything but the stream; "cpu-late" the same,
+each read passed only at its second query, as by a device one step behind the host.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class DeviceReads:
     def __init__(self, device: str = "cuda"):
         self.device = device
         self._cuda = device == "cuda"
+        self._late = device == "cpu-late"
+        self._type = "cpu" if self._late else device  # the tensors' device type
         self._pending: deque = deque()  # (event or None, Read)
         self._lock = threading.Lock()  # a reading from another thread (a flight dump's watchdog)
         self.taken = 0  # reads taken (for tests and benches)
@@ -99,7 +102,7 @@ class DeviceReads:
         if not tensors:
             return False
         on = tensors[0].device
-        if on.type != self.device:
+        if on.type != self._type:
             return False
         for t in tensors:
             if t.device != on or t.layout is not torch.strided:
@@ -127,7 +130,7 @@ class DeviceReads:
                 sums, tail = _payload.digest_parts(t)
                 parts.append((_SUMS, self._copy(sums), None if tail is None else self._copy(tail),
                               t.numel() * t.element_size()))
-        event = None
+        event = _Late() if self._late else None
         if self._cuda:
             event = torch.cuda.Event()
             event.record()
@@ -172,6 +175,17 @@ class DeviceReads:
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+
+class _Late:
+    """An event a device one step behind the host passes: at the second query."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def query(self) -> bool:
+        self.asked += 1
+        return self.asked > 1
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

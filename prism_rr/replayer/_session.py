@@ -41,7 +41,8 @@ _SPIN_NS = 1_500_000
 # next one's that the program's stream may have stamped meanwhile
 STEP_SLOTS = 4
 # A replayed call's inputs compared with the recorded digests once the device has passed
-# them (the default on CUDA; "0": read at once; "cpu": the same path on CPU tensors, tests')
+# them (the default on CUDA; "0": read at once; "cpu": the same path on CPU tensors, tests';
+# "cpu-late": each read passed a call late, as by a device behind the host)
 CHECKS_VAR = "PRISM_RR_DEVICE_CHECKS"
 # ... and the ends of the last waits in a ring of slots after those: read once at the end,
 # each set beside what it was asked (the report's device_waits "last")
@@ -237,9 +238,13 @@ class ReplaySession:
         # synchronization: on CUDA read once the device has passed them (DeviceReads),
         # compared then (at the next call, step boundary or the end); "cpu" runs the same
         # path on CPU tensors (tests), "0" reads them at once.
+        # With --continue-on-divergence at once: a call's outputs are built from its live
+        # inputs when they differ, which must be known before they are built.
         checks = os.environ.get(CHECKS_VAR, "").strip().lower()
-        self._reads_device = None if checks in ("0", "off") else ("cpu" if checks == "cpu" else "cuda")
+        off = checks in ("0", "off", "no", "none", "false") or self.options.continue_on_divergence
+        self._reads_device = None if off else (checks if checks in ("cpu", "cpu-late") else "cuda")
         self.reads = None  # the DeviceReads, made at the first call whose inputs it takes
+        self.inputs_checked_later = 0  # calls whose inputs were compared so
         self._steps.start()
         # A divergence ends the process with exit code 3 once the program has unwound
         # (and torch's excepthook has printed the traceback): see _at_exit.
@@ -412,7 +417,7 @@ class ReplaySession:
     def reads_for(self, tensors):
         """The DeviceReads that reads these inputs once the device has passed them, or None
         where they are read at once (on CPU; off; a CUDA graph being captured)."""
-        if self._reads_device is None or not tensors or tensors[0].device.type != self._reads_device:
+        if self._reads_device is None or not tensors or tensors[0].device.type != self._reads_device.partition("-")[0]:
             return None
         if self.reads is None:
             from prism_rr.intercept.device_reads import DeviceReads
@@ -425,11 +430,30 @@ class ReplaySession:
         begins with the function that does: the policy's); with `final`, all of them."""
         reads = self.reads
         if reads is not None and reads._pending:
-            reads.drain(lambda read: read.key[0](read), final)
+            reads.drain(self._check_one, final)
+            if final and reads._pending:
+                from prism_rr.intercept.device_reads import FINAL_WAIT_S
+
+                log.warning("prism-rr: the inputs of the last %d calls were not compared with the recording: "
+                            "the device did not pass them in %.0f s", reads.pending, FINAL_WAIT_S)
+
+    def _check_one(self, read) -> None:
+        self.inputs_checked_later += 1
+        try:
+            read.key[0](read)
+        except (DivergenceError, HangError):
+            raise
+        except Exception as exc:  # a comparison that failed: said, not the program's failure
+            log.warning("prism-rr: the inputs of a call could not be compared with the recording: %s: %s",
+                        type(exc).__name__, exc)
 
     def diverge(self, group: int, seq: int, op: str, what: str, expected, got, stack=None) -> None:
         """The replay left the recording at this call (`stack`: where the program made it,
         when it is found later than that: inputs read once the device passed them)."""
+        if stack is None:
+            # found at once: the calls before it are compared first (their inputs read
+            # later), so that the first divergence is the first one made
+            self.check_read(final=True)
         d = Divergence(rank=self.rank, group=group, seq=seq, op=op, what=what, expected=str(expected),
                        got=str(got), stack=user_stack() if stack is None else stack)
         self.divergences.append(d)
@@ -459,6 +483,7 @@ class ReplaySession:
 
     def stop_at_hang(self, found: dict) -> None:
         """Stop the program at the end of a recorded hang (exit 7 once it has unwound)."""
+        self.check_read(final=True)  # a divergence at a call before it comes first
         self.hang = found
         text = sentence(found)
         log.error("prism-rr: %s", text)
@@ -592,7 +617,7 @@ class ReplaySession:
             "setup_ns": None if self.armed_ns is None or not self.steps else self.steps[0][1] - self.armed_ns,
             "replayer_setup_ns": self.setup_ns,
             "synthetic_numerics": self.synthetic,
-            "inputs_checked_later": 0 if self.reads is None else self.reads.taken,
+            "inputs_checked_later": self.inputs_checked_later,
             "made_up_from_ns": self.made_up_from_ns,
             "predicted_shape_calls": self.predicted_shape_calls,
             "predicted_shape_mismatches": self.predicted_shape_mismatches,

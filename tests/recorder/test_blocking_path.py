@@ -79,3 +79,35 @@ def test_a_flight_ring_gone_round_keeps_the_same_calls_on_both_paths(tmp_path):
         kept = got[False][rank]
         assert 2000 < len(kept) < 900 * 14  # the ring let the oldest go
         assert kept == got[True][rank]
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+@pytest.mark.parametrize("reduce_op", ["SUM", "AVG", "MAX-type", None], ids=["sum", "avg", "red-op-type", "none"])
+def test_the_c_path_makes_the_call_as_call_init_does(reduce_op):
+    """fast_collective's Call, slot for slot, against intercept/group.py's Call(...) (a state
+    that hands every call to the Python path, where the call is caught before it runs)."""
+    import torch.distributed as dist
+
+    from prism_rr._speedups import CallState
+    from prism_rr.intercept.group import Call, _op_name, op_names
+
+    op = {"SUM": dist.ReduceOp.SUM, "AVG": dist.ReduceOp(dist.ReduceOp.AVG),
+          "MAX-type": dist.ReduceOp.RedOpType.MAX, None: None}[reduce_op]
+    caught = []
+
+    class Catch(CallState):
+        def _blocking_py(self, call):
+            caught.append(call)
+            return "ran"
+
+    state = Catch()
+    state._op_names, state._op_name, state._reduce_op_type = op_names()
+    ins, outs, args = [object()], [object()], (1, 2)
+    assert state.fast_collective("all_reduce", 3, 7, ins, outs, print, args, op, 5) == "ran"
+    want = Call("all_reduce", 3, 7, ins, outs, print, args, None if op is None else _op_name(op), 5)
+    got = caught[0]
+    assert type(got) is Call
+    for name in Call.__slots__:
+        assert hasattr(got, name) == hasattr(want, name), name
+        if hasattr(want, name):
+            assert getattr(got, name) == getattr(want, name), name

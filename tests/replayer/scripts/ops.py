@@ -3,7 +3,8 @@
 Run as one rank of a torchrun-style world. argv: OUT_DIR [EDIT]. Saves
 OUT_DIR/<tag>-<rank>.pt (tag from PRISM_TEST_TAG, default "rec"): a dict name -> tensor.
 With EDIT "edit", step 1's all_gather input has one more element (an edited script); with
-"data", step 1's all_reduce input has another value in one element (same shape).
+"data", step 1's all_reduce input has another value in one element (same shape); "both",
+the two.
 """
 
 import os
@@ -15,8 +16,8 @@ import torch.distributed as dist
 
 torch.set_num_threads(1)
 out_dir = sys.argv[1]
-edit = len(sys.argv) > 2 and sys.argv[2] == "edit"
-data_edit = len(sys.argv) > 2 and sys.argv[2] == "data"
+edit = len(sys.argv) > 2 and sys.argv[2] in ("edit", "both")
+data_edit = len(sys.argv) > 2 and sys.argv[2] in ("data", "both")
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 pair = dist.new_group([0, 1])
