@@ -44,9 +44,16 @@ def from_blob(bundle, ident: bytes, dtype: str | torch.dtype, shape) -> torch.Te
 
 
 def write(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy src's values into dst in place (shapes may differ; element counts do not)."""
+    """Copy src's values into dst in place (shapes may differ; element counts do not).
+    Host values into a CUDA tensor go through pinned memory (torch's caching host
+    allocator, which keeps the block until the copy is done), copied without blocking: a
+    copy from pageable memory would make the host wait for the device's stream."""
     with torch.no_grad():
-        dst.copy_(src.reshape(dst.shape))
+        src = src.reshape(dst.shape)
+        if dst.is_cuda and src.is_cpu and src.numel():
+            dst.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            dst.copy_(src)
 
 
 def reduce(tensors: list[torch.Tensor], op: str | None) -> torch.Tensor:
