@@ -45,8 +45,8 @@ trainer's recording scaled to dp 8 replayed at 545 ms a step with Triton waits a
 10 ms with host waits (tests/gpu/test_gpu.py::test_virtual_peers_wait_on_the_stream); the
 cause is not found, so the waits stay opt-in. The host syncs a replayed step has on CUDA
 besides the wait: `_exchange` reads inputs on the host (real ranks sharing a call with
-virtual ones), and outputs built from live CUDA inputs read them there too; that moves to
-the device before the card's "no host synchronization inside a replayed step" can hold.
+virtual ones); that moves to the device before the card's "no host synchronization inside
+a replayed step" can hold.
 `_check`'s digests are read once the device has passed the inputs
 (intercept/device_reads.py, PRISM_RR_DEVICE_CHECKS), and recorded outputs are written
 from pinned memory without blocking (_data.write).
