@@ -55,18 +55,30 @@ def _shapes(x) -> tuple:
     return tuple(tuple(s) for s in x)
 
 
-def _data_wanted(own):
-    """(digests, payload ids): what of a call's input data the recording has to compare
-    with; None where it has neither (a receive's data is the sender's to check)."""
+def _data_fields(own):
+    """The fields of a call's input data the recording has to compare with: (its digests'
+    field or None, its payload ids' field or None); None where it has neither (a receive's
+    data is the sender's to check)."""
     if isinstance(own, PointToPoint):
         if ops.receives(own.op):
             return None
-        dig, blobs = own.digest, own.blob
+        names = ("digest", "blob")
     else:
-        dig, blobs = own.digest_in, own.blob_in
-    if dig is None and blobs is None:
-        return None
-    return dig is not None, blobs is not None
+        names = ("digest_in", "blob_in")
+    dig, blob = (name if getattr(own, name) is not None else None for name in names)
+    return (dig, blob) if dig or blob else None
+
+
+def _filled(live, fields, digests_of, blobs_of):
+    """`live` with the data fields `fields` (_data_fields) set: digests_of() and blobs_of()
+    (the values, per tensor) called only for the fields there are."""
+    dig, blob = fields
+    changes = {}
+    if dig:
+        changes[dig] = tuple(digests_of())
+    if blob:
+        changes[blob] = tuple(blobs_of())
+    return replace(live, **changes)
 
 
 def _report(s, gid: int, seq: int, op: str, d, stack=None) -> None:
@@ -183,11 +195,12 @@ class ReplayPolicy(Policy):
         # synthetic: its tensors can no longer match the recorded digests, only shapes can.
         data = not s.synthetic
         later = None
-        if data:
-            wanted = _data_wanted(own)
-            later = s.reads_for(call.ins) if wanted is not None else None
-            if later is None:
-                live = self._with_data(live, own, call.ins)
+        fields = _data_fields(own) if data else None
+        if fields is not None:
+            ins = call.ins
+            later = s.reads_for(ins)
+            if later is None:  # read at once (a digest reads every byte: only where compared)
+                live = _filled(live, fields, lambda: digests(ins), lambda: (blob_id(host_bytes(t)) for t in ins))
         d = call_divergence(own, live, data=data and later is None, shapes=not predicted)
         if d is not None:
             _report(s, gid, seq, op, d)
@@ -196,8 +209,8 @@ class ReplayPolicy(Policy):
             # the inputs as the device will have them once the backend's turn comes: read
             # behind an event, compared when it has passed (Session.check_read); the
             # recorded outputs stand meanwhile, as for inputs that match
-            later.take((self._checked, gid, seq, op, own, live, predicted, user_stack()), call.ins,
-                       whole=wanted[1])
+            later.take((self._checked, gid, seq, op, own, live, fields, predicted, user_stack()), call.ins,
+                       whole=fields[1] is not None)
         if predicted:
             pairs = ((name, _shapes(getattr(own, name)), _shapes(getattr(live, name)))
                      for name in _SHAPE_FIELDS[type(own)])
@@ -257,36 +270,11 @@ class ReplayPolicy(Policy):
     def _checked(self, read) -> None:
         """A call's inputs read once the device passed them (Session.check_read): compared
         with the recording as _check compares inputs read at once."""
-        _, gid, seq, op, own, live, predicted, stack = read.key
-        dig, blobs = _data_wanted(own)
-        names = ("digest", "blob") if isinstance(own, PointToPoint) else ("digest_in", "blob_in")
-        changes = {}
-        if dig:
-            changes[names[0]] = tuple(read.digests())
-        if blobs:
-            changes[names[1]] = tuple(blob_id(data) for data in read.datas())
-        d = call_divergence(own, replace(live, **changes), data=True, shapes=not predicted)
+        _, gid, seq, op, own, live, fields, predicted, stack = read.key
+        live = _filled(live, fields, read.digests, lambda: map(blob_id, read.datas()))
+        d = call_divergence(own, live, data=True, shapes=not predicted)
         if d is not None:
             _report(self._session, gid, seq, op, d, stack)
-
-    @staticmethod
-    def _with_data(live, own, ins):
-        """`live` with its inputs' digests or payload ids, where the recording has them to
-        compare with (a digest reads every byte: only then)."""
-        if isinstance(own, PointToPoint):
-            if ops.receives(own.op):
-                return live  # what arrives is checked by the sender's side
-            dig, blobs = own.digest, own.blob
-            names = ("digest", "blob")
-        else:
-            dig, blobs = own.digest_in, own.blob_in
-            names = ("digest_in", "blob_in")
-        changes = {}
-        if dig is not None:
-            changes[names[0]] = tuple(digests(ins))
-        if blobs is not None:
-            changes[names[1]] = tuple(blob_id(host_bytes(t)) for t in ins)
-        return replace(live, **changes) if changes else live
 
     # --- collectives --------------------------------------------------------------
 
