@@ -53,6 +53,10 @@
 #define DONE_BODY 48
 #define AUX_PAYLOAD 1
 #define ONE_BYTES 12
+#define E_P2P 2 /* an ENTER's flags (format/calllog.py) */
+#define E_RECV 4
+#define E_SAME_OUT 8
+#define PAYLOAD_FULL 3 /* intercept/payload.py's FULL */
 
 #if PY_BIG_ENDIAN
 #error "prism_rr._speedups writes little-endian entries: build without it (the pure-Python path)"
@@ -1073,6 +1077,17 @@ held_release(Held *h)
     Py_XDECREF(h->done_work);
 }
 
+/* The recorder lets go of a completed call's tensors and backend (as CallRecorder.settle
+ * does without a memory tracker). */
+static void
+let_go(PyObject *call)
+{
+    slot_set(call, C_INS, Py_NewRef(Py_None));
+    slot_set(call, C_OUTS, Py_NewRef(Py_None));
+    slot_set(call, C_FN, Py_NewRef(Py_None));
+    slot_set(call, C_ARGS, Py_NewRef(Py_None));
+}
+
 /* After the call ran, its bookkeeping failed (the pending error): as the Python path does
  * with an error while it writes the DONE, the recording fails (rec.fail) and the program
  * gets what it would have; the call is let go (not open, its references dropped). */
@@ -1086,10 +1101,7 @@ ran_but_failed(CallState *self, PyObject *call, PyObject *key, Held *h, PyObject
     slot_set(call, C_DONE, Py_NewRef(Py_True));
     if (PyDict_DelItem(self->open, key) < 0)
         PyErr_Clear();
-    slot_set(call, C_INS, Py_NewRef(Py_None));
-    slot_set(call, C_OUTS, Py_NewRef(Py_None));
-    slot_set(call, C_FN, Py_NewRef(Py_None));
-    slot_set(call, C_ARGS, Py_NewRef(Py_None));
+    let_go(call);
     if (p2p) { /* a blocking send or recv's Work waited again would wait for another message */
         Py_DECREF(work);
         return PyObject_CallNoArgs(h->done_work);
@@ -1155,10 +1167,7 @@ completed(CallState *self, PyObject *call, Held *h, long long cid, long long iss
         }
         Py_DECREF(r);
     } else {
-        slot_set(call, C_INS, Py_NewRef(Py_None));
-        slot_set(call, C_OUTS, Py_NewRef(Py_None));
-        slot_set(call, C_FN, Py_NewRef(Py_None));
-        slot_set(call, C_ARGS, Py_NewRef(Py_None));
+        let_go(call);
     }
     if (p2p) {
         Py_DECREF(work);
@@ -1250,7 +1259,7 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
     if (in_desc <= 0)
         goto not_entered;
     if (p2p) {
-        flags = receives ? 0x06 : 0x02; /* E_P2P | E_RECV, E_P2P */
+        flags = receives ? E_P2P | E_RECV : E_P2P;
         PyObject *o = SLOT(call, C_PEER);
         peer = is_none(o) ? -1 : as_ll(o);
         if (PyErr_Occurred())
@@ -1261,7 +1270,7 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
         if (PyErr_Occurred())
             goto not_entered;
         if (h->outs == h->ins) {
-            flags = 0x08; /* E_SAME_OUT */
+            flags = E_SAME_OUT;
         } else {
             flags = 0;
             out_desc = desc_id(self, h->outs);
@@ -1344,7 +1353,7 @@ CallState_fast_blocking(CallState *self, PyObject *call)
 {
     if (call_type == NULL || Py_TYPE(call) != call_type || is_none(self->cursor)
         || !Py_IS_TYPE(self->cursor, &CursorType) || !is_none(self->later) || !is_none(self->memory)
-        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == 3
+        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == PAYLOAD_FULL
         || self->open == NULL || !PyDict_CheckExact(self->open) || PyDict_GET_SIZE(self->open)
         || self->finished == NULL || !PyDict_Check(self->finished) || PyDict_GET_SIZE(self->finished)
         || self->descs == NULL || !PyDict_Check(self->descs) || self->names == NULL || !PyDict_Check(self->names)

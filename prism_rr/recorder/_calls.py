@@ -93,7 +93,7 @@ class CallRecorder(_State):
         self._log_enter = log.enter
         self._log_done = log.done
         # what the C path of `blocking` writes with, where it runs
-        self._cursor = log.cur if getattr(log, "accelerated", False) else None
+        self._cursor = log.cur if log.accelerated else None
         fast = _stack._fast_stack is not None
         self._stack_caches = (_stack._is_user, _stack._text, _stack._stacks) if fast else None
         self._log_payload = _log_payload

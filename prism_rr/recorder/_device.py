@@ -26,7 +26,7 @@ import time
 from collections import deque
 from time import monotonic_ns
 
-from prism_rr.intercept.device_reads import FINAL_WAIT_S, Passing  # noqa: F401  (FINAL_WAIT_S: the bound named here)
+from prism_rr.intercept.device_reads import Passing
 
 __all__ = ["ENV_VAR", "CudaClock", "DeviceClock", "HostEventClock", "NOT_YET", "clock_for",
            "collective_duration_ns"]
@@ -50,9 +50,9 @@ class DeviceClock:
 
     def resolve(self, final: bool = False) -> list[tuple[object, int | None]]:
         """[(key, ns from the epoch)] of the marks the device has passed, oldest first;
-        with `final`, every mark left that the device reaches within FINAL_WAIT_S. A mark
-        the clock could not make (before a CudaClock began, in a CUDA graph's capture)
-        comes in its place as None."""
+        with `final`, every mark left that the device reaches within
+        device_reads.FINAL_WAIT_S. A mark the clock could not make (before a CudaClock
+        began, in a CUDA graph's capture) comes in its place as None."""
         raise NotImplementedError
 
     @property

@@ -87,4 +87,4 @@ class DevicePayloads:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return self._reads.pending

@@ -155,7 +155,7 @@ class Recording:
     def read_device(self, final: bool = False) -> None:
         """Into the call log, what the device has passed: the payloads read later
         (_later.py) and the device times (_device_times.py); with `final`, all of them,
-        each wait bounded (_device.FINAL_WAIT_S)."""
+        each wait bounded (device_reads.FINAL_WAIT_S)."""
         self.calls.resolve_later(final)
         if self.device_times is not None:
             self.device_times.resolve(final=final)
