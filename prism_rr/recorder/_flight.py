@@ -368,10 +368,18 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
             facts = dict(info.get("flight_ring", {}).get("trigger") or {})
             first = facts.get("first_step")
         except Exception:
-            facts = {}
+            facts, info = {}, {}
         ranks = sorted(int(p.name[5:10]) for p in spools)
-        expected = range(world_size) if world_size else ranks
-        from_logs = _from_logs(spool_dir, d, expected, first)
+        incarnation = info.get("incarnation")
+        attempt = incarnation.get("file_attempt") if isinstance(incarnation, dict) else None
+        attempt = attempt if type(attempt) is int and attempt >= 0 else 0
+        # A rank whose log was left behind and whose spool is not in the dump was ended
+        # (the launcher's SIGTERM once another rank failed) or died before it dumped: its
+        # ring holds what the dump wants of it.
+        left = [named[0] for p in spool_dir.glob("rank-*.log")
+                if (named := parse_rank_file(p.name)) is not None and named[1] == attempt]
+        expected = range(world_size) if world_size else sorted({*ranks, *left})
+        from_logs = _from_logs(spool_dir, d, expected, first, attempt)
         if _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected,
                       from_logs) is not None:
             written.append(target)

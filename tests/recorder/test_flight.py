@@ -227,6 +227,22 @@ def test_record_reports_the_dump_of_an_unhandled_exception(tmp_path):
         assert b.manifest["flight"]["trigger"] == "exception" and "details" not in b.manifest["flight"]
 
 
+def test_a_rank_ended_before_it_dumped_is_in_the_dump_from_its_ring(tmp_path):
+    """Rank 1 raises and dumps; the launcher ends rank 0 (SIGTERM) before rank 0 has seen
+    the dump's key: `record` packs the dump with rank 0's calls read from its ring."""
+    out = tmp_path / "run.prism"
+    r = run_cli("record", "--flight", 3, "--flight-hang", 60, "--timeout", 120, "-o", out, "--nproc", 2, "--",
+                sys.executable, SCRIPT, "orphan", tmp_path, 6, timeout=180)
+    assert r.returncode == 1, r.stderr
+    with open_bundle(out) as b:
+        flight = b.manifest["flight"]
+        assert flight["trigger"] == "exception" and flight["rank"] == 1, flight
+        assert b.recorded_ranks == [0, 1], (b.recorded_ranks, flight)
+        assert list(flight["ranks_from_ring"]) == [0], flight  # not dumped: read from its ring
+        assert not flight["ranks_missing"], flight
+    assert not list((tmp_path / "run.prism.d").glob("rank-*.log"))
+
+
 def test_runs_without_a_trigger_write_nothing_and_end_cleanly(tmp_path):
     """Flight mode's threads (watchdog, store listener) never outlive the program badly:
     run after run ends as the program does, and leaves nothing but its notes."""

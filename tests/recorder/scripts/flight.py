@@ -4,6 +4,9 @@ Every step all-reduces the gradients and a loss (a control payload: 4 bytes). MO
   hang   rank 1 never joins the all_reduce of step STEPS-1: rank 0 waits in it forever;
   kill   rank 1 SIGKILLs itself there instead;
   raise  rank 1 raises an exception there;
+  orphan rank 1 raises there while rank 0 sleeps outside any call, its store listener
+         slowed to never look: rank 0 never dumps, and the launcher ends it (SIGTERM) once
+         rank 1 has failed;
   loop   train until DIR/stop exists (step 8 is slow: 1.2 s), writing DIR/pid-<rank>;
   ok     train STEPS steps and end.
 Each rank touches DIR/step-<rank> with its step number as it goes.
@@ -21,6 +24,10 @@ import torch.distributed as dist
 torch.set_num_threads(1)
 mode, where = sys.argv[1], Path(sys.argv[2])
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+if mode == "orphan" and os.environ.get("RANK") == "0":
+    from prism_rr.recorder import _flight
+
+    _flight.LISTEN_S = 3600.0
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 (where / f"pid-{rank}").write_text(str(os.getpid()))
@@ -40,11 +47,13 @@ while True:
     (where / f"step-{rank}").write_text(str(step))
     loss = model(torch.ones(4, 8)).square().mean()
     loss.backward()
-    if rank == 1 and step == steps - 1 and mode in ("hang", "kill", "raise"):
+    if rank == 0 and step == steps - 1 and mode == "orphan":
+        time.sleep(600)  # until the launcher ends it
+    if rank == 1 and step == steps - 1 and mode in ("hang", "kill", "raise", "orphan"):
         if mode == "kill":
             time.sleep(0.3)  # the ring's last tick
             os.kill(os.getpid(), signal.SIGKILL)
-        if mode == "raise":
+        if mode in ("raise", "orphan"):
             raise RuntimeError("planted failure in step %d" % step)
         time.sleep(600)  # the planted hang: this rank never joins
     for p in model.parameters():
