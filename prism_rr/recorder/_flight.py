@@ -38,7 +38,7 @@ from pathlib import Path
 from statistics import median
 
 from prism_rr.format import codec, layout
-from prism_rr.format.calllog import decode_log, log_path, read_log
+from prism_rr.format.calllog import PREFAULT_AHEAD, decode_log, log_path, read_log
 from prism_rr.format.names import parse_rank_file
 from prism_rr.format.compactor import log_info, log_to_spool
 from prism_rr.format.records import Marker
@@ -179,8 +179,10 @@ class Flight:
         poll = min(1.0, max(0.05, self.options.flight_hang / 10))
         trigger_file = self.spool_dir / DUMP_FILE
         rec = self.rec
+        ahead = PREFAULT_AHEAD * max(1, round(poll / 0.1))  # what the program writes in a poll, and more
         while not self._stop.wait(poll):
             try:
+                rec.log.prefault(ahead)  # the ring's next pages, off the program's path
                 now = time.monotonic_ns()
                 late = [c for c in rec.calls.pending() if now - c[0] >= hang_ns and c[5] not in self._hung]
                 if late:

@@ -6,6 +6,7 @@ import ctypes
 import os
 import random
 import struct
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +19,7 @@ from prism_rr.format.calllog import (
     P_DIGEST_BYTES, P_DIGESTS, SEQ_KEY, CallLog, accelerated, decode_log, log_path, payload_tail, read_log,
     ring_entries,
 )
-from prism_rr.format.compactor import Compactor, recover_logs
+from prism_rr.format.compactor import POLL_S, Compactor, recover_logs
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, PointToPoint, Step
 from prism_rr.format.spool import spool_path
 
@@ -343,3 +344,55 @@ def test_a_bad_address_list_is_refused_and_nothing_written(tmp_path, bad, fast):
     with pytest.raises((ValueError, TypeError, OverflowError)):
         log.enter(0, 1, 0, 0, 0, 0, -1, 0, ids["desc"], 0, 0, ids["op"], 0, -1, -1, bad)
     assert log.cur.head == head
+
+
+def _faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+@pytest.mark.parametrize("fast", WRITERS)
+def test_the_pages_the_program_writes_are_faulted_in_ahead(tmp_path, fast):
+    """The program's thread stores into ring pages already faulted in writable: at the
+    log's creation, then by the compactor's thread as the head moves on (every store into
+    a fresh page of the mapped file was a page fault on the program's path). Without it,
+    the same writes fault once per page."""
+    import prism_rr.format.calllog as calllog
+
+    log = CallLog(log_path(tmp_path, 0), 0, accelerate=fast)
+    if not log.prefault():
+        log.close(remove=True)
+        pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    ids = _dictionary(log)
+    compactor = Compactor(log, spool_path(tmp_path, 0), 0, info={"world_size": 1})
+    faults, pages, seq = 0, 0, 0
+    try:
+        for _ in range(3 * calllog.PREFAULT_AHEAD // (1 << 20)):  # three times the window, a MiB at a time
+            head, before = log.head, _faults()
+            while log.head - head < 1 << 20:
+                cid = log.enter(E_SAME_OUT, 100 + seq, 90, 0, 0, seq, -1, 0, ids["desc"], 0, 0, ids["op"], ids["sum"],
+                                -1, -1)
+                log.done(cid, 200 + seq, 150 + seq)
+                seq += 1
+            faults += _faults() - before
+            pages += (log.head - head) >> 12
+            time.sleep(3 * POLL_S)  # the compactor's turn: it looks every POLL_S
+    finally:
+        compactor.close()
+    assert pages > 2000 and faults < pages // 50, (faults, pages)
+
+    # the same writes into a log that is not faulted in ahead: a fault a page
+    saved = calllog._madvise
+    calllog._madvise = None
+    try:
+        cold = CallLog(log_path(tmp_path, 1), 1, accelerate=fast)
+    finally:
+        calllog._madvise = saved
+    ids = _dictionary(cold)
+    before = _faults()
+    while cold.head < 1 << 20:
+        cid = cold.enter(E_SAME_OUT, 100, 90, 0, 0, 0, -1, 0, ids["desc"], 0, 0, ids["op"], ids["sum"], -1, -1)
+        cold.done(cid, 200, 150)
+    assert _faults() - before >= (cold.head >> 12) // 2
+    cold.close(remove=True)
