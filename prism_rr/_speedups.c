@@ -489,7 +489,35 @@ Cursor_state(Cursor *self, PyObject *unused)
     return Py_BuildValue("(LLLL)", self->head, self->tail, self->tail_seq, self->seq);
 }
 
+/* skip(tail, until, seq) -> (tail, seq): past the whole entries from ring position `tail`
+ * (its entry's seq `seq`) while before `until` and the head (a flight ring's oldest entries,
+ * to drop: CallLog._drop_until). */
+static PyObject *
+Cursor_skip(Cursor *self, PyObject *args)
+{
+    long long tail, until, seq;
+    if (!PyArg_ParseTuple(args, "LLL", &tail, &until, &seq))
+        return NULL;
+    if (self->ring == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the call log is closed");
+        return NULL;
+    }
+    long long mask = self->ring_size - 1;
+    while (tail < until && tail < self->head) {
+        uint32_t n;
+        memcpy(&n, self->ring + (tail & mask), 4);
+        if (n < 16 || (n & 15) || n > self->ring_size) {
+            PyErr_Format(PyExc_ValueError, "the call log's ring: an entry of %u bytes at %lld", n, tail);
+            return NULL;
+        }
+        tail += n;
+        seq += 1;
+    }
+    return Py_BuildValue("LL", tail, seq);
+}
+
 static PyMethodDef Cursor_methods[] = {
+    {"skip", (PyCFunction)Cursor_skip, METH_VARARGS, "skip(tail, until, seq) -> (tail, seq): past whole entries"},
     {"enter", (PyCFunction)(void (*)(void))Cursor_enter, METH_FASTCALL, "Write an ENTER; its call id, or -2."},
     {"done", (PyCFunction)(void (*)(void))Cursor_done, METH_FASTCALL, "Write a DONE; 0, or -2."},
     {"state", (PyCFunction)Cursor_state, METH_NOARGS, "(head, tail, tail_seq, seq)"},
@@ -814,13 +842,15 @@ typedef struct {
     PyObject *op_names;     /* intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name */
     PyObject *op_name;      /* ... and _op_name, for any other */
     PyObject *reduce_op_type; /* torch's ReduceOp */
-    int mode, inputs, stack_depth;
-    long long inline_max;
+    PyObject *tensor_type;  /* torch.Tensor, for log_payload's first case (one_small) */
+    PyObject *strided;      /* torch.strided */
+    int mode, inputs, stack_depth, small_what;
+    long long inline_max, keep_small;
 } CallState;
 
 #define CALLSTATE_OBJECTS(X) X(rec) X(open) X(finished) X(later) X(memory) X(tracker) X(ops_mode) X(device) \
     X(last_return) X(step) X(descs) X(names) X(stacks) X(graph_task) X(task_seen) X(cursor) X(stack_caches) \
-    X(log_payload) X(done_work) X(op_names) X(op_name) X(reduce_op_type)
+    X(log_payload) X(done_work) X(op_names) X(op_name) X(reduce_op_type) X(tensor_type) X(strided)
 
 static int
 CallState_traverse(CallState *self, visitproc visit, void *arg)
@@ -849,6 +879,7 @@ CallState_dealloc(CallState *self)
 }
 
 static PyObject *s_wait, *s_complete, *s_fail, *s_on, *s_settle, *s_blocking_py, *s_shape, *s_dtype;
+static PyObject *s_layout, *s_is_cpu, *s_is_contiguous, *s_nbytes, *s_data_ptr;
 
 /* time.monotonic_ns(): on Linux CLOCK_MONOTONIC, which Python reads; elsewhere Python's own. */
 static inline long long
@@ -966,10 +997,70 @@ fail(CallState *self)
     return 0;
 }
 
+/* log_payload's first case (intercept/payload.py), as it tests it: one plain contiguous
+ * CPU tensor (torch.Tensor itself, strided) of at most KEEP_SMALL bytes, whose bytes the
+ * log copies from memory: (address, nbytes, what). NULL with no error where the call is
+ * not that case (log_payload's to say), NULL with an error where reading the tensor
+ * raised (as log_payload would). */
+static PyObject *
+one_small(CallState *self, PyObject *tensors)
+{
+    PyObject *t;
+    if (is_none(self->tensor_type) || is_none(self->strided))
+        return NULL;
+    if (PyList_CheckExact(tensors) && PyList_GET_SIZE(tensors) == 1)
+        t = PyList_GET_ITEM(tensors, 0);
+    else if (PyTuple_CheckExact(tensors) && PyTuple_GET_SIZE(tensors) == 1)
+        t = PyTuple_GET_ITEM(tensors, 0);
+    else
+        return NULL;
+    if ((PyObject *)Py_TYPE(t) != self->tensor_type)
+        return NULL;
+    Py_INCREF(t); /* reading it may run code that changes the list */
+    PyObject *result = NULL, *v;
+    int yes;
+#define TEST(expr, cond)          \
+    if ((v = (expr)) == NULL)     \
+        goto out;                 \
+    yes = (cond);                 \
+    Py_DECREF(v);                 \
+    if (!yes)                     \
+        goto out;
+    TEST(PyObject_GetAttr(t, s_layout), v == self->strided)
+    TEST(PyObject_GetAttr(t, s_is_cpu), PyObject_IsTrue(v))
+    TEST(PyObject_CallMethodNoArgs(t, s_is_contiguous), PyObject_IsTrue(v))
+#undef TEST
+    if (PyErr_Occurred()) /* a truth test that raised */
+        goto out;
+    if ((v = PyObject_GetAttr(t, s_nbytes)) == NULL)
+        goto out;
+    long long n = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (n == -1 && PyErr_Occurred())
+        goto out;
+    if (n < 0 || n > self->keep_small)
+        goto out;
+    PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
+    if (ptr == NULL)
+        goto out;
+    PyObject *nb = PyLong_FromLongLong(n), *what = PyLong_FromLong(self->small_what);
+    if (nb != NULL && what != NULL)
+        result = PyTuple_Pack(3, ptr, nb, what);
+    Py_DECREF(ptr);
+    Py_XDECREF(nb);
+    Py_XDECREF(what);
+out:
+    Py_DECREF(t);
+    return result;
+}
+
 /* log_payload(tensors, mode, None, False, inline_max): a new reference (None included), or NULL. */
 static PyObject *
 payload_of(CallState *self, PyObject *log_payload, PyObject *tensors)
 {
+    PyObject *small = one_small(self, tensors);
+    if (small != NULL || PyErr_Occurred())
+        return small;
     PyObject *mode = PyLong_FromLong(self->mode), *max = PyLong_FromLongLong(self->inline_max);
     PyObject *r = NULL;
     if (mode != NULL && max != NULL) {
@@ -1492,6 +1583,10 @@ static PyMemberDef CallState_members[] = {
     OBJ_MEMBER("_op_names", op_names, "intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name"),
     OBJ_MEMBER("_op_name", op_name, "intercept/group.py's _op_name"),
     OBJ_MEMBER("_reduce_op_type", reduce_op_type, "torch's ReduceOp"),
+    OBJ_MEMBER("_tensor_type", tensor_type, "torch.Tensor (log_payload's first case in C), or None"),
+    OBJ_MEMBER("_strided", strided, "torch.strided"),
+    {"_keep_small", T_LONGLONG, offsetof(CallState, keep_small), 0, "payload.KEEP_SMALL"},
+    {"_small_what", T_INT, offsetof(CallState, small_what), 0, "the payload flags of a small tensor's bytes"},
     {"mode", T_INT, offsetof(CallState, mode), 0, "the payload mode (intercept/payload.MODES)"},
     {"inputs", T_BOOL, offsetof(CallState, inputs), 0, "whether inputs' payloads are kept"},
     {"stack_depth", T_INT, offsetof(CallState, stack_depth), 0, "frames of user code kept per call"},
@@ -1532,6 +1627,8 @@ PyInit__speedups(void)
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
     INTERN(s_wait, "wait") INTERN(s_complete, "complete") INTERN(s_fail, "fail") INTERN(s_on, "on")
     INTERN(s_settle, "settle") INTERN(s_blocking_py, "_blocking_py") INTERN(s_shape, "shape") INTERN(s_dtype, "dtype")
+    INTERN(s_layout, "layout") INTERN(s_is_cpu, "is_cpu") INTERN(s_is_contiguous, "is_contiguous")
+    INTERN(s_nbytes, "nbytes") INTERN(s_data_ptr, "data_ptr")
 #undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

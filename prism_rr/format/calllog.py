@@ -103,6 +103,7 @@ STATE_LIVE, STATE_CLOSED = 0, 1
 F_FLIGHT = 1
 
 HEAD = struct.Struct("<IBBH")  # length, type, flags, aux
+_LENGTH = struct.Struct("<I")
 SEQ = struct.Struct("<Q")  # the entry's last 8 bytes: its seq ^ SEQ_KEY, stored last
 SEQ_KEY = 0x5052_524C_4F47_0000  # "PRRLOG": a stale word is unlikely to pass for a seq
 ALIGN = 16
@@ -126,6 +127,7 @@ CID_AT = 24  # the call id's offset in ENTER
 # E_IN_LATER: the inputs' payload comes in an OUT with O_INPUTS, read once the device has
 # passed the call's entry)
 E_ASYNC, E_P2P, E_RECV, E_SAME_OUT, E_COPY, E_IN_LATER = 1, 2, 4, 8, 16, 32
+DROP_SHIFT = 4  # a full flight ring drops 1/2**DROP_SHIFT of itself at once (_make_room)
 MAX_CARRIES = 2  # a flight ring lets go of a call open that long (two laps of other entries)
 
 # DONE: the call completed (or failed): call id, end_ns, issued_ns (0: none), peer and call
@@ -362,33 +364,46 @@ class CallLog:
             return
         if not self.flight:
             raise LogFull
-        self._drop_until(end - self.ring_size)
+        # A sixteenth of the ring more than the entry needs: the entries after it find
+        # room on the writers' fast path (the C one's) until that is used, where dropping
+        # only what each needs sent every entry of a ring gone round through here.
+        self._drop_until(end - self.ring_size + (self.ring_size >> DROP_SHIFT))
 
     def _drop_until(self, new_tail: int) -> None:
         """Flight: forget the oldest entries up to `new_tail`, keeping the ENTER of a call
         still open to write again ahead (it names the call its DONE completes), as long as
         the open calls take at most a quarter of the ring."""
         mm, mask, at0, cur = self._mm, self._mask, self._ring_at, self.cur
-        tail, seq = cur.tail, cur.tail_seq
+        old = cur.tail
+        tail, seq = self._skip(old, new_tail, cur.tail_seq)
         open_ = self.open
         carried = self._carried
         room = self.ring_size // 4 - sum(map(len, carried))  # open calls may fill a quarter, no more
-        while tail < new_tail and tail < cur.head:
-            off = at0 + (tail & mask)
-            length, kind = HEAD.unpack_from(mm, off)[:2]
-            if kind == T_ENTER:
-                cid = SEQ.unpack_from(mm, off + CID_AT)[0]
-                if open_.get(cid) == tail:
-                    aux = HEAD.unpack_from(mm, off)[3]
-                    if length <= room and aux >> 8 < MAX_CARRIES:
-                        carried.append(bytes(mm[off : off + length]))
-                        room -= length
-                    else:  # open for laps, or too many open for this ring: let go
-                        del open_[cid]
-            tail += length
-            seq += 1
+        # the open calls whose newest ENTER goes, oldest first
+        for pos, cid in sorted((pos, cid) for cid, pos in open_.items() if old <= pos < tail):
+            off = at0 + (pos & mask)
+            length, _, _, aux = HEAD.unpack_from(mm, off)
+            if length <= room and aux >> 8 < MAX_CARRIES:
+                carried.append(bytes(mm[off : off + length]))
+                room -= length
+            else:  # open for laps, or too many open for this ring: let go
+                del open_[cid]
         cur.tail, cur.tail_seq = tail, seq
         self._write_live(None, None)
+
+    def _skip(self, tail: int, until: int, seq: int) -> tuple[int, int]:
+        """(ring position, seq) past the whole entries from `tail` (its seq `seq`) while
+        before `until` and the head."""
+        if type(self.cur) is not _Cursor:
+            return self.cur.skip(tail, until, seq)
+        mm, mask, at0, head = self._mm, self._mask, self._ring_at, self.cur.head
+        while tail < until and tail < head:
+            n = _LENGTH.unpack_from(mm, at0 + (tail & mask))[0]
+            if n < ALIGN or n % ALIGN or n > self.ring_size:
+                raise ValueError(f"the call log's ring: an entry of {n} bytes at {tail}")
+            tail += n
+            seq += 1
+        return tail, seq
 
     def _carry(self) -> None:
         """With the lock held: write the ENTERs that room-making took out, as copies (at

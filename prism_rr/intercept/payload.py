@@ -127,6 +127,11 @@ _strided = torch.strided
 _one_bytes = ONE_BYTES.pack
 
 
+def small_bytes_what(mode: int) -> int:
+    """The payload flags of small tensors' bytes kept whole under payload mode `mode`."""
+    return P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES
+
+
 def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: bool = False,
                 inline_max: int = INLINE_MAX):
     """The call log's payload part (format/calllog.py, PAYLOAD_HEAD) for a call's tensors

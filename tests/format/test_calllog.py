@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, open_bundle, pack, verify
 from prism_rr.format.calllog import (
-    D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E_COPY, E_P2P, E_RECV, E_SAME_OUT, HEADER_AREA, P_BYTES,
+    D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E_COPY, E_P2P, E_RECV, E_SAME_OUT, DONE, ENTER, HEADER_AREA, P_BYTES,
     P_DIGEST_BYTES, P_DIGESTS, SEQ_KEY, CallLog, accelerated, decode_log, log_path, payload_tail, read_log,
     ring_entries,
 )
@@ -168,6 +168,41 @@ def test_flight_ring_keeps_the_newest_calls_and_those_still_open(tmp_path, fast)
     _churn(log, ids, 1000, seed=2)  # many laps
     assert again not in log.open
     assert not [c for c in _records(read_log(log.path)) if type(c) is Collective and c.group == 2]
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+def test_a_full_flight_ring_drops_a_sixteenth_at_once_and_keeps_the_fast_path(tmp_path):
+    """A flight ring gone round drops a sixteenth of itself when it needs room: the entries
+    after that take the C writer's fast path until that room is used (dropping only what
+    each entry needed sent every entry of a full ring through the Python slow path, and
+    an always-on recording is mostly a full ring). It keeps at least 15/16 of the ring,
+    and every call in it reads back whole."""
+    from prism_rr.format.calllog import DROP_SHIFT
+
+    ring = 1 << 16
+    log = CallLog(log_path(tmp_path, 0), 0, ring_size=ring, persist_size=1 << 16, flight=True)
+    ids = _dictionary(log)
+    slow = []
+    enter = log.cur.slow_enter
+
+    def counted(*args):
+        slow.append(args)
+        return enter(*args)
+
+    log.cur.slow_enter = counted
+    laps, n = 4, 0
+    while log.head < laps * ring:
+        cid = log.enter(E_SAME_OUT, 10 * n + 1, 10 * n, 0, 0, n, -1, 0, ids["desc"], 0, 0, ids["op"], ids["sum"], -1,
+                        -1)
+        log.done(cid, 10 * n + 5, 10 * n + 2)
+        n += 1
+        assert log.head - log.tail <= ring
+    # about 2**DROP_SHIFT drops a lap and a padding at each lap's end, where it was every entry
+    assert len(slow) <= (laps - 1) * ((1 << DROP_SHIFT) + 2), (len(slow), n)
+    assert log.head - log.tail >= ring - (ring >> DROP_SHIFT) - 2 * DONE.size - ENTER.size
+    calls = [r for r in _records(read_log(log.path)) if type(r) is Collective]
+    seqs = [c.seq for c in calls]
+    assert seqs == list(range(seqs[0], n)) and all(c.end_ns == 10 * c.seq + 5 for c in calls)
 
 
 def _ring(log):

@@ -19,11 +19,13 @@ from tests.cli_helpers import run_cli
 
 TIMES = ("start_ns", "end_ns", "issued_ns")
 
+CALLS = 17  # calls a round of scripts/blocking.py makes
 
-def _run(tmp_path, pure: bool, payload: str, rounds: int = 4, ring: int | None = None):
+
+def _run(tmp_path, pure: bool, payload: str, rounds: int = 4, ring: int | None = None, env: dict | None = None):
     argv = [SCRIPTS / "blocking.py", tmp_path, rounds, 15 if ring else 0]
     spools, _ = run_recorded(tmp_path, argv, 2, timeout=120, payload=payload,
-                             env_extra={"PRISM_RR_PURE_PYTHON": "1"} if pure else None,
+                             env_extra={"PRISM_RR_PURE_PYTHON": "1", **(env or {})} if pure else env,
                              **({"ring_size": ring} if ring else {}))
     paths = [json.loads((tmp_path / f"path-{r}.json").read_text()) for r in range(2)]
     calls = {r: [dataclasses.replace(c, **{k: 0 for k in TIMES}) for c in spools.calls(r)] for r in range(2)}
@@ -46,9 +48,9 @@ def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload, rounds,
     assert all(p["c_path"] for p in c_paths) and not any(p["c_path"] for p in py_paths)
     for rank in range(2):
         made = len(c_calls[rank])
-        assert made == len(py_calls[rank]) == rounds * 14 + 1
+        assert made == len(py_calls[rank]) == rounds * CALLS + 1
         # the first round (names, shapes and stacks new) goes the Python way, and the last barrier
-        assert c_paths[rank]["python"] == 15, c_paths[rank]
+        assert c_paths[rank]["python"] == CALLS + 1, c_paths[rank]
         for a, b in zip(c_calls[rank], py_calls[rank]):
             assert a == b
         assert c_kinds[rank] == py_kinds[rank]
@@ -58,9 +60,28 @@ def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload, rounds,
 
 
 @pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+@pytest.mark.timeout(300)
+def test_one_small_tensor_payload_is_read_in_c_as_log_payload_reads_it(tmp_path):
+    """A call's one small plain CPU tensor (log_payload's first case) is read by the C path
+    itself: the same records as when every payload goes through Python's log_payload, and
+    at least ten payloads a round fewer asked of it (two all_reduces, a broadcast of floats
+    and one of bytes, a subgroup's all_reduce, each in and out). A Parameter (a subclass)
+    and a tensor above the small size still go the Python way."""
+    rounds = 4
+    c_calls, c_paths, _ = _run(tmp_path / "c", False, "digest", rounds)
+    py_calls, py_paths, _ = _run(tmp_path / "py", False, "digest", rounds, env={"BLOCKING_NO_ONE_SMALL": "1"})
+    for rank in range(2):
+        assert c_calls[rank] == py_calls[rank]
+        assert c_paths[rank]["python"] == py_paths[rank]["python"] == CALLS + 1
+        fewer = py_paths[rank]["payload_calls"] - c_paths[rank]["payload_calls"]
+        assert fewer >= 10 * (rounds - 1), (c_paths[rank], py_paths[rank])
+        assert c_paths[rank]["payload_calls"] >= 2 * (rounds - 1), c_paths[rank]
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
 @pytest.mark.timeout(400)
 def test_a_flight_ring_gone_round_keeps_the_same_calls_on_both_paths(tmp_path):
-    """Flight mode's ring of 1 MiB, round twice (12,600 calls under its default payload,
+    """Flight mode's ring of 1 MiB, round twice (15,300 calls under its default payload,
     small: ENTERs without one): the entries the ring drops to make room go through the log's
     slow path, from the C path as from the Python one; the dump at exit holds the same calls."""
     got = {}
@@ -77,7 +98,7 @@ def test_a_flight_ring_gone_round_keeps_the_same_calls_on_both_paths(tmp_path):
                                 if isinstance(c, (Collective, PointToPoint))] for rank in b.recorded_ranks}
     for rank in (0, 1):
         kept = got[False][rank]
-        assert 2000 < len(kept) < 900 * 14  # the ring let the oldest go
+        assert 2000 < len(kept) < 900 * CALLS  # the ring let the oldest go
         assert kept == got[True][rank]
 
 

@@ -6,10 +6,12 @@ Run as one rank of a 2-rank world: blocking.py <out> [rounds] [pause ms] (each r
 pause: a step's compute, in which a small ring's compactor catches up). Writes
 <out>/path-<rank>.json: how
 many calls the recorder's Python path took (its `_blocking_py`, which the C path hands
-what it does not handle), and whether the C path is there at all.
+what it does not handle), how many payloads the C path asked Python's log_payload for (all
+of them with BLOCKING_NO_ONE_SMALL set), and whether the C path is there at all.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -28,7 +30,7 @@ from prism_rr.recorder import _session  # noqa: E402  (the hook started it with 
 
 calls = _session.current().calls
 fast = hasattr(type(calls), "_blocking_py")
-python = 0
+python = payload_calls = 0
 if fast:
     def counted(call, _py=type(calls)._blocking_py):
         global python
@@ -37,6 +39,17 @@ if fast:
 
     calls._blocking_py = counted  # the C path looks it up on the instance
 
+    payload_calls = 0
+
+    def payload_counted(*args, _lp=calls._log_payload):
+        global payload_calls
+        payload_calls += 1
+        return _lp(*args)
+
+    calls._log_payload = payload_counted  # what the C path asks Python for a payload
+    if os.environ.get("BLOCKING_NO_ONE_SMALL"):
+        calls._tensor_type = None  # every payload the Python way
+
 
 def rounds(i: int) -> None:
     v = float(i + 1)
@@ -44,6 +57,12 @@ def rounds(i: int) -> None:
     dist.all_reduce(t)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     dist.broadcast(t, src=1)
+    # one tensor each: a Parameter (a subclass: the small bytes' long way), one above the
+    # small size (digested), one of bytes
+    w = torch.nn.Parameter(torch.full((2,), v), requires_grad=False)
+    dist.broadcast(w, src=0)
+    dist.all_reduce(torch.full((300,), v))
+    dist.broadcast(torch.full((3,), i % 256, dtype=torch.uint8), src=1)
     outs = [torch.zeros(3) for _ in range(world)]
     dist.all_gather(outs, torch.full((3,), v * (rank + 2)))  # several outputs: their bytes from memory
     big = [torch.zeros(600) for _ in range(world)]
@@ -74,5 +93,5 @@ for i in range(n_rounds):
     time.sleep(pause)
 dist.barrier()
 with open(f"{out}/path-{rank}.json", "w") as f:
-    json.dump({"c_path": fast, "python": python}, f)
+    json.dump({"c_path": fast, "python": python, "payload_calls": payload_calls}, f)
 dist.destroy_process_group()
