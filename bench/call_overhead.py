@@ -12,7 +12,8 @@ one-float tensor, plainly and under the recorder in each mode, in interleaved ro
                  interception, not of recording)
     none         --payload none
     digest       --payload digest (calls of at most 1 KiB also keep their bytes)
-    flight       --flight 8 with its default payload (small: calls of at most 1 KiB whole)
+    flight       --flight 8 with its default payload (small: calls of at most 1 KiB whole), on
+                 a 1 MiB ring gone round before the timing starts (always-on's steady state)
     none_py, flight_py
                  none and flight on the pure-Python path (PRISM_RR_PURE_PYTHON=1: what runs
                  where the C speedups were not built)
@@ -65,12 +66,17 @@ RECORDED = ("intercepted", "none", "digest", "flight", "none_py", "flight_py")
 TARGETS = {"none": 5.0, "flight": 5.0, "digest": 15.0}  # solo, us added per call
 RATIO_TARGETS = {"none": 1.10, "digest": 1.20}  # world 2, recorded / plain
 HASH_TARGET = 5.0
+# Flight modes record into a 1 MiB ring (--flight-budget's least) that FLIGHT_FILL untimed
+# one-float all_reduces (about 130 bytes each) have filled: an always-on recording's ring is
+# full nearly all its life, and a full ring makes room as it writes.
+FLIGHT_RING = 1 << 20
+FLIGHT_FILL = 10_000
 
 
 # --- inside a rank -------------------------------------------------------------------
 
 
-def _rank_main(out: str, calls: int, repeats: int, warmup: int) -> None:
+def _rank_main(out: str, calls: int, repeats: int, warmup: int, fill: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -107,6 +113,9 @@ def _rank_main(out: str, calls: int, repeats: int, warmup: int) -> None:
            "send_recv": (send_recv, 2)}
     result = {}
     i = 0
+    for _ in range(fill):  # a flight ring gone round before anything is timed: always-on's steady state
+        i += 1
+        all_reduce(i)
     for op in OPS if dist.get_world_size() > 1 else SOLO_OPS:
         fn, per = fns[op]
         for _ in range(warmup):
@@ -163,7 +172,8 @@ def _env(mode: str, work: Path, n: int) -> dict[str, str]:
     if base == "intercepted":  # a window that never opens: the group forwards every call
         opts = RecordOptions.make(spool, payload="none", steps="1000000000:")
     elif base == "flight":
-        opts = RecordOptions(spool_dir=str(spool), flight=8)  # its default payload (small)
+        # its default payload (small), on the smallest ring, gone round before the timing
+        opts = RecordOptions(spool_dir=str(spool), flight=8, flight_budget=FLIGHT_RING)
     else:
         opts = RecordOptions.make(spool, payload=base)
     env = hook_env(opts)
@@ -178,6 +188,8 @@ def _run_mode(mode: str, work: Path, n: int, args, world: int = 2, calls: int | 
     out = work / f"{mode}-{n}-w{world}.json"
     argv = [sys.executable, os.path.abspath(__file__), "--rank", str(out), "--calls", str(calls or args.calls),
             "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    if mode.removesuffix("_py") == "flight":
+        argv += ["--fill", str(FLIGHT_FILL)]
     if args.pin and len(os.sched_getaffinity(0)) >= 2:
         # Each rank on a core of its own, the recorder's threads beside it (as in production).
         argv = ["sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$@"', "sh", *argv]
@@ -232,9 +244,10 @@ def main() -> None:
     p.add_argument("--no-pin", dest="pin", action="store_false", help="let ranks float over the cores")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--rank", help=argparse.SUPPRESS)  # internal: run as a rank, write here
+    p.add_argument("--fill", type=int, default=0, help=argparse.SUPPRESS)  # internal: untimed calls before all
     args = p.parse_args()
     if args.rank:
-        _rank_main(args.rank, args.calls, args.repeats, args.warmup)
+        _rank_main(args.rank, args.calls, args.repeats, args.warmup, args.fill)
         return
 
     modes = [m for m in args.modes.split(",") if m]
