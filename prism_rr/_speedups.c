@@ -842,7 +842,7 @@ typedef struct {
     PyObject *op_names;     /* intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name */
     PyObject *op_name;      /* ... and _op_name, for any other */
     PyObject *reduce_op_type; /* torch's ReduceOp */
-    PyObject *tensor_type;  /* torch.Tensor, for log_payload's first case (one_small) */
+    PyObject *tensor_type;  /* torch.Tensor, for log_payload's small plain tensors (small_payload) */
     PyObject *strided;      /* torch.strided */
     int mode, inputs, stack_depth, small_what;
     long long inline_max, keep_small;
@@ -997,60 +997,104 @@ fail(CallState *self)
     return 0;
 }
 
-/* log_payload's first case (intercept/payload.py), as it tests it: one plain contiguous
- * CPU tensor (torch.Tensor itself, strided) of at most KEEP_SMALL bytes, whose bytes the
- * log copies from memory: (address, nbytes, what). NULL with no error where the call is
- * not that case (log_payload's to say), NULL with an error where reading the tensor
- * raised (as log_payload would). */
-static PyObject *
-one_small(CallState *self, PyObject *tensors)
+/* Whether t is a plain tensor whose bytes the log copies from memory, as log_payload tests
+ * it (torch.Tensor itself, strided, on the CPU, contiguous): 1 with its nbytes and address,
+ * 0 where it is not, -1 on an error (reading the tensor raised, as in log_payload). */
+static int
+plain_tensor(CallState *self, PyObject *t, long long *nbytes, PyObject **ptr)
 {
-    PyObject *t;
-    if (is_none(self->tensor_type) || is_none(self->strided))
-        return NULL;
-    if (PyList_CheckExact(tensors) && PyList_GET_SIZE(tensors) == 1)
-        t = PyList_GET_ITEM(tensors, 0);
-    else if (PyTuple_CheckExact(tensors) && PyTuple_GET_SIZE(tensors) == 1)
-        t = PyTuple_GET_ITEM(tensors, 0);
-    else
-        return NULL;
     if ((PyObject *)Py_TYPE(t) != self->tensor_type)
-        return NULL;
-    Py_INCREF(t); /* reading it may run code that changes the list */
-    PyObject *result = NULL, *v;
+        return 0;
+    PyObject *v;
     int yes;
-#define TEST(expr, cond)          \
-    if ((v = (expr)) == NULL)     \
-        goto out;                 \
-    yes = (cond);                 \
-    Py_DECREF(v);                 \
-    if (!yes)                     \
-        goto out;
+#define TEST(expr, cond)       \
+    if ((v = (expr)) == NULL)  \
+        return -1;             \
+    yes = (cond);              \
+    Py_DECREF(v);              \
+    if (yes <= 0)              \
+        return yes;
     TEST(PyObject_GetAttr(t, s_layout), v == self->strided)
     TEST(PyObject_GetAttr(t, s_is_cpu), PyObject_IsTrue(v))
     TEST(PyObject_CallMethodNoArgs(t, s_is_contiguous), PyObject_IsTrue(v))
 #undef TEST
-    if (PyErr_Occurred()) /* a truth test that raised */
-        goto out;
     if ((v = PyObject_GetAttr(t, s_nbytes)) == NULL)
-        goto out;
-    long long n = PyLong_AsLongLong(v);
+        return -1;
+    *nbytes = PyLong_AsLongLong(v);
     Py_DECREF(v);
-    if (n == -1 && PyErr_Occurred())
-        goto out;
-    if (n < 0 || n > self->keep_small)
-        goto out;
-    PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
-    if (ptr == NULL)
-        goto out;
-    PyObject *nb = PyLong_FromLongLong(n), *what = PyLong_FromLong(self->small_what);
-    if (nb != NULL && what != NULL)
-        result = PyTuple_Pack(3, ptr, nb, what);
-    Py_DECREF(ptr);
-    Py_XDECREF(nb);
-    Py_XDECREF(what);
-out:
-    Py_DECREF(t);
+    if (*nbytes == -1 && PyErr_Occurred())
+        return -1;
+    if (*nbytes < 0 || *nbytes > self->keep_small) /* not kept whole: log_payload's to say */
+        return 0;
+    if (ptr != NULL && (*ptr = PyObject_CallMethodNoArgs(t, s_data_ptr)) == NULL)
+        return -1;
+    return 1;
+}
+
+/* log_payload's cases of small plain CPU tensors (intercept/payload.py), as it tests them:
+ * one tensor of at most KEEP_SMALL bytes as (address, nbytes, what), several of at most
+ * KEEP_SMALL bytes in all as [what, address, nbytes, ...], the bytes copied by the log from
+ * memory. NULL with no error where the call is none of these (log_payload's to say), NULL
+ * with an error where reading a tensor raised (as log_payload would). */
+static PyObject *
+small_payload(CallState *self, PyObject *tensors)
+{
+    if (is_none(self->tensor_type) || is_none(self->strided))
+        return NULL;
+    if (!PyList_CheckExact(tensors) && !PyTuple_CheckExact(tensors))
+        return NULL;
+    PyObject *seq = Py_NewRef(tensors); /* reading a tensor may run code that changes a list */
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    if (count == 1) {
+        PyObject *t = Py_NewRef(PySequence_Fast_GET_ITEM(seq, 0)), *ptr = NULL;
+        long long n;
+        if (plain_tensor(self, t, &n, &ptr) > 0) {
+            PyObject *nb = PyLong_FromLongLong(n), *what = PyLong_FromLong(self->small_what);
+            if (nb != NULL && what != NULL)
+                result = PyTuple_Pack(3, ptr, nb, what);
+            Py_DECREF(ptr);
+            Py_XDECREF(nb);
+            Py_XDECREF(what);
+        }
+        Py_DECREF(t);
+    } else if (count > 1) {
+        PyObject *spec = PyList_New(1 + 2 * count);
+        long long total = 0;
+        Py_ssize_t i = 0;
+        if (spec == NULL)
+            goto done;
+        PyList_SET_ITEM(spec, 0, PyLong_FromLong(self->small_what));
+        if (PyList_GET_ITEM(spec, 0) == NULL)
+            goto failed;
+        for (; i < count && i < PySequence_Fast_GET_SIZE(seq); i++) {
+            PyObject *t = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i)), *ptr = NULL;
+            long long n;
+            int ok = plain_tensor(self, t, &n, &ptr);
+            Py_DECREF(t);
+            if (ok > 0 && (total += n) > self->keep_small) {
+                Py_DECREF(ptr);
+                ok = 0;
+            }
+            if (ok <= 0)
+                goto failed;
+            PyObject *nb = PyLong_FromLongLong(n);
+            if (nb == NULL) {
+                Py_DECREF(ptr);
+                goto failed;
+            }
+            PyList_SET_ITEM(spec, 1 + 2 * i, ptr);
+            PyList_SET_ITEM(spec, 2 + 2 * i, nb);
+        }
+        if (i == count) {
+            result = spec;
+            goto done;
+        }
+    failed: /* the items not set are NULL, which list_dealloc skips */
+        Py_XDECREF(spec);
+    }
+done:
+    Py_DECREF(seq);
     return result;
 }
 
@@ -1058,7 +1102,7 @@ out:
 static PyObject *
 payload_of(CallState *self, PyObject *log_payload, PyObject *tensors)
 {
-    PyObject *small = one_small(self, tensors);
+    PyObject *small = small_payload(self, tensors);
     if (small != NULL || PyErr_Occurred())
         return small;
     PyObject *mode = PyLong_FromLong(self->mode), *max = PyLong_FromLongLong(self->inline_max);
@@ -1583,7 +1627,7 @@ static PyMemberDef CallState_members[] = {
     OBJ_MEMBER("_op_names", op_names, "intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name"),
     OBJ_MEMBER("_op_name", op_name, "intercept/group.py's _op_name"),
     OBJ_MEMBER("_reduce_op_type", reduce_op_type, "torch's ReduceOp"),
-    OBJ_MEMBER("_tensor_type", tensor_type, "torch.Tensor (log_payload's first case in C), or None"),
+    OBJ_MEMBER("_tensor_type", tensor_type, "torch.Tensor (small_payload: log_payload's small plain tensors in C), or None"),
     OBJ_MEMBER("_strided", strided, "torch.strided"),
     {"_keep_small", T_LONGLONG, offsetof(CallState, keep_small), 0, "payload.KEEP_SMALL"},
     {"_small_what", T_INT, offsetof(CallState, small_what), 0, "the payload flags of a small tensor's bytes"},

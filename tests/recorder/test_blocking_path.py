@@ -61,12 +61,13 @@ def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload, rounds,
 
 @pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
 @pytest.mark.timeout(300)
-def test_one_small_tensor_payload_is_read_in_c_as_log_payload_reads_it(tmp_path):
-    """A call's one small plain CPU tensor (log_payload's first case) is read by the C path
-    itself: the same records as when every payload goes through Python's log_payload, and
-    at least ten payloads a round fewer asked of it (two all_reduces, a broadcast of floats
-    and one of bytes, a subgroup's all_reduce, each in and out). A Parameter (a subclass)
-    and a tensor above the small size still go the Python way."""
+def test_small_plain_tensors_payloads_are_read_in_c_as_log_payload_reads_them(tmp_path):
+    """A call's small plain CPU tensors (log_payload's first cases: one, or several of at
+    most KEEP_SMALL bytes in all) are read by the C path itself: the same records as when
+    every payload goes through Python's log_payload, and at least ten payloads a round
+    fewer asked of it (two all_reduces, a broadcast of floats and one of bytes, a
+    subgroup's all_reduce, each in and out; all_gather's several outputs too). A Parameter
+    (a subclass) and tensors above the small size still go the Python way."""
     rounds = 4
     c_calls, c_paths, _ = _run(tmp_path / "c", False, "digest", rounds)
     py_calls, py_paths, _ = _run(tmp_path / "py", False, "digest", rounds, env={"BLOCKING_NO_ONE_SMALL": "1"})
@@ -74,7 +75,7 @@ def test_one_small_tensor_payload_is_read_in_c_as_log_payload_reads_it(tmp_path)
         assert c_calls[rank] == py_calls[rank]
         assert c_paths[rank]["python"] == py_paths[rank]["python"] == CALLS + 1
         fewer = py_paths[rank]["payload_calls"] - c_paths[rank]["payload_calls"]
-        assert fewer >= 10 * (rounds - 1), (c_paths[rank], py_paths[rank])
+        assert fewer >= 12 * (rounds - 1), (c_paths[rank], py_paths[rank])
         assert c_paths[rank]["payload_calls"] >= 2 * (rounds - 1), c_paths[rank]
 
 
