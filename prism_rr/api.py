@@ -222,7 +222,7 @@ def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str]
     """After a flight run: the dumps' bundles (those the triggers left unpacked packed now)."""
     from prism_rr.recorder import finish_flight
 
-    if not any(any(spool_dir.glob(pattern)) for pattern in ("rank-*.ring", "rank-*.crash", "flight-*")):
+    if not any(any(spool_dir.glob(pattern)) for pattern in ("rank-*.log", "rank-*.crash", "flight-*")):
         raise UsageError(
             f"nothing was recorded: no rank called torch.distributed.init_process_group "
             f"(is CMD a PyTorch distributed program? exit code {code})"

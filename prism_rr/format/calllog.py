@@ -319,6 +319,7 @@ class CallLog:
         self._carried: list[bytes] = []  # ENTERs of open calls to write again, ahead
         self._populate = _POPULATE_WRITE if _madvise is not None else None
         self._base = _address(self._mm) if self._populate is not None else 0
+        self._faulted = 0  # the ring's first lap is faulted in up to here (prefault)
         self._write_live(0, 0)
         self._prefault(0, min(self.persist_size, 256 << 10))  # the dictionary's first entries
         self.prefault()
@@ -394,8 +395,9 @@ class CallLog:
     def _skip(self, tail: int, until: int, seq: int) -> tuple[int, int]:
         """(ring position, seq) past the whole entries from `tail` (its seq `seq`) while
         before `until` and the head."""
-        if type(self.cur) is not _Cursor:
-            return self.cur.skip(tail, until, seq)
+        skip = getattr(self.cur, "skip", None)  # (a C extension built before it has none)
+        if skip is not None:
+            return skip(tail, until, seq)
         mm, mask, at0, head = self._mm, self._mask, self._ring_at, self.cur.head
         while tail < until and tail < head:
             n = _LENGTH.unpack_from(mm, at0 + (tail & mask))[0]
@@ -626,30 +628,37 @@ class CallLog:
     # --- the pages ahead ----------------------------------------------------------------
 
     def prefault(self, ahead: int = PREFAULT_AHEAD) -> bool:
-        """Fault in, writable, the ring's pages from the head on for `ahead` bytes (wrapping),
-        so that the program's stores find them ready: at creation, then from the recorder's
-        own threads (the compactor's, flight mode's watchdog). False where the kernel cannot
-        (no MADV_POPULATE_WRITE: the stores fault as before) or the log is closed."""
-        ahead = min(ahead, self.ring_size)
-        start = self.cur.head & self._mask
-        first = min(ahead, self.ring_size - start)
-        return self._prefault(self._ring_at - HEADER_AREA + start, first) and (
-            first == ahead or self._prefault(self._ring_at - HEADER_AREA, ahead - first))
+        """Fault in, writable, the ring's pages not yet written from the head on, up to
+        `ahead` bytes past it, so that the program's stores find them ready: at creation,
+        then from the recorder's own threads (the compactor's, flight mode's watchdog). The
+        first lap only: then every page of the ring is in memory, and faulting one in again
+        would only make the kernel write it back again (a page written back faults once
+        more at the program's next store into it, without the zeroing). False where the
+        kernel cannot (no MADV_POPULATE_WRITE: the stores fault as before) or the log is
+        closed."""
+        head = self.cur.head
+        start, end = max(self._faulted, head), min(head + ahead, self.ring_size)
+        if start >= end:
+            return self._populate is not None and not self.closed
+        if not self._prefault(self._ring_at - HEADER_AREA + start, end - start):
+            return False
+        self._faulted = end
+        return True
 
     def _prefault(self, at: int, n: int) -> bool:
         """MADV_POPULATE_WRITE over n bytes from `at` past the header area, a megabyte at a
-        time, without the GIL (ctypes lets it go; mmap.madvise would hold it while the
-        kernel faults the pages in)."""
-        if self._populate is None or self.closed:
-            return False
+        time, each under the log's lock (close unmaps under it), without the GIL (ctypes
+        lets it go; mmap.madvise would hold it while the kernel faults the pages in)."""
         at += HEADER_AREA
         page = at & ~(mmap.PAGESIZE - 1)
         end = at + n
         while page < end:
             step = min(end - page, 1 << 20)
-            if self.closed:
-                return False
-            if _madvise(self._base + page, step, self._populate) != 0:
+            with self.lock:
+                if self._populate is None or self.closed:
+                    return False
+                failed = _madvise(self._base + page, step, self._populate) != 0
+            if failed:
                 self._populate = None  # an older kernel, or a file system that refuses: no more tries
                 return False
             page += step

@@ -100,9 +100,9 @@ class Compactor:
             if self._stopped:
                 return
             try:
-                calls.prefault()  # the pages the program writes next, off its path
                 if calls.head - calls.tail > quarter or calls.persist_full:
                     self.compact()
+                calls.prefault()  # the pages the program writes next, off its path
             except BaseException as exc:  # never let the thread die silently
                 self.error = exc
                 return

@@ -182,7 +182,6 @@ class Flight:
         ahead = PREFAULT_AHEAD * max(1, round(poll / 0.1))  # what the program writes in a poll, and more
         while not self._stop.wait(poll):
             try:
-                rec.log.prefault(ahead)  # the ring's next pages, off the program's path
                 now = time.monotonic_ns()
                 late = [c for c in rec.calls.pending() if now - c[0] >= hang_ns and c[5] not in self._hung]
                 if late:
@@ -193,6 +192,7 @@ class Flight:
                 if trigger_file.exists():
                     trigger_file.unlink(missing_ok=True)
                     self.trigger("file", path=str(trigger_file))
+                rec.log.prefault(ahead)  # the ring's next pages, off the program's path (its first lap)
             except Exception as exc:  # the watchdog never ends a training run
                 log.warning("prism-rr: flight watchdog: %s: %s", type(exc).__name__, exc)
 

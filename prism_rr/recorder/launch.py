@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,6 +130,9 @@ def _clear_old_spools(spool_dir: Path) -> None:
     run = spool_dir / "run.json"
     if run.exists():
         run.unlink()
+    for d in spool_dir.glob("flight-*"):  # an earlier run's flight dumps: never packed with this run's rings
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _write_run(spool_dir: Path, facts: dict) -> None:

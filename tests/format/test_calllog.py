@@ -431,3 +431,38 @@ def test_the_pages_the_program_writes_are_faulted_in_ahead(tmp_path, fast):
         cold.done(cid, 200, 150)
     assert _faults() - before >= (cold.head >> 12) // 2
     cold.close(remove=True)
+
+
+def test_the_pages_are_faulted_in_ahead_on_the_first_lap_only(tmp_path, monkeypatch):
+    """Once the ring has gone round, every page of it is in memory: faulting pages in again
+    would only dirty them for the kernel to write back again (a whole ring each poll of
+    flight's watchdog). And a log closed is never touched."""
+    import prism_rr.format.calllog as calllog
+
+    if calllog._madvise is None:
+        pytest.skip("no madvise here")
+    calls = []
+
+    def counted(addr, n, advice, _real=calllog._madvise):
+        calls.append(n)
+        return _real(addr, n, advice)
+
+    monkeypatch.setattr(calllog, "_madvise", counted)
+    ring = 1 << 20
+    log = CallLog(log_path(tmp_path, 0), 0, ring_size=ring, persist_size=1 << 16, flight=True)
+    if not log.prefault():
+        log.close(remove=True)
+        pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    assert sum(calls) >= ring  # the whole (small) ring at its creation
+    made = len(calls)
+    ids = _dictionary(log)
+    n = 0
+    while log.head < 3 * ring:
+        cid = log.enter(E_SAME_OUT, n, n, 0, 0, n, -1, 0, ids["desc"], 0, 0, ids["op"], ids["sum"], -1, -1)
+        log.done(cid, n + 2, n + 1)
+        n += 1
+        if n % 2000 == 0:
+            assert log.prefault(8 << 20)
+    assert len(calls) == made
+    log.close(remove=True)
+    assert not log.prefault() and len(calls) == made

@@ -272,3 +272,38 @@ def test_a_dump_replays_like_a_window_of_the_run(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads(report.read_text())
     assert rep["diverged"] is False and [s["step"] for s in rep["steps"]] == [4, 5, 6]
+
+
+def test_a_new_record_clears_an_earlier_runs_dumps(tmp_path):
+    """A dump directory an earlier `record` into the same output left (its bundle deleted,
+    say) is not packed again with this run's rings: `record` clears it with the other
+    files of an earlier run."""
+    from prism_rr.recorder.launch import _clear_old_spools
+
+    spools = tmp_path / "run.prism.d"
+    (spools / "flight-1").mkdir(parents=True)
+    (spools / "flight-1" / "rank-00001.spool").write_bytes(b"old")
+    (spools / "rank-00000.log").write_bytes(b"old")
+    (spools / "notes.txt").write_text("the user's")
+    _clear_old_spools(spools)
+    assert sorted(p.name for p in spools.iterdir()) == ["notes.txt"]
+
+
+def test_a_job_dead_before_any_dump_is_packed_from_its_logs(tmp_path):
+    """The whole job died (SIGKILL) before any trigger: the rings it left are all there is,
+    and `record` packs them as a dump of their own (trigger "crash")."""
+    from prism_rr.api import _flight_result
+    from prism_rr.format.calllog import E_SAME_OUT, CallLog, log_path
+
+    spools = tmp_path / "run.prism.d"
+    for rank in (0, 1):
+        log = CallLog(log_path(spools, rank), rank, ring_size=1 << 16, persist_size=1 << 16, flight=True)
+        log.define(1, ((4,), "float32", 16))
+        log.define(2, "all_reduce")
+        log.enter(E_SAME_OUT, 100, 90, 0, 0, 0, -1, 0, 1, 0, 0, 2, 0, -1, -1)  # the call it died in
+        log._mm.flush()  # (a killed rank's mapping: the page cache keeps it)
+    out = tmp_path / "run.prism"
+    result = _flight_result(out, spools, -9, [], 3)
+    assert list(result.flight) == [out]
+    with open_bundle(out) as b:
+        assert b.manifest["flight"]["trigger"] == "crash" and b.recorded_ranks == [0, 1]
