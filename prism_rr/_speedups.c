@@ -75,6 +75,10 @@ typedef struct {
     long long seq;
     int busy;
     PyObject *open; /* dict: call id -> ring position of its ENTER; NULL: not kept (a spool's log) */
+    /* the newest call entered, not yet in `open`: a blocking call's ENTER and DONE then
+     * touch no dict (flush_open puts it there before Python reads `open`) */
+    long long last_cid, last_pos;
+    int has_last;
     PyObject *slow_enter; /* what enter and done call instead when they cannot write here */
     PyObject *slow_done;
 } Cursor;
@@ -121,6 +125,7 @@ Cursor_init(Cursor *self, PyObject *args, PyObject *kwds)
     self->tail_seq = 1;
     self->seq = 0;
     self->busy = 0;
+    self->has_last = 0;
     Py_XSETREF(self->open, open == Py_None ? NULL : Py_NewRef(open));
     return 0;
 }
@@ -293,10 +298,8 @@ commit(char *e, long long n, long long used, uint64_t seq)
 }
 
 static int
-set_open(Cursor *self, long long cid, long long pos)
+put_open(Cursor *self, long long cid, long long pos)
 {
-    if (self->open == NULL)
-        return 0;
     PyObject *k = PyLong_FromLongLong(cid), *v = PyLong_FromLongLong(pos);
     int rc = (k && v) ? PyDict_SetItem(self->open, k, v) : -1;
     Py_XDECREF(k);
@@ -304,11 +307,38 @@ set_open(Cursor *self, long long cid, long long pos)
     return rc;
 }
 
+/* The newest call entered into `open` (before Python reads it): 0, or -1 on an error. */
+static int
+flush_open(Cursor *self)
+{
+    if (self->open == NULL || !self->has_last)
+        return 0;
+    self->has_last = 0;
+    return put_open(self, self->last_cid, self->last_pos);
+}
+
+static int
+set_open(Cursor *self, long long cid, long long pos)
+{
+    if (self->open == NULL)
+        return 0;
+    if (flush_open(self) < 0)
+        return -1;
+    self->last_cid = cid;
+    self->last_pos = pos;
+    self->has_last = 1;
+    return 0;
+}
+
 static int
 pop_open(Cursor *self, long long cid)
 {
     if (self->open == NULL)
         return 0;
+    if (self->has_last && self->last_cid == cid) {
+        self->has_last = 0;
+        return 0;
+    }
     PyObject *k = PyLong_FromLongLong(cid);
     if (k == NULL)
         return -1;
@@ -516,7 +546,17 @@ Cursor_skip(Cursor *self, PyObject *args)
     return Py_BuildValue("LL", tail, seq);
 }
 
+static PyObject *
+Cursor_flush_open(Cursor *self, PyObject *unused)
+{
+    if (flush_open(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Cursor_methods[] = {
+    {"flush_open", (PyCFunction)Cursor_flush_open, METH_NOARGS,
+     "Put the newest call entered into the open table (before Python reads it)."},
     {"skip", (PyCFunction)Cursor_skip, METH_VARARGS, "skip(tail, until, seq) -> (tail, seq): past whole entries"},
     {"enter", (PyCFunction)(void (*)(void))Cursor_enter, METH_FASTCALL, "Write an ENTER; its call id, or -2."},
     {"done", (PyCFunction)(void (*)(void))Cursor_done, METH_FASTCALL, "Write a DONE; 0, or -2."},

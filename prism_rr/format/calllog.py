@@ -377,6 +377,7 @@ class CallLog:
         mm, mask, at0, cur = self._mm, self._mask, self._ring_at, self.cur
         old = cur.tail
         tail, seq = self._skip(old, new_tail, cur.tail_seq)
+        self._flush_open()
         open_ = self.open
         carried = self._carried
         room = self.ring_size // 4 - sum(map(len, carried))  # open calls may fill a quarter, no more
@@ -391,6 +392,17 @@ class CallLog:
                 del open_[cid]
         cur.tail, cur.tail_seq = tail, seq
         self._write_live(None, None)
+
+    def _flush_open(self) -> None:
+        """Before `open` is read here: the C cursor keeps the newest call it entered out of
+        it (a blocking call's ENTER and DONE then touch no dict); this puts it in."""
+        flush = getattr(self.cur, "flush_open", None)
+        if flush is not None:
+            flush()
+
+    def _pop_open(self, cid: int) -> None:
+        self._flush_open()
+        self.open.pop(cid, None)
 
     def _skip(self, tail: int, until: int, seq: int) -> tuple[int, int]:
         """(ring position, seq) past the whole entries from `tail` (its seq `seq`) while
@@ -413,6 +425,7 @@ class CallLog:
         is left goes after the next entry, which the cursor's `busy` sends here too)."""
         cur = self.cur
         carried = self._carried
+        self._flush_open()
         for _ in range(len(self.open) + 1):
             if not carried:
                 return
@@ -527,12 +540,12 @@ class CallLog:
                 _SEALS[n - 8 - used](mm, off + used, seq ^ SEQ_KEY)
             cur.seq = seq
             cur.head = pos + n
-            self.open.pop(cid, None)
+            self._pop_open(cid)
             if self._carried:
                 self._carry()
         except LogFull:
             self.dropped += 1
-            self.open.pop(cid, None)
+            self._pop_open(cid)
         finally:
             cur.busy = 1 if self._carried else 0
             lock.release()

@@ -466,3 +466,38 @@ def test_the_pages_are_faulted_in_ahead_on_the_first_lap_only(tmp_path, monkeypa
     assert len(calls) == made
     log.close(remove=True)
     assert not log.prefault() and len(calls) == made
+
+
+@pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
+def test_the_c_cursor_keeps_its_newest_open_call_out_of_the_table_until_asked(tmp_path):
+    """A flight ring's table of open calls (what room-making carries ahead): the C cursor
+    keeps the newest call entered beside it, so a blocking call's ENTER and DONE touch no
+    dict; a second call entered, or Python about to read the table, puts it in."""
+    log = CallLog(log_path(tmp_path, 0), 0, ring_size=1 << 16, persist_size=1 << 16, flight=True)
+    ids = _dictionary(log)
+
+    def enter(seq):
+        return log.enter(E_SAME_OUT, seq, seq, 0, 0, seq, -1, 0, ids["desc"], 0, 0, ids["op"], ids["sum"], -1, -1)
+
+    a = enter(0)
+    at = log.head - ENTER.size
+    assert log.open == {}
+    log._flush_open()
+    assert log.open == {a: at}
+    log.done(a, 5, 4)
+    assert log.open == {}
+    a = enter(1)
+    b = enter(2)  # a goes into the table, b stays beside it
+    assert set(log.open) == {a}
+    log.done(b, 7, 6)
+    assert set(log.open) == {a}
+    c = enter(3)
+    log.done(a, 9, 8)
+    log._flush_open()
+    assert set(log.open) == {c}
+    log.done(c, 11, 10)
+    log._flush_open()
+    assert log.open == {}
+    calls = sorted((r.seq, r.end_ns) for r in _records(read_log(log.path)) if type(r) is Collective)
+    assert calls == [(0, 5), (1, 9), (2, 7), (3, 11)]
+    log.close(remove=True)
