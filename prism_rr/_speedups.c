@@ -1066,7 +1066,7 @@ plain_tensor(CallState *self, PyObject *t, long long *nbytes, PyObject **ptr)
         return -1;
     if (*nbytes < 0 || *nbytes > self->keep_small) /* not kept whole: log_payload's to say */
         return 0;
-    if (ptr != NULL && (*ptr = PyObject_CallMethodNoArgs(t, s_data_ptr)) == NULL)
+    if ((*ptr = PyObject_CallMethodNoArgs(t, s_data_ptr)) == NULL)
         return -1;
     return 1;
 }

@@ -62,8 +62,8 @@ HEADER_AREA = 4096
 # The pages ahead of the ring's head are faulted in, writable, by the recorder's threads
 # (MADV_POPULATE_WRITE, Linux 5.14) before the program's thread stores into them: the first
 # store into a page of the mapped file faults (the file system zeroes a read-ahead folio,
-# makes the page writable and dirty), and so does the first store after the kernel wrote a
-# dirty page back. On the program's path that was one fault in about 20 small calls.
+# makes the page writable and dirty): on the program's path that was one fault in about 20
+# small calls. The ring's first lap only (CallLog.prefault).
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 PREFAULT_AHEAD = 4 << 20  # bytes ahead of the head, renewed every tenth of a second (compactor)
 

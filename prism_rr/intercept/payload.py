@@ -148,17 +148,17 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
         if not checked and type(t) is _Tensor and t.layout is _strided and t.is_cpu and t.is_contiguous():
             n = t.nbytes
             if n <= KEEP_SMALL:
-                return t.data_ptr(), n, P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES
+                return t.data_ptr(), n, small_bytes_what(mode)
         else:
             n = t.numel() * t.element_size()  # (a sparse tensor has no nbytes)
             if n <= KEEP_SMALL:
-                return _one_bytes(1, P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES, 0, n, n) + _small_bytes(t)
+                return _one_bytes(1, small_bytes_what(mode), 0, n, n) + _small_bytes(t)
     elif not tensors:  # a barrier: digest and full say so, with nothing in it
         if mode == DIGEST:
             return payload_tail(0, P_DIGESTS, digests=())
         return payload_tail(0, P_BLOBS, blobs=()) if mode == FULL else None
     if not checked:  # plain contiguous CPU tensors: their addresses, for the log to copy their bytes
-        spec = [P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES]
+        spec = [small_bytes_what(mode)]
         total = 0
         for t in tensors:
             if type(t) is not _Tensor or t.layout is not _strided or not t.is_cpu or not t.is_contiguous():
@@ -175,7 +175,7 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
     sizes = [t.numel() * t.element_size() for t in tensors]
     total = sum(sizes)
     if total <= KEEP_SMALL:
-        return payload_tail(n, P_BYTES if mode == FULL else P_BYTES | P_DIGEST_BYTES,
+        return payload_tail(n, small_bytes_what(mode),
                             datas=[_small_bytes(t) for t in tensors])
     if mode == SMALL:
         return None

@@ -102,7 +102,7 @@ class CallRecorder(_State):
             from prism_rr.intercept.group import op_names
 
             self._op_names, self._op_name, self._reduce_op_type = op_names()
-            # log_payload's first case, one small plain CPU tensor, tested in C as it tests it
+            # log_payload's cases of small plain CPU tensors, tested in C as it tests them
             self._tensor_type, self._strided = _payload._Tensor, _payload._strided
             self._keep_small = _payload.KEEP_SMALL
             self._small_what = _payload.small_bytes_what(self.mode)

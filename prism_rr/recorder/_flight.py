@@ -40,7 +40,7 @@ from statistics import median
 from prism_rr.format import codec, layout
 from prism_rr.format.calllog import PREFAULT_AHEAD, decode_log, log_path, read_log
 from prism_rr.format.names import parse_rank_file
-from prism_rr.format.compactor import log_info, log_to_spool
+from prism_rr.format.compactor import POLL_S, log_info, log_to_spool
 from prism_rr.format.records import Marker
 from prism_rr.recorder import _exits
 
@@ -179,7 +179,7 @@ class Flight:
         poll = min(1.0, max(0.05, self.options.flight_hang / 10))
         trigger_file = self.spool_dir / DUMP_FILE
         rec = self.rec
-        ahead = PREFAULT_AHEAD * max(1, round(poll / 0.1))  # what the program writes in a poll, and more
+        ahead = PREFAULT_AHEAD * max(1, round(poll / POLL_S))  # as the compactor's, per its poll
         while not self._stop.wait(poll):
             try:
                 now = time.monotonic_ns()
@@ -351,6 +351,8 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
     spool_dir = Path(spool_dir)
     output = Path(output)
     written = []
+    logs = sorted(spool_dir.glob("rank-*.log"))
+    named_logs = [(p, named) for p in logs if (named := parse_rank_file(p.name)) is not None]  # (path, (rank, attempt, kind))
     dumps = _dumps(spool_dir)
     for n, d in dumps:
         target = dump_bundle_path(output, n)
@@ -378,19 +380,14 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
         # A rank whose log was left behind and whose spool is not in the dump was ended
         # (the launcher's SIGTERM once another rank failed) or died before it dumped: its
         # ring holds what the dump wants of it.
-        left = [named[0] for p in spool_dir.glob("rank-*.log")
-                if (named := parse_rank_file(p.name)) is not None and named[1] == attempt]
+        left = [named[0] for _, named in named_logs if named[1] == attempt]
         expected = range(world_size) if world_size else sorted({*ranks, *left})
         from_logs = _from_logs(spool_dir, d, expected, first, attempt)
         if _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected,
                       from_logs) is not None:
             written.append(target)
-    logs = sorted(spool_dir.glob("rank-*.log"))
     by_attempt: dict[int, dict] = {}  # attempt -> {log: its records}
-    for p in logs:
-        named = parse_rank_file(p.name)
-        if named is None:
-            continue
+    for p, named in named_logs:
         try:
             by_attempt.setdefault(named[1], {})[p] = decode_log(read_log(p))[1]
         except Exception as exc:
