@@ -37,3 +37,10 @@ def test_info_runs_without_torch():
         "from prism_rr import cli\ntry:\n    cli.main()\nexcept SystemExit:\n    pass"
     )
     assert "torch" not in _top(mods)
+
+
+@pytest.mark.parametrize("launcher", ["prism_rr.replayer.launch", "prism_rr.recorder.launch"])
+def test_the_launchers_leave_torch_to_the_ranks(launcher):
+    """`record` and `replay` start ranks; only the ranks need torch (about 3 s of CPU to
+    import): the launching process imports none of it."""
+    assert "torch" not in _top(_modules_after(f"import {launcher}"))

@@ -14,7 +14,7 @@ import os
 import time
 from datetime import timedelta
 
-from prism_rr.replayer._session import stats_path
+from prism_rr.replayer._options import stats_path
 
 __all__ = ["GATHER_S", "StatsExchange"]
 

@@ -21,7 +21,7 @@ from time import monotonic_ns
 
 from prism_rr.intercept.creation import GroupCreation, Plan, fix_books
 from prism_rr.intercept.hook import on_import
-from prism_rr.replayer._options import ENV_VAR, ReplayOptions
+from prism_rr.replayer._options import ENV_VAR, ReplayOptions, stats_path
 
 __all__ = ["BACKEND", "arm", "install"]
 
@@ -167,8 +167,6 @@ def _refuse(options: ReplayOptions, rank: int, why: str) -> None:
     The launcher reads `why` and prints it once for all real ranks."""
     import json
     import sys
-
-    from prism_rr.replayer._session import stats_path
 
     try:
         path = stats_path(options.work_dir, rank)

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from prism_rr.errors import UsageError
 
-__all__ = ["ENV_VAR", "TIMINGS", "ReplayOptions"]
+__all__ = ["ENV_VAR", "TIMINGS", "ReplayOptions", "stats_path"]
 
 ENV_VAR = "PRISM_RR_REPLAY"
 # live: a call completes when the modelled peers would let it, in real time; virtual: the
 # same on a virtual clock, the real rank's compute calibrated against the recording on the
 # first step (nobody waits); none: as soon as the data is there.
 TIMINGS = ("live", "virtual", "none")
+
+
+def stats_path(work_dir, rank: int) -> Path:
+    """Where real rank `rank` writes what it saw (stats, divergences) for the launcher."""
+    return Path(work_dir) / f"rank-{rank:05d}.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

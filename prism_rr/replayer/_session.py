@@ -28,11 +28,11 @@ from prism_rr.replayer._device_wait import ENV_VAR as WAITS_VAR
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._environment import _cuda_here
 from prism_rr.replayer._hang import WAITED_FOR, RecordingEnd, sentence
-from prism_rr.replayer._options import ReplayOptions
+from prism_rr.replayer._options import ReplayOptions, stats_path
 from prism_rr.replayer._schedule import Schedule
 from prism_rr.replayer._timing import PeerClock
 
-__all__ = ["ReplaySession", "stats_path"]
+__all__ = ["ReplaySession"]
 
 log = logging.getLogger("prism_rr.replayer")
 _SPIN_NS = 1_500_000
@@ -58,10 +58,6 @@ def _spread(args: list[tuple[int, int]]) -> dict:
         v = sorted(a[i] for a in args)
         out[name] = [round(v[0] / 1e6, 4), round(v[len(v) // 2] / 1e6, 4), round(v[-1] / 1e6, 4)]
     return out
-
-
-def stats_path(work_dir, rank: int) -> Path:
-    return Path(work_dir) / f"rank-{rank:05d}.json"
 
 
 class _Alarm:

@@ -40,9 +40,8 @@ from prism_rr.format.text import shown
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report
-from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions
+from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, stats_path
 from prism_rr.replayer._replace import plan_replacements
-from prism_rr.replayer._session import stats_path
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
 from prism_rr.specs import format_ranks, parse_ranks, parse_slow_rank
 
