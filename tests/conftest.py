@@ -1,4 +1,22 @@
+"""The suite's shared recordings: each made once per test run, whichever xdist worker asks
+first, the other waiting on a file lock beside pytest's base temp (`shared_runs`). A new
+test reads one of these before it records its own; tests/README.md lists them.
+
+- `make_demo` / `demo_runs.start(*ARGS)`: `prism-rr demo ARGS` (make_demo: the default, world
+  4, dp2 x tp2, rank 0 replayed), its bundle at `.bundle`;
+- `demo_training(world, args, rep)`: the demo trainer plain (rep 0) or recorded with full
+  payloads and memory (rep 1, packed to `.bundle`, spools at `.spool_dir`), parameters saved;
+- `crashy_runs(mode)`: tests/recorder/scripts/crashy.py MODE as 2 recorded ranks, packed;
+- `killed_peer`: hang.py kill, rank 1 SIGKILLed inside an all_reduce, packed, spools kept.
+
+What they leave is read, never written: a test that needs to change a bundle copies it.
+"""
+
+import fcntl
+import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -6,6 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -42,6 +61,42 @@ def small_bundle(tmp_path):
     return out
 
 
+class SharedRuns:
+    """Work made once per test run for all xdist workers: the first to ask makes it in a
+    directory of its own while holding a lock file; the others wait for the lock and read
+    what it left. A making that raised leaves nothing, and the next to ask tries again."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def dir(self, key: str) -> Path:
+        """Where `key` is made (it may not be there yet)."""
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)[:60]
+        return self.root / f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+    def get(self, key: str, make: Callable[[Path], dict]) -> tuple[Path, dict]:
+        """(the directory, what `make(directory)` returned): made here, or by another worker."""
+        d = self.dir(key)
+        made = d.with_name(d.name + ".json")
+        with open(d.with_name(d.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not made.exists():
+                shutil.rmtree(d, ignore_errors=True)  # a making that raised
+                d.mkdir()
+                made.write_text(json.dumps(make(d)))
+            return d, json.loads(made.read_text())
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    """Beside each worker's base temp under xdist (one directory per test run: the run's
+    uid names it), in the base temp itself without."""
+    base = tmp_path_factory.getbasetemp()
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return SharedRuns(base.parent / f"shared-{uid}" if uid else base / "shared")
+
+
 @dataclass
 class DemoRun:
     """One `prism-rr demo ...` run, on the session's demo thread; `result()` waits for it."""
@@ -58,18 +113,24 @@ class DemoRun:
         return self.future.result()
 
 
-def _run_demo(argv: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT,
-                          stdin=subprocess.DEVNULL)
+def _run_demo(shared: SharedRuns, key: str, argv: list, env: dict) -> subprocess.CompletedProcess:
+    def make(cwd: Path) -> dict:
+        out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT,
+                             stdin=subprocess.DEVNULL)
+        return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
+
+    _, made = shared.get(key, make)
+    return subprocess.CompletedProcess(argv, made["returncode"], made["stdout"], made["stderr"])
 
 
 class DemoRuns:
-    """`prism-rr demo ARGS`, each ARGS run once a session, one run at a time on a thread
-    of its own, in a directory of its own (each writes demo.prism). A test that asks for
-    a run the README also makes shares it instead of running the demo again."""
+    """`prism-rr demo ARGS`, each ARGS run once a test run (shared by the workers), one run
+    at a time on a thread of this worker's, in a directory of its own (each writes
+    demo.prism). A test that asks for a run the README also makes shares it instead of
+    running the demo again."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, shared: SharedRuns):
+        self.shared = shared
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1")
         self.env.pop("PRISM_RR_REPLAY_TRACE", None)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo")
@@ -77,10 +138,10 @@ class DemoRuns:
 
     def start(self, *args: str) -> DemoRun:
         if args not in self.runs:
-            cwd = self.root / f"demo-{len(self.runs)}"
-            cwd.mkdir()
+            key = "demo " + " ".join(args)
             argv = [*PRISM, "demo", *args]
-            self.runs[args] = DemoRun(argv, cwd, self.pool.submit(_run_demo, argv, cwd, self.env))
+            future = self.pool.submit(_run_demo, self.shared, key, argv, self.env)
+            self.runs[args] = DemoRun(argv, self.shared.dir(key), future)
         return self.runs[args]
 
     def close(self) -> None:
@@ -88,8 +149,8 @@ class DemoRuns:
 
 
 @pytest.fixture(scope="session")
-def demo_runs(tmp_path_factory):
-    runs = DemoRuns(tmp_path_factory.mktemp("demos"))
+def demo_runs(shared_runs):
+    runs = DemoRuns(shared_runs)
     yield runs
     runs.close()
 
@@ -131,9 +192,9 @@ class TrainRun:
 
 
 @pytest.fixture(scope="session")
-def demo_training(tmp_path_factory):
+def demo_training(shared_runs):
     """`demo_training(world, args, rep=0)`: the demo trainer run as `world` ranks with `args`
-    and --save-params, each (world, args, rep) once a session. Rep 0 runs plainly; rep 1
+    and --save-params, each (world, args, rep) once a test run. Rep 0 runs plainly; rep 1
     runs under the recorder with full payloads and the memory tracker, and is packed. One
     such pair serves three tests: the training tests check rep 1 trains bitwise as rep 0
     did (the demo is reproducible), the recorder's tests (tests/recorder/test_frameworks.py)
@@ -144,14 +205,12 @@ def demo_training(tmp_path_factory):
     from prism_rr.recorder import RecordOptions
     from prism_rr.recorder.launch import hook_env
 
-    made: dict[tuple, TrainRun] = {}
-
     def get(world: int, args: list, rep: int = 0) -> TrainRun:
-        key = (world, tuple(map(str, args)), rep)
-        if key not in made:
-            d = tmp_path_factory.mktemp("train")
+        args = list(map(str, args))
+
+        def make(d: Path) -> dict:
             run = TrainRun([], d, bool(rep))
-            argv = [sys.executable, "-m", "prism_rr.demo.train", *key[1], "--save-params", str(run.params)]
+            argv = [sys.executable, "-m", "prism_rr.demo.train", *args, "--save-params", str(run.params)]
             env = {"PYTHONWARNINGS": "ignore"}
             if rep:
                 env.update(hook_env(RecordOptions.make(run.spool_dir, payload="full", memory=True)))
@@ -161,8 +220,10 @@ def demo_training(tmp_path_factory):
                 run.codes = run_local(argv, world, env=env, timeout=TRAIN_TIMEOUT, cwd=d, log_dir=run.logs)
             if rep and run.codes == [0] * world:
                 pack(run.spool_dir, run.bundle)
-            made[key] = run
-        return made[key]
+            return {"codes": run.codes}
+
+        d, made = shared_runs.get(f"train w{world} {' '.join(args)} rep{rep}", make)
+        return TrainRun(made["codes"], d, bool(rep))
 
     return get
 
@@ -211,31 +272,31 @@ def _recorder_helpers():
 
 
 @pytest.fixture(scope="session")
-def crashy_runs(tmp_path_factory):
-    """`crashy_runs(mode)`: crashy.py MODE run once a session as 2 recording gloo ranks,
+def crashy_runs(shared_runs):
+    """`crashy_runs(mode)`: crashy.py MODE run once a test run as 2 recording gloo ranks,
     then packed. The recorder's crash-safety tests read its records, the diagnosis tests
     its findings."""
     from prism_rr.format import pack
     from prism_rr.recorder.launch import spool_dir_for
 
     helpers = _recorder_helpers()
-    made: dict[str, CrashRun] = {}
 
     def get(mode: str) -> CrashRun:
-        if mode not in made:
-            d = tmp_path_factory.mktemp(f"crashy-{mode}")
+        def make(d: Path) -> dict:
             out, procs = helpers.start_ranks(d, "crashy.py", mode, 2, f"crashy-{mode}")
             codes = helpers.finish(procs, 60)
             pack(spool_dir_for(out), out)
-            made[mode] = CrashRun(codes, d)
-        return made[mode]
+            return {"codes": codes}
+
+        d, made = shared_runs.get(f"crashy {mode}", make)
+        return CrashRun(made["codes"], d)
 
     return get
 
 
 @pytest.fixture(scope="session")
-def killed_peer(tmp_path_factory) -> CrashRun:
-    """hang.py kill, once a session: rank 1 SIGKILLs itself where rank 0 waits for it in
+def killed_peer(shared_runs) -> CrashRun:
+    """hang.py kill, once a test run: rank 1 SIGKILLs itself where rank 0 waits for it in
     an all_reduce; rank 0, if still there 0.5 s later, is stopped with SIGTERM. Packed, the
     spools kept: tests/recorder/test_failures.py reads the spools, the diagnosis tests the
     findings."""
@@ -243,21 +304,25 @@ def killed_peer(tmp_path_factory) -> CrashRun:
     from prism_rr.recorder.launch import spool_dir_for
 
     helpers = _recorder_helpers()
-    d = tmp_path_factory.mktemp("killed-peer")
-    out, procs = helpers.start_ranks(d, "hang.py", "kill", 2, "hang-kill")
-    deadline = time.monotonic() + 60
-    while not all((d / f"stuck-{r}").exists() for r in range(2)):
-        if time.monotonic() > deadline:
-            helpers.finish(procs, 0.1)
-            pytest.fail("ranks never reached the planted failure: " + (d / "rank1.log").read_text()[-2000:])
-        time.sleep(0.05)
-    try:
-        procs[1].wait(10)
-    except subprocess.TimeoutExpired:
-        pass
-    time.sleep(0.5)
-    if procs[0].poll() is None:
-        procs[0].send_signal(signal.SIGTERM)
-    codes = helpers.finish(procs, 15)
-    pack(spool_dir_for(out), out)
-    return CrashRun(codes, d)
+
+    def make(d: Path) -> dict:
+        out, procs = helpers.start_ranks(d, "hang.py", "kill", 2, "hang-kill")
+        deadline = time.monotonic() + 60
+        while not all((d / f"stuck-{r}").exists() for r in range(2)):
+            if time.monotonic() > deadline:
+                helpers.finish(procs, 0.1)
+                pytest.fail("ranks never reached the planted failure: " + (d / "rank1.log").read_text()[-2000:])
+            time.sleep(0.05)
+        try:
+            procs[1].wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.5)
+        if procs[0].poll() is None:
+            procs[0].send_signal(signal.SIGTERM)
+        codes = helpers.finish(procs, 15)
+        pack(spool_dir_for(out), out)
+        return {"codes": codes}
+
+    d, made = shared_runs.get("killed peer", make)
+    return CrashRun(made["codes"], d)

@@ -66,11 +66,10 @@ def test_a_restarted_job_keeps_both_attempts(restarted):
 @pytest.mark.timeout(240)
 def test_each_test_of_a_multiprocess_suite_is_an_attempt(tmp_path):
     """PyTorch's own harness spawns fresh rank processes for every test: one attempt per
-    test, with its calls, and the suite passes as it does without the recorder."""
+    test, with its calls, and the suite passes (its three tests, OK) as it does without the
+    recorder (a plain run of it, which spawns as many torch processes again, proves nothing
+    the recorded run's "Ran 3 tests ... OK" does not)."""
     script = SCRIPTS / "mptc_suite.py"
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200, env=ENV,
-                           cwd=tmp_path)
-    assert plain.returncode == 0 and "OK" in plain.stderr, plain.stderr[-3000:]
     out = tmp_path / "suite.prism"
     got = subprocess.run([sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--", sys.executable,
                           str(script)], capture_output=True, text=True, timeout=200, env=ENV, cwd=tmp_path)
