@@ -364,17 +364,23 @@ def recorded_command_lines(bundle, ranks=(0,), *, attempt: int | None = None) ->
 
 def check_replayable(bundle, *, cmd=None) -> None:
     """UsageError for a replay that cannot run as asked: a bundle imported from PyTorch
-    Flight Recorder dumps (`prism-rr import fr`) names no command, so it replays only the
-    program given (`cmd`)."""
+    Flight Recorder dumps (`prism-rr import fr`) names no command, and a redacted copy
+    (`prism-rr redact`) names placeholders in its place, so each replays only the program
+    given (`cmd`)."""
     from prism_rr.format import open_bundle
     from prism_rr.format.text import shown
 
     with open_bundle(bundle) as b:
-        imported = b.manifest.get("imported")
-    if isinstance(imported, dict) and not cmd:
-        name = shown(Path(bundle).name)
+        imported, redacted = b.manifest.get("imported"), b.manifest.get("redacted")
+    if cmd:
+        return
+    name = shown(Path(bundle).name)
+    if isinstance(imported, dict):
         raise UsageError(f"{name} was imported from PyTorch Flight Recorder dumps, which name no command: give "
                          f"the program that made them after -- (prism-rr replay {name} --ranks 0 -- python train.py)")
+    if isinstance(redacted, dict):
+        raise UsageError(f"{name} is a redacted copy: its command was replaced by placeholders, which are not a "
+                         f"command: give the program after -- (prism-rr replay {name} --ranks 0 -- python train.py)")
 
 
 def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = None, mesh=None,

@@ -7,7 +7,9 @@ test reads one of these before it records its own; tests/README.md lists them.
 - `demo_training(world, args, rep)`: the demo trainer plain (rep 0) or recorded with full
   payloads and memory (rep 1, packed to `.bundle`, spools at `.spool_dir`), parameters saved;
 - `crashy_runs(mode)`: tests/recorder/scripts/crashy.py MODE as 2 recorded ranks, packed;
-- `killed_peer`: hang.py kill, rank 1 SIGKILLed inside an all_reduce, packed, spools kept.
+- `killed_peer`: hang.py kill, rank 1 SIGKILLed inside an all_reduce, packed, spools kept;
+- `restarted_job`: tests/recorder/scripts/elastic.py under `record`, torchrun restarting it
+  once (attempt 0: rank 1 exits 17 in step 2; attempt 1 runs to the end).
 
 What they leave is read, never written: a test that needs to change a bundle copies it.
 """
@@ -326,3 +328,32 @@ def killed_peer(shared_runs) -> CrashRun:
 
     d, made = shared_runs.get("killed peer", make)
     return CrashRun(made["codes"], d)
+
+
+@dataclass
+class RecordRun:
+    """One `prism-rr record` of a job: how the command ended and the bundle it wrote."""
+
+    returncode: int
+    stderr: str
+    bundle: Path
+
+
+@pytest.fixture(scope="session")
+def restarted_job(shared_runs) -> RecordRun:
+    """elastic.py under `prism-rr record`, torchrun restarting it once, once a test run: the
+    recorder's attempt tests read it, the replayer's replay each attempt."""
+    script = Path(__file__).parent / "recorder" / "scripts" / "elastic.py"
+    # CI=... makes torch's harness write JUnit XML through a module it does not install
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+
+    def make(d: Path) -> dict:
+        got = subprocess.run(
+            [sys.executable, "-m", "prism_rr.cli", "record", "-o", str(d / "run.prism"), "--timeout", "150", "--",
+             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+             "--standalone", str(script), str(d)],
+            capture_output=True, text=True, timeout=200, env=env, cwd=d, stdin=subprocess.DEVNULL)
+        return {"returncode": got.returncode, "stderr": got.stderr}
+
+    d, made = shared_runs.get("elastic restarted", make)
+    return RecordRun(made["returncode"], made["stderr"], d / "run.prism")

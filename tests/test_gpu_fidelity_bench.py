@@ -1,7 +1,8 @@
 """bench/gpu_fidelity.py on CPU: the script a GPU session runs once must work before it gets there.
 
 One --quick run of every workload (real recordings and replays on gloo): each has its row
-with figures, the scaled slice is a prediction at dp 64, and the table names them all.
+with figures, the first its floor, the scaled slice is a prediction at dp 64, and the table
+names them all.
 Timings are printed by the bench, never asserted here.
 """
 
@@ -59,6 +60,9 @@ def test_every_workload_has_its_figures(run):
         for key in ("error_pct", "mean_step_error_pct", "peak_error_pct"):
             assert _number(r[key]) and r[key] >= 0, (name, key, r[key])
         assert _number(r["record_wall_s"]), r
+    # --quick takes the floor of the first workload only: the column works, the others cost no second recording
+    assert _number(rows["demo"]["floor_error_pct"]) and _number(rows["demo"]["floor_mean_error_pct"]), rows["demo"]
+    assert "floor_error_pct" not in rows["ddp"] and "floor_error_pct" not in rows["fsdp"], rows
     assert rows["demo"]["world"] == 1 and rows["demo"]["target_error_pct"] == 1.0
     assert rows["ddp"]["world"] == 2 and rows["fsdp"]["world"] == 2 and rows["fsdp"]["target_error_pct"] == 2.0
 

@@ -103,3 +103,28 @@ def test_redact_without_stacks(tmp_path):
     with open_bundle(out) as b:
         assert all(getattr(r, "stack", None) is None for r in b.events(0))
     assert b"model.py:41" not in _all_bytes(out)
+
+
+def test_a_redacted_bundle_s_command_is_not_run(small_bundle, tmp_path):
+    """Its argv is placeholders (`python -u '<arg>'`): --run-recorded-command refuses in one
+    line that says to give the program, before anything is shown or run; with a program
+    given, the check lets it through."""
+    import subprocess
+
+    from prism_rr import api
+    from prism_rr.errors import UsageError
+
+    out = tmp_path / "public.prism"
+    redact(small_bundle, out)
+    r = subprocess.run([sys.executable, "-m", "prism_rr.cli", "replay", str(out), "--ranks", "0",
+                        "--run-recorded-command"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "redacted copy" in r.stderr and "-- python train.py" in r.stderr, r.stderr
+    assert "<arg>" not in r.stderr and r.stdout == "", r
+    api.check_replayable(out, cmd=["python", "train.py"])  # a program given: replayable
+    try:
+        api.recorded_commands(out)
+    except UsageError as e:
+        assert "redacted copy" in str(e)
+    else:
+        raise AssertionError("recorded_commands of a redacted bundle")

@@ -25,18 +25,11 @@ def _calls(bundle, rank):
     return [e for e in bundle.events(rank) if type(e) in (Collective, PointToPoint)]
 
 
-@pytest.fixture(scope="module")
-def restarted(tmp_path_factory):
+@pytest.fixture
+def restarted(restarted_job):
     """elastic.py under `record`, torchrun restarting it once: attempt 0 fails (rank 1
-    exits 17 in step 2), attempt 1 runs to the end."""
-    d = tmp_path_factory.mktemp("elastic")
-    out = d / "run.prism"
-    got = subprocess.run(
-        [sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--timeout", "150", "--",
-         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-         "--standalone", str(SCRIPTS / "elastic.py"), str(d)],
-        capture_output=True, text=True, timeout=200, env=ENV, cwd=d)
-    return got, out
+    exits 17 in step 2), attempt 1 runs to the end (tests/conftest.py's restarted_job)."""
+    return restarted_job, restarted_job.bundle
 
 
 @pytest.mark.timeout(240)

@@ -13,7 +13,6 @@ recording too; a rank whose peer had died stops at the call that peer never join
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,17 +24,11 @@ ELASTIC = Path(__file__).parents[1] / "recorder" / "scripts" / "elastic.py"
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
 
 
-@pytest.fixture(scope="module")
-def restarted(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("elastic")
-    out = d / "run.prism"
-    got = subprocess.run(
-        [sys.executable, "-m", "prism_rr.cli", "record", "-o", str(out), "--timeout", "150", "--",
-         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-         "--standalone", str(ELASTIC), str(d)],
-        capture_output=True, text=True, timeout=200, env=ENV, cwd=d)
-    assert got.returncode == 0 and out.exists(), got.stderr[-3000:]
-    return out
+@pytest.fixture
+def restarted(restarted_job) -> Path:
+    """tests/conftest.py's restarted_job: elastic.py recorded, torchrun restarting it once."""
+    assert restarted_job.returncode == 0 and restarted_job.bundle.exists(), restarted_job.stderr[-3000:]
+    return restarted_job.bundle
 
 
 def replay(bundle: Path, rank: int, tmp: Path, *attempt: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import multiprocessing
 import os
@@ -167,12 +168,14 @@ def big(request, tui_dir) -> Path:
     """8192 ranks, one step each; kept in pytest's cache while the format code is unchanged."""
     cache = Path(request.config.cache.mkdir("prism-rr-tui"))
     out = cache / f"big-8192-{_format_digest()}.prism"
-    if not out.exists():
-        for old in cache.glob("big-8192-*.prism"):
-            old.unlink()
-        tmp = out.with_suffix(".tmp")
-        pack(_write_synthetic_in_parallel(tui_dir / "big.d", 8192, 30), tmp, manifest_extra=FIXED)
-        tmp.rename(out)
+    with open(cache / "big.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other xdist worker waits for this one's bundle
+        if not out.exists():
+            for old in cache.glob("big-8192-*.prism"):
+                old.unlink()
+            tmp = out.with_suffix(".tmp")
+            pack(_write_synthetic_in_parallel(tui_dir / "big.d", 8192, 30), tmp, manifest_extra=FIXED)
+            tmp.rename(out)
     return out
 
 
