@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from time import monotonic_ns
 
 from prism_rr.errors import DivergenceError, HangError, ReplayError
