@@ -25,16 +25,11 @@ def _calls(bundle, rank):
     return [e for e in bundle.events(rank) if type(e) in (Collective, PointToPoint)]
 
 
-@pytest.fixture
-def restarted(restarted_job):
-    """elastic.py under `record`, torchrun restarting it once: attempt 0 fails (rank 1
-    exits 17 in step 2), attempt 1 runs to the end (tests/conftest.py's restarted_job)."""
-    return restarted_job, restarted_job.bundle
-
-
 @pytest.mark.timeout(240)
-def test_a_restarted_job_keeps_both_attempts(restarted):
-    got, out = restarted
+def test_a_restarted_job_keeps_both_attempts(restarted_job):
+    """elastic.py under `record` (tests/conftest.py's restarted_job): attempt 0 fails (rank 1
+    exits 17 in step 2), torchrun restarts it, attempt 1 runs to the end."""
+    got, out = restarted_job, restarted_job.bundle
     assert got.returncode == 0, got.stderr[-3000:]  # the job succeeded in the end
     with open_bundle(out) as b:
         verify(b)
@@ -122,10 +117,10 @@ def _cli(*args, cwd=None):
 
 
 @pytest.mark.timeout(240)
-def test_every_command_shows_the_attempts(restarted, tmp_path):
+def test_every_command_shows_the_attempts(restarted_job, tmp_path):
     """info lists the attempts and how each ended; diagnose names what ended the failed
     one; analyze and export show them side by side; diff compares two attempts."""
-    _, out = restarted
+    out = restarted_job.bundle
     info = _cli("info", out)
     assert info.returncode == 0, info.stderr
     text = info.stdout
@@ -167,10 +162,10 @@ def test_every_command_shows_the_attempts(restarted, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_redact_keeps_every_attempt(restarted, tmp_path):
+def test_redact_keeps_every_attempt(restarted_job, tmp_path):
     """A redacted copy of a restarted job holds every attempt, each rank's exit code and
     the kind of its end, never an exception's message; info reads the same endings."""
-    _, out = restarted
+    out = restarted_job.bundle
     clean = tmp_path / "clean.prism"
     got = _cli("redact", out, "-o", clean)
     assert got.returncode == 0, got.stderr
@@ -189,7 +184,7 @@ def test_redact_keeps_every_attempt(restarted, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_the_tui_opens_one_attempt_at_a_time(restarted):
+def test_the_tui_opens_one_attempt_at_a_time(restarted_job):
     """The title and the overview name the attempt; `a` lists them, Enter opens another
     in every screen."""
     import asyncio
@@ -199,7 +194,7 @@ def test_the_tui_opens_one_attempt_at_a_time(restarted):
     from prism_rr.tui.app import PrismApp
     from prism_rr.tui.screens.attempts import AttemptsScreen
 
-    _, out = restarted
+    out = restarted_job.bundle
 
     async def browse():
         app = PrismApp(out)
