@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from datetime import timedelta
 from time import monotonic_ns
@@ -104,7 +105,11 @@ _creation = GroupCreation(_replayer)
 
 
 def install(options: ReplayOptions) -> None:
-    import torch.distributed.rendezvous as rdzv
+    import torch.distributed.rendezvous
+
+    # Not `import torch.distributed.rendezvous as rdzv`: once torch.distributed is whole, its
+    # attribute `rendezvous` is the function it re-exports, and that is what the name binds.
+    rdzv = sys.modules["torch.distributed.rendezvous"]
 
     _replayer.options = options
     _creation.install()
