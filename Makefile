@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 # worker). 2 fills CI's two cores; TEST_JOBS=0 runs them in one process, one by one.
 TEST_JOBS ?= 2
 
+# Each rank a test starts imports prism_rr: its bytecode is compiled once here, since an
+# environment with PYTHONDONTWRITEBYTECODE set (CI's) would otherwise compile it in every one.
 test: $(STAMP)
+	$(BIN)/python -m compileall -q prism_rr > /dev/null
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # gpu-check runs the machine's own CUDA build of torch, with the interpreter that has it

@@ -37,6 +37,54 @@ DEMO_TIMEOUT = 300  # seconds for one `prism-rr demo`: a world recorded, then ra
 TRAIN_TIMEOUT = 120  # seconds for one plain run of the demo trainer (demo_training)
 
 
+WARM = Path(__file__).parent / "warm"
+# Runs tests/warm/server.py under a name in angle brackets (its docstring says why).
+_WARM_BOOT = ("import sys; p = sys.argv[1]; ns = {'__name__': 'prism_rr_warm_server', '__file__': p}; "
+              "exec(compile(open(p).read(), '<prism-rr warm start>', 'exec'), ns); ns['serve'](sys.argv[2])")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_start():
+    """Torch programs the tests start are forked from one warm interpreter per worker
+    (tests/warm/server.py); PRISM_RR_TEST_COLD=1 starts every one cold."""
+    if os.environ.get("PRISM_RR_TEST_COLD"):
+        yield None
+        return
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="prism-warm-"))  # short: a socket's path is at most 107 bytes
+    sock = where / "sock"
+    env = {k: v for k, v in os.environ.items() if k != "PRISM_RR_TEST_WARM"}
+    with open(where / "server.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-c", _WARM_BOOT, str(WARM / "server.py"), str(sock)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    saved = {k: os.environ.get(k) for k in ("PRISM_RR_TEST_WARM", "PYTHONPATH")}
+    os.environ["PRISM_RR_TEST_WARM"] = str(sock)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(WARM), saved["PYTHONPATH"]) if p)
+    try:
+        yield sock
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _cold_start(request, monkeypatch):
+    """A test marked `cold_start` starts its programs as fresh interpreters."""
+    if request.node.get_closest_marker("cold_start"):
+        monkeypatch.delenv("PRISM_RR_TEST_WARM", raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped where torch sees no CUDA device (`make gpu-check` runs them)."""
     gpu = [item for item in items if item.get_closest_marker("gpu")]

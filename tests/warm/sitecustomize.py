@@ -1,0 +1,117 @@
+"""The stand-in side of the suite's warm start (server.py says what it is and why).
+
+On PYTHONPATH while the suite runs. In a new interpreter whose program the warm server can
+start (a script, or the demo's trainer, with no option but -u), it hands argv, environment,
+working directory and the three standard streams to the server, forwards the signals it
+gets to the program's process group, and exits with the program's status. Anything else,
+or no server to hand it to, and it returns: the interpreter goes on cold, as it would
+without this file.
+"""
+
+import os
+import sys
+
+
+def _main_of(orig_argv: list[str]):
+    """(options, ("script", path) | ("module", name)) when the server can run it, else None."""
+    args = orig_argv[1:]
+    options = []
+    while args and args[0].startswith("-") and args[0] != "-":
+        if args[0] == "-u":
+            options.append(args.pop(0))
+        elif args[0] == "-m" and len(args) > 1 and args[1] == "prism_rr.demo.train":
+            return options, ("module", args[1])
+        else:
+            return None
+    if args and args[0].endswith(".py") and os.path.isfile(args[0]):
+        return options, ("script", args[0])
+    return None
+
+
+def _hand_over(path: str, options: list[str], main) -> None:
+    import json
+    import signal
+    import socket
+    import struct
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        _trace("no server", main)
+        return  # no server (yet): start cold
+    req = {"argv": list(sys.argv), "orig_argv": list(sys.orig_argv), "options": options, "main": main,
+           "env": dict(os.environ), "cwd": os.getcwd(),
+           "own_group": os.getpgid(0) == os.getpid()}
+    body = json.dumps(req).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(body))], [0, 1, 2])
+    conn.sendall(body)
+    reader = conn.makefile("rb")
+    first = json.loads(reader.readline() or b"{}")
+    if "pid" not in first:
+        conn.close()
+        _trace("refused " + str(first.get("cold")), main)
+        return  # the server said cold
+    child = first["pid"]
+    _trace("warm", main)
+    try:
+        status = _wait(reader, child)
+    finally:  # from here on this process is the program's stand-in, never the program
+        _exit_as(status if "status" in locals() else None)
+
+
+def _wait(reader, child: int):
+    import json
+    import signal
+
+    def forward(signum, frame):
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(child, signum)
+                return
+            except OSError:
+                pass
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    line = reader.readline()
+    return json.loads(line).get("status") if line else None
+
+
+def _exit_as(status) -> None:
+    """Exit as the program did: its code, or death by its signal."""
+    import signal
+
+    if status is None:  # the server went away, and the program with it
+        os._exit(1)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP have no handler to reset
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _start() -> None:
+    path = os.environ.get("PRISM_RR_TEST_WARM")
+    if not path or getattr(sys, "_prism_rr_warm_child", False):
+        return
+    found = _main_of(list(getattr(sys, "orig_argv", [])))
+    if found is not None:
+        _hand_over(path, *found)
+    _trace("cold", found)
+
+
+def _trace(how: str, what) -> None:
+    """PRISM_RR_TEST_WARM_TRACE=FILE: a line per interpreter the suite started (cold or warm)."""
+    trace = os.environ.get("PRISM_RR_TEST_WARM_TRACE")
+    if trace:
+        with open(trace, "a") as f:
+            f.write(f"{how} {os.getpid()} {what} {sys.orig_argv[1:4]}\n")
+
+
+_start()
