@@ -25,8 +25,9 @@ Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
 4 bundle malformed or of an unsupported version · 5 diagnose found problems ·
 6 replay: the program ended before making the recorded calls ·
 6 diff: the collective sequences of the two bundles differ ·
-7 replay: the end of a recorded hang (a call a peer never joined, or a program that ended
-without the call its peers wait in)."""
+7 replay: the recorded hang or failure reproduced (a call a peer never joined, a program
+that ended without the call its peers wait in, a drift, a shape mismatch, a call that
+failed or never completed, a program that failed as it did)."""
 
 HELP_OPTIONS = ["-h", "--help"]
 
@@ -268,8 +269,8 @@ def _say_spools(spool_dir: Path, output: Path) -> None:
 
 @app.command(
     epilog="Example: prism-rr replay run.prism --ranks 0 --report fidelity.json -- python train.py\n\n"
-    + EXIT_CODES + "\nReplay also: 6 the program ended before making the recorded calls · 7 a recorded hang's "
-    "end · 124 --timeout.",
+    + EXIT_CODES + "\nReplay also: 6 the program ended before making the recorded calls · 7 the recorded hang or "
+    "failure reproduced · 124 --timeout.",
 )
 def replay(
     bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),
@@ -315,6 +316,16 @@ def replay(
     never joined and the last call each made (exit 7); a rank whose program ends while a
     peer waits for a call it never made is named as the one they wait for (exit 7). A
     call that completes one every peer waits in resolves the hang, and the replay goes on.
+
+    A failure: a recording that ended in one replays to it, with the verdict diagnose
+    gives (exit 7). A drift (a rank made a call fewer in a step, and from there on calls
+    paired with the wrong ones) stops each real rank at its first mispaired call; a shape
+    mismatch, at its call; a call that ended in an error raises that error again in the
+    program; a call that never completed (its peer killed in it) stops there; a call past
+    the point where the rank's program failed or was killed stops there; a program that
+    fails as it did is the failure reproduced. Exit 0 only where every recorded call
+    completes (a drifting rank replayed with its fix pairs right and runs to the end);
+    3 only where the program differs.
     """
     from prism_rr import api
 

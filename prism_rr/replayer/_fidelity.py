@@ -3,6 +3,8 @@ for a scaled bundle or a what-if replay, what the replay predicts."""
 
 from __future__ import annotations
 
+import signal
+
 from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
 from prism_rr.format.text import shown
@@ -358,6 +360,8 @@ def card(report: dict) -> str:
                 lines.extend(f"    | {line}" for line in tail)
             elif tail is None:
                 lines.append(f"  (rank {e.get('rank')}'s output is above)")
+        if report.get("reproduced"):
+            lines.append("  reproduced: each rank that failed failed as it did in the recording")
         return "\n".join(lines)
     lines += _attempt_lines(report)
     if report.get("imported") and not report["steps"]:
@@ -388,6 +392,8 @@ def card(report: dict) -> str:
     lines.extend(f"  {sentence(h)}" for h in report.get("resolved") or ())
     if report.get("hang"):
         lines.append(f"  {sentence(report['hang'])}")
+    if report.get("reproduced"):
+        lines.append("  reproduced: each rank that failed failed as it did in the recording")
     lines.extend(f"  {'failed' if e.get('complete') else 'stopped early'}: {how_far(e)}" for e in early)
     if early and d is None:
         lines.append("  no divergence in the calls made")
@@ -405,6 +411,20 @@ def _attempt_lines(report: dict) -> list[str]:
     return [f"  attempt {a['attempt']} of the job's attempts {', '.join(map(str, a['attempts']))}{default}"]
 
 
+def same_end(code: int, was) -> bool:
+    """Whether a replayed rank's exit code (negative: killed by that signal) is how it
+    ended in the recording (`was`: its rank info's `exit`, or its crash's signal)."""
+    if not isinstance(was, dict) or not code:
+        return False
+    if code > 0:
+        return was.get("code") == code
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return False
+    return was.get("signal") in (sig.name, signal.strsignal(sig))
+
+
 def _recorded(e: dict) -> str:
     """How the rank's program ended in the recording, beside how it ended now."""
     was = e.get("recorded_exit")
@@ -412,7 +432,7 @@ def _recorded(e: dict) -> str:
         return ""
     how = f" ({shown(was['how'])})" if isinstance(was.get("how"), str) else ""
     code = was.get("code")
-    if type(code) is int and code == e.get("exit_code"):
+    if same_end(e.get("exit_code", 0), was):
         return f", as in the recording{how}"
     if type(code) is int:
         return f"; in the recording it exited with code {code}{how}"

@@ -1,4 +1,4 @@
-"""The end of a recorded hang, as a replayed rank meets it.
+"""The end of a recorded hang or failure, as a replayed rank meets it.
 
 A recording of a hang (a Flight Recorder dump, flight mode's dump on a hang, a windowed
 recording) ends with ranks waiting in calls that another rank never joined. A real rank
@@ -14,6 +14,20 @@ replayed against it reaches that end in one of three ways:
   hang is resolved; those peers go on past the end of their recording, where nothing is
   left to check them against, and the replay goes on.
 
+A recording that ended in a failure ends its replay the same way, at the same call (exit 7):
+
+- a drift (diagnose's: a rank made a call fewer, or more, in a step and from there on its
+  calls pair with the wrong ones): a real rank stops at the first mispaired call; the rank
+  that drifted, replayed with a fix (it makes the call it skipped), goes on, its calls
+  checked against the rank it pairs with;
+- a mismatch (diagnose's: members passed different shapes): a real member stops there;
+- a call that ended in an error in the recording (gloo's timeout, a peer gone): the real
+  rank's call raises that error again, and its program goes the way it went;
+- a call this rank entered and never completed (its peer killed, crashed or stuck in it):
+  the replay stops there, naming each peer's end;
+- a call past the end of this rank's recording, where its program failed or was killed
+  before making it: the replay stops there.
+
 What a replay found is a plain dict (it travels from the rank to the launcher as JSON);
 `sentence` says it to people, every string from the bundle shown safely.
 """
@@ -24,11 +38,16 @@ from prism_rr.format import ops
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import quoted, shown
 
-__all__ = ["RecordingEnd", "sentence"]
+__all__ = ["RecordingEnd", "raised", "sentence"]
 
 NEVER_JOINED = "never_joined"  # virtual peers never joined the call this rank waits in
 WAITED_FOR = "waited_for"  # this rank's program ended without calls its peers wait in
 RESOLVED = "resolved"  # this rank's call completed one every virtual member waited in
+DRIFTED = "drifted"  # this rank's call is the first to pair with the wrong one (diagnose's drift)
+MISMATCHED = "mismatched"  # this rank's call is one whose members disagreed (diagnose's mismatch)
+FAILED = "failed"  # this rank's call ended in an error in the recording, and raises it again
+NEVER_COMPLETED = "never_completed"  # this rank entered the call and never completed it
+ENDED = "ended"  # this rank's program failed or was killed before making this call
 
 
 class RecordingEnd:
@@ -169,10 +188,48 @@ def _peer_end(p: dict) -> str:
     return text
 
 
+def raised(text: str) -> BaseException:
+    """The exception a recorded call_failed marker ("op: Type: message") names, to raise
+    again in the program: torch.distributed's own type where it has that name (gloo's
+    errors are DistBackendError, a RuntimeError), else RuntimeError."""
+    import torch.distributed as dist
+
+    _, _, rest = text.partition(": ")
+    name, _, message = rest.partition(": ")
+    cls = getattr(dist, name, None) if name.isidentifier() else None
+    if not (isinstance(cls, type) and issubclass(cls, RuntimeError)):
+        cls, message = RuntimeError, rest or text
+    return cls(f"{message} [prism-rr replay: this call ended in this error in the recording]")
+
+
+def _ended(h: dict) -> str | None:
+    rank, kind, peers = h["rank"], h["kind"], h.get("peers") or []
+    ends = "; ".join(_peer_end(p) for p in peers)
+    ends = f"; {ends}" if ends else ""
+    if kind == DRIFTED:
+        return (f"drift reproduced: rank {rank}'s {_call(h['call'])} pairs with the wrong call, as in the "
+                f"recording. {shown(h['finding'], 2000)}")
+    if kind == MISMATCHED:
+        return (f"mismatch reproduced: rank {rank}'s {_call(h['call'])} is the call whose members disagreed in "
+                f"the recording. {shown(h['finding'], 2000)}")
+    if kind == FAILED:
+        return (f"call failed as in the recording: rank {rank}'s {_call(h['call'])} ended in an error there "
+                f"({shown(h['error'], 300)}), and raises it again{ends}.")
+    if kind == NEVER_COMPLETED:
+        return f"hang: rank {rank}'s {_call(h['call'])} never completed in the recording{ends}."
+    if kind == ENDED:
+        return (f"the recording ends here: rank {rank}'s program ended ({shown(h['exit'], 300)}) before "
+                f"{_call(h['call'])} in the recording.")
+    return None
+
+
 def sentence(h: dict) -> str:
-    """What a replay found at the end of a recorded hang, in one sentence for people."""
+    """What a replay found at the end of a recorded hang or failure, in one sentence for people."""
     rank, kind = h["rank"], h["kind"]
     peers = h.get("peers") or []
+    text = _ended(h)
+    if text is not None:
+        return text
     if kind == NEVER_JOINED:
         ends = "; ".join(_peer_end(p) for p in peers)
         return (f"hang: rank {rank}'s {_call(h['call'])} waits for {_names(p['rank'] for p in peers)}, "

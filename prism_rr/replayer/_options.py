@@ -43,6 +43,9 @@ class ReplayOptions:
     # world_size; the real ranks meet on the launcher's store (_torchrun.py).
     launcher: bool = False
     world_size: int = 0  # the recorded world (launcher mode)
+    # How the recording failed: diagnose's drifts and mismatches, each {"kind", "group",
+    # "seq", "ranks", "reference", "step", "message"} (launch._recorded_endings)
+    endings: tuple[dict, ...] = ()
 
     def __post_init__(self):
         if self.timing not in TIMINGS:
@@ -99,4 +102,5 @@ class ReplayOptions:
             payload=str(d.get("payload", "none")),
             launcher=bool(d.get("launcher", False)),
             world_size=int(d.get("world_size", 0)),
+            endings=tuple(e for e in d.get("endings", ()) if isinstance(e, dict)),
         )

@@ -14,6 +14,7 @@ timing model says so:
 
 from __future__ import annotations
 
+import logging
 from copy import copy
 from dataclasses import replace
 from time import monotonic_ns
@@ -31,9 +32,11 @@ from prism_rr.intercept.group import Policy, completed_work
 from prism_rr.intercept.payload import describe, digests, host_bytes
 from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, plausible, write
 from prism_rr.replayer._divergence import user_stack
-from prism_rr.replayer._hang import NEVER_JOINED, RESOLVED
+from prism_rr.replayer._hang import DRIFTED, ENDED, FAILED, MISMATCHED, NEVER_COMPLETED, NEVER_JOINED, RESOLVED
 from prism_rr.replayer._install import BACKEND
 from prism_rr.replayer._schedule import direction
+
+log = logging.getLogger("prism_rr.replayer")
 
 __all__ = ["Absent", "ReplayPolicy"]
 
@@ -117,6 +120,7 @@ class ReplayPolicy(Policy):
         self._single = all(len(c.positions) == 1 for c in self._peers)
         self._srcs = {c.key: c.src for c in self._peers if c.key != c.src}  # timing key -> clock of
         self._dump_shift = 0  # a Flight Recorder dump's seq of this group's next call, less the program's
+        self._shapes_only = False  # the next call is checked against another rank's record (_drifted)
         # The last small non-floating message this rank sent each virtual peer, by
         # (peer, dtypes, shapes): a handshake's answer when the bundle lacks it (_echo).
         self._sent: dict[tuple, list] = {}
@@ -193,7 +197,8 @@ class ReplayPolicy(Policy):
         predicted = s.schedule.shape_predicted(gid, own.op)
         # Data made up for virtual peers has flowed into this rank's numerics once it is
         # synthetic: its tensors can no longer match the recorded digests, only shapes can.
-        data = not s.synthetic
+        data = not s.synthetic and not self._shapes_only
+        self._shapes_only = False
         later = None
         fields = _data_fields(own) if data else None
         if fields is not None:
@@ -236,6 +241,12 @@ class ReplayPolicy(Policy):
             return
         elif sched.imported and _outside_dump(sched, s.rank, gid, seq, call.p2p):
             return
+        elif gid in s.drift_fixed:  # past the end of the calls of the rank it now pairs with
+            return
+        elif _failed_before(sched.exits.get(s.rank)) and not self._all_real:
+            s.stop_at_hang({"kind": ENDED, "rank": s.rank, "exit": str(sched.exits[s.rank].get("how") or "failed"),
+                            "call": s.ends.live(gid, seq, call.op, user_stack(),
+                                                peer=call.peer if call.p2p else None)})
         else:
             s.diverge(gid, seq, call.op, "call", "no such call (the recording ends before it)", call.op)
 
@@ -255,6 +266,77 @@ class ReplayPolicy(Policy):
         peers = [{"rank": p, "call": s.ends.call(r)} for p, r in zip(self._watched, waiting)]
         s.resolve({"kind": RESOLVED, "rank": s.rank, "peers": peers,
                    "call": s.ends.live(group.gid, call.seq, call.op, user_stack())})
+
+    def _drifted(self, group, call, own):
+        """A call on a group where the recording drifted (diagnose's drift: a rank made a
+        call fewer, or more, in a step, and from there on its calls paired with the wrong
+        ones). A real member other than the rank that drifted stops at the first mispaired
+        call, as the recording went. The rank that drifted, from the step it drifted in, is
+        held to the rank it pairs with (the drift's reference): where that rank made the
+        same call in the same step, the pairing is right (its data is another rank's, so
+        only op and shapes are checked), and a program that pairs right past the drift is
+        fixed: past the reference's calls it is answered without checking; where the
+        reference's call is in another step, the pairing is wrong, as it was: it stops.
+        Returns the record the call is checked against."""
+        s = self._session
+        gid, seq = group.gid, call.seq
+        fixed = s.drift_fixed.get(gid)
+        if fixed is not None:
+            self._shapes_only = True
+            return s.schedule.collective(fixed["reference"], gid, seq)
+        for e in s.endings[gid]:
+            ref = e.get("reference")
+            if e["kind"] != "drift" or ref is None or not isinstance(e.get("step"), int):
+                continue
+            drifted = e["ranks"][0]
+            if s.rank != drifted:
+                if seq >= e["seq"]:
+                    self._stop_drifted(e, gid, seq, call.op)
+                continue
+            if s.step < e["step"]:
+                continue
+            theirs = s.schedule.collective(ref, gid, seq)
+            if theirs is None or theirs.step != s.step:
+                self._stop_drifted(e, gid, seq, call.op)
+            self._shapes_only = True
+            if seq >= e["seq"]:
+                s.drift_fixed[gid] = e
+                s.made_up()
+                log.warning("prism-rr: rank %d pairs right where the recording drifted (group %d, seq %d): the "
+                            "drift is fixed; its calls on the group are checked against rank %d's from here on",
+                            s.rank, gid, seq, ref)
+            return theirs
+        return own
+
+    def _stop_drifted(self, e: dict, gid: int, seq: int, op: str) -> None:
+        s = self._session
+        s.stop_at_hang({"kind": DRIFTED, "rank": s.rank, "finding": e["message"], "drift": e,
+                        "call": s.ends.live(gid, seq, op, user_stack())})
+
+    def _recorded_end(self, group, call, own, key: tuple) -> None:
+        """Where this rank's recording fails at this call: a mismatch among its members,
+        an error the call ended in (raised again), or a call it never completed."""
+        s = self._session
+        gid, seq = group.gid, call.seq
+        peer = call.peer if call.p2p else None
+        live = s.ends.live(gid, seq, call.op, user_stack(), peer=peer)
+        if not call.p2p:
+            for e in s.endings.get(gid, ()):
+                if e["kind"] == "mismatch" and e["seq"] == seq:
+                    s.stop_at_hang({"kind": MISMATCHED, "rank": s.rank, "finding": e["message"], "call": live})
+        error = s.schedule.failure(key)
+        if error is None and own.end_ns is not None:
+            return
+        # the peers whose recording ends here: failed or killed, or no call on the group after this one
+        members = [peer] if call.p2p else [g for g in group.ranks if g != s.rank and g not in s.real]
+        ends = [s.ends.peer_end(p, s.rank, s.made) for p in members
+                if s.schedule.has(p) and (s.ends.ended(p) or s.schedule.last_seq(p, gid) <= seq)]
+        for e in ends:
+            if e["exit"] is None and e["rank"] not in s.schedule.exits and not s.schedule.imported:
+                e["exit"] = "no word: killed by SIGKILL, or os._exit"  # its records just end
+        if error is not None:
+            s.fail_as_recorded({"kind": FAILED, "rank": s.rank, "error": error, "call": live, "peers": ends})
+        s.stop_at_hang({"kind": NEVER_COMPLETED, "rank": s.rank, "call": live, "peers": ends})
 
     def _joined(self, group, call, peers) -> None:
         """Stop at the end of a recorded hang: a call this rank made in the recording that
@@ -281,6 +363,8 @@ class ReplayPolicy(Policy):
     def _collective(self, group, call, entry):
         s = self._session
         own = s.schedule.collective(s.rank, group.gid, call.seq)
+        if s.endings.get(group.gid) and not self._all_real:
+            own = self._drifted(group, call, own)
         s.clock.anchor(entry, own)
         in_shapes, in_dtypes, _ = describe(call.ins)
         out_shapes, out_dtypes, _ = describe(call.outs)
@@ -288,8 +372,10 @@ class ReplayPolicy(Policy):
                           in_shapes=_shapes(in_shapes), in_dtypes=tuple(in_dtypes), out_shapes=_shapes(out_shapes),
                           out_dtypes=tuple(out_dtypes), reduce_op=call.reduce_op, root=call.root)
         matched = self._check(group, call, own, live)
-        if own is not None:
+        if own is not None and group.gid not in s.drift_fixed:
             self._joined(group, call, s.ends.never_joined(self._watched, group.gid, call.seq, own))
+            if not self._all_real:
+                self._recorded_end(group, call, own, (s.rank, group.gid, call.seq))
         if self._all_real:
             return self._real_call(group, call, entry)
         return self._virtual(group, call, entry, own, matched)
@@ -429,6 +515,7 @@ class ReplayPolicy(Policy):
             way = "recv" if call.receives else "send"
             if s.ends.never_answered(peer, group.gid, way, s.rank, call.seq, own):
                 self._joined(group, call, [peer])
+            self._recorded_end(group, call, own, (s.rank, group.gid, way, peer, call.seq))
         if self._all_real:
             return call.fn(*call.args)
         if peer in self._sub:
@@ -592,6 +679,12 @@ def _dump_divergence(own, live, size: int):
         named = [d for d, view in zip(found, entry_views(live, size)) if view.op == own.op]
         return (named or found)[0]
     return call_divergence(own, live)
+
+
+def _failed_before(how) -> bool:
+    """Whether a rank's recorded exit says its program failed or was killed (it may have
+    stopped before calls a replay makes)."""
+    return isinstance(how, dict) and (how.get("code") not in (0, None) or "signal" in how)
 
 
 def _outside_dump(sched, rank: int, gid: int, seq: int, p2p: bool) -> bool:

@@ -8,7 +8,8 @@ that direction between the rank and its peer (FORMAT.md, key 6).
 from __future__ import annotations
 
 from prism_rr.format import ops
-from prism_rr.format.records import Collective, PointToPoint, Step
+from prism_rr.format.facts import crash_reason
+from prism_rr.format.records import Collective, Marker, PointToPoint, Step
 
 __all__ = ["Schedule", "direction"]
 
@@ -39,6 +40,9 @@ class Schedule:
         self.exits: dict[int, dict] = {}
         self._last_seq: dict[tuple, int] = {}  # (rank, group) or p2p's (rank, group, way, peer) -> last seq
         self.first_seq: dict[int, int] = {}  # group -> the lowest collective seq recorded on it
+        # A call that ended in an error (the recorder's call_failed marker, written right
+        # after the call's record): its key -> the error as recorded ("op: Type: message").
+        self.failed: dict[tuple, str] = {}
         self.p2p_recorded: set[int] = set()  # ranks with a point-to-point call in the recording
         self.clock_offset: dict[int, int] = {}
         self.step_ends: dict[int, dict[int, int]] = {}  # rank -> step -> its Step record's end
@@ -63,16 +67,25 @@ class Schedule:
             self.clock_offset[rank] = offset
             if isinstance(info.get("exit"), dict):
                 self.exits[rank] = info["exit"]
+            elif crash_reason(info.get("crash")) is not None:  # faulthandler's words, no exit of its own
+                reason = crash_reason(info["crash"])
+                self.exits[rank] = {"signal": reason, "how": f"crashed: {reason}"}
             ends = self.step_ends[rank] = {}
+            key = None  # the last call's
             for rec in bundle.events(rank):
                 if isinstance(rec, Collective):
-                    self._calls[(rank, rec.group, rec.seq)] = rec
+                    key = (rank, rec.group, rec.seq)
+                    self._calls[key] = rec
                     self._note(rank, rec, (rank, rec.group))
                     self.first_seq[rec.group] = min(rec.seq, self.first_seq.get(rec.group, rec.seq))
                 elif isinstance(rec, PointToPoint):
-                    self._calls[(rank, rec.group, direction(rec.op), rec.peer, rec.seq)] = rec
+                    key = (rank, rec.group, direction(rec.op), rec.peer, rec.seq)
+                    self._calls[key] = rec
                     self._note(rank, rec, (rank, rec.group, direction(rec.op), rec.peer))
                     self.p2p_recorded.add(rank)
+                elif (isinstance(rec, Marker) and rec.name == "call_failed" and key is not None
+                      and rec.value == key[-1]):
+                    self.failed[key] = rec.text or ""
                 elif isinstance(rec, Step) and rec.end_ns is not None:
                     ends[rec.step] = rec.end_ns
 
@@ -119,6 +132,11 @@ class Schedule:
         messages that way to or from `peer`); -1 where it recorded none."""
         key = (rank, group) if way is None else (rank, group, way, peer)
         return self._last_seq.get(key, -1)
+
+    def failure(self, key: tuple) -> str | None:
+        """The error the recorded call `key` ended in ("op: Type: message"): (rank, group,
+        seq) for a collective, (rank, group, direction, peer, seq) for a message."""
+        return self.failed.get(key)
 
     def shape_predicted(self, group: int, op: str) -> bool:
         """Were this call's shapes predicted by `scale` rather than recorded?"""

@@ -149,6 +149,12 @@ class ReplaySession:
         self.made: dict[tuple, int] = {}  # next seq per group (and per group, direction, peer for messages)
         self.hang: dict | None = None  # the end of a recorded hang this rank stopped at
         self.resolved: list[dict] = []  # recorded hangs this rank's calls resolved
+        # How the recording failed, where diagnose found it (launch: ReplayOptions.endings):
+        # by group, the drifts and mismatches on it; and the drifts this rank's program fixed
+        self.endings: dict[int, list[dict]] = {}
+        for e in options.endings:
+            self.endings.setdefault(int(e["group"]), []).append(e)
+        self.drift_fixed: dict[int, dict] = {}
         self.clock = PeerClock(rank, self.schedule.clock_offset, compute_scale=options.compute_scale,
                                slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale,
                                pure_transfer=self.scaled, replaced=options.replaced_map())
@@ -484,6 +490,17 @@ class ReplaySession:
         log.error("prism-rr: %s", text)
         self.write()
         raise HangError(text)
+
+    def fail_as_recorded(self, found: dict) -> None:
+        """A call that ended in an error in the recording: raise that error in the program
+        (exit 7 once it has unwound; a later call stops it as a hang would)."""
+        from prism_rr.replayer._hang import raised
+
+        self.check_read(final=True)
+        self.hang = found
+        log.error("prism-rr: %s", sentence(found))
+        self.write()
+        raise raised(found["error"])
 
     def resolve(self, found: dict) -> None:
         """A call of this rank resolved a recorded hang: its peers go on past their recording."""

@@ -36,10 +36,11 @@ from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle
+from prism_rr.format.facts import crash_reason
 from prism_rr.format.text import shown
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
-from prism_rr.replayer._fidelity import card, fidelity_report
+from prism_rr.replayer._fidelity import card, fidelity_report, same_end
 from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, stats_path
 from prism_rr.replayer._replace import plan_replacements
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
@@ -281,6 +282,13 @@ def replay(
     call that a virtual peer never joined in the recording, or its program ended while a
     virtual peer waits in a call with it that it never made. A call that completes one
     every virtual peer waits in resolves it (`resolved`), and the replay goes on.
+
+    A recording that ended in a failure (a rank's program failed, crashed or was killed)
+    ends its replay the same way (exit 7, the report's `hang`; _hang.py lists the kinds):
+    at the first mispaired call of a drift, at a mismatch's call (diagnose's findings,
+    `_recorded_endings`), at a call that ended in an error (raised again) or never
+    completed, past where the rank's program stopped; a real rank that fails as it did is
+    the failure reproduced (`reproduced`).
     """
     from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
 
@@ -317,6 +325,7 @@ def replay(
         if missing:
             raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}")
         infos = {r: bundle.rank_info(r) for r in real}
+        endings = _recorded_endings(bundle)
         attempts = [e["attempt"] for e in bundle.attempts]
         dump = isinstance(bundle.manifest.get("imported"), dict)
         outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
@@ -349,7 +358,7 @@ def replay(
                             replace_rank=tuple((e["rank"], e["step"], round(e["downtime_s"] * 1e9))
                                                for e in replacements),
                             output=None if spool_dir is None else str(spool_dir),
-                            payload=output_payload or "none")
+                            payload=output_payload or "none", endings=endings)
     logs = Path(log_dir) if log_dir is not None else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
@@ -460,6 +469,9 @@ def replay(
         code = HUNG
     else:
         code = exit_code(list(codes.values()))  # the rank that failed on its own, as localrun's
+        if code and _as_recorded(rep["stopped_early"]):
+            rep["reproduced"] = True  # each failing rank failed as it did in the recording
+            code = HUNG
         if not code and rep["stopped_early"]:
             code = INCOMPLETE
         if not code:  # every program ended well: did one end without a call its peers wait in?
@@ -481,10 +493,44 @@ def replay(
                         output=output if spool_dir is not None else None)
 
 
+def _recorded_endings(bundle) -> tuple[dict, ...]:
+    """Where a recording that ended in a failure (a rank's program failed or was killed)
+    went wrong, as diagnose says: its drifts and mismatches, for the real ranks to stop at
+    (_policy: _drifted, _recorded_end). Nothing, and no diagnosis, for a run that ended well."""
+    infos = [bundle.rank_info(r) for r in bundle.recorded_ranks]
+    if not any(_failed(info.get("exit")) or info.get("crash") for info in infos):
+        return ()
+    from prism_rr.analysis import diagnose
+
+    out = []
+    for f in diagnose(bundle):
+        if f.kind in ("drift", "mismatch") and f.group is not None and f.seq is not None and f.ranks:
+            out.append({"kind": f.kind, "group": f.group, "seq": f.seq, "ranks": list(f.ranks),
+                        "reference": f.details.get("reference"), "step": f.details.get("step"),
+                        "message": f.message[:1500]})
+    return tuple(out[:16])  # they travel in one environment variable (at most 128 KiB)
+
+
+def _failed(how) -> bool:
+    """Whether a rank info's `exit` says the program failed or was stopped by a signal."""
+    return isinstance(how, dict) and (how.get("code") not in (0, None) or "signal" in how)
+
+
 def _recorded_exit(info) -> dict | None:
-    """How a rank's program ended in the recording (rank info `exit`), where it says."""
+    """How a rank's program ended in the recording (rank info `exit`, else its crash
+    file's signal), where it says."""
     how = info.get("exit") if isinstance(info, dict) else None
-    return how if isinstance(how, dict) else None
+    if isinstance(how, dict):
+        return how
+    reason = crash_reason(info.get("crash")) if isinstance(info, dict) else None
+    return {"signal": reason, "how": f"crashed: {reason}"} if reason is not None else None
+
+
+def _as_recorded(early: list[dict]) -> bool:
+    """Whether every real rank that failed failed as it did in the recording: the same
+    exit code, or death by the same signal."""
+    failed = [e for e in early if e.get("exit_code")]
+    return bool(failed) and all(same_end(e["exit_code"], e.get("recorded_exit")) for e in failed)
 
 
 def _what_if(options, replacements=()) -> dict:

@@ -45,10 +45,13 @@ def replay(bundle: Path, rank: int, tmp: Path, *attempt: str):
 @pytest.mark.timeout(400)
 def test_the_failed_attempt_fails_again_as_it_did(restarted, tmp_path):
     """Attempt 0, the default one: rank 1 exits 17 again, after the calls it made, with no
-    divergence; the report names the attempt and that the recording ended so too."""
+    divergence; the report names the attempt and that the recording ended so too: the
+    recorded failure reproduced, exit 7 (the rank's own 17 in the report)."""
     for asked in ((), ("--attempt", "0")):
         r, rep = replay(restarted, 1, tmp_path, *asked)
-        assert r.returncode == 17, r.stderr[-3000:]
+        assert r.returncode == 7, r.stderr[-3000:]
+        assert rep["reproduced"] and rep["rank_exit_codes"] == {"1": 17}
+        assert "reproduced: each rank that failed failed as it did in the recording" in r.stderr
         assert rep["attempt"] == {"attempt": 0, "attempts": [0, 1], "default": 0}
         assert not rep["diverged"] and rep["hang"] is None
         [ended] = rep["stopped_early"]
