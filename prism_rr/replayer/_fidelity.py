@@ -385,9 +385,10 @@ def card(report: dict) -> str:
     ]
     d = report["first_divergence"]
     if d is not None:
-        lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {shown(d['op'])}: {d['what']} "
-                     f"expected {shown(d['expected'])}, got {shown(d['got'])}")
-    elif not early:
+        at = f" at {shown(d['stack'][0])}" if d.get("stack") else ""
+        lines.append(f"  diverged: rank {d['rank']} group {d['group']} seq {d['seq']} {shown(d['op'])}{at}: "
+                     f"{d['what']} expected {shown(d['expected'])}, got {shown(d['got'], 600)}")
+    elif not early and not report.get("hang"):
         lines.append("  diverged: no")
     lines.extend(f"  {sentence(h)}" for h in report.get("resolved") or ())
     if report.get("hang"):

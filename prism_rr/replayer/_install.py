@@ -104,6 +104,40 @@ _replayer = _Replayer()
 _creation = GroupCreation(_replayer)
 
 
+def _quiet_stops() -> None:
+    """A program the replay stopped (a divergence, the end of a recorded hang or failure)
+    unwinds with the replay's exception; uncaught, Python would print its traceback through
+    prism_rr's own modules, and its message, which the launcher's card already says once.
+    Instead: one line naming where the program was stopped (PRISM_RR_DEBUG=1: the whole
+    traceback too). Any other exception is the program's, and prints as it would."""
+    from prism_rr.errors import DivergenceError, HangError
+
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not isinstance(value, (DivergenceError, HangError)) or os.environ.get("PRISM_RR_DEBUG"):
+            previous(kind, value, tb)
+            return
+        where = None
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if not _library(code.co_filename):
+                where = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
+            tb = tb.tb_next
+        at = f" at {where}" if where else ""
+        print(f"prism-rr: the replay stopped the program{at} (its verdict follows; PRISM_RR_DEBUG=1 shows the "
+              f"traceback)", file=sys.stderr, flush=True)
+
+    sys.excepthook = hook
+
+
+def _library(filename: str) -> bool:
+    """A frame of prism_rr, torch or the standard library, not the program's."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (filename.startswith(("<", here + os.sep)) or f"{os.sep}torch{os.sep}" in filename
+            or filename.startswith(os.path.dirname(os.__file__)))
+
+
 def install(options: ReplayOptions) -> None:
     import torch.distributed.rendezvous
 
@@ -113,6 +147,7 @@ def install(options: ReplayOptions) -> None:
 
     _replayer.options = options
     _creation.install()
+    _quiet_stops()
     rdzv._rendezvous_handlers["env"] = _env_rendezvous
 
 

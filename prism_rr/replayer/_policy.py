@@ -84,11 +84,16 @@ def _filled(live, fields, digests_of, blobs_of):
     return replace(live, **changes)
 
 
-def _report(s, gid: int, seq: int, op: str, d, stack=None) -> None:
-    """Session.diverge with a divergence's values as the report shows them."""
+def _report(s, gid: int, seq: int, op: str, d, stack=None, *, own=None, ins=None) -> None:
+    """Session.diverge with a divergence's values as the report shows them; a data
+    divergence, where the bundle holds the recorded bytes of the inputs (`own`, the live
+    ones `ins`), with the first elements that differ."""
     expected, got = d.expected, d.got
     if d.topic == "data":
         expected, got = _hex(expected), _hex(got)
+        detail = _differences(s.bundle, own, ins) if own is not None and ins is not None else None
+        if detail:
+            got = f"{got}: {detail}"
     elif d.field.endswith("shapes"):
         expected, got = _shapes(expected), _shapes(got)
     s.diverge(gid, seq, op, _REPORTED.get(d.field, d.field), expected, got, stack)
@@ -208,7 +213,7 @@ class ReplayPolicy(Policy):
                 live = _filled(live, fields, lambda: digests(ins), lambda: (blob_id(host_bytes(t)) for t in ins))
         d = call_divergence(own, live, data=data and later is None, shapes=not predicted)
         if d is not None:
-            _report(s, gid, seq, op, d)
+            _report(s, gid, seq, op, d, own=own, ins=call.ins)
             return False
         if later is not None:
             # the inputs as the device will have them once the backend's turn comes: read
@@ -703,6 +708,36 @@ def _shown_value(field: str, v):
     if field.endswith("shapes") and v is not None:
         return _shapes(v)
     return v
+
+
+def _differences(bundle, own, ins, shown_at_most: int = 3) -> str | None:
+    """Where the live inputs first part from the recorded ones, where the bundle holds
+    those (a full payload, or a small call's bytes): 'input 0 ([4] float32) at (2,):
+    recorded 1, got 1.5 (and 1 more element)'. None where it holds only digests."""
+    blobs = getattr(own, "blob_in", None)
+    if not blobs or len(blobs) != len(ins):
+        return None
+    for i, (t, blob, dtype, shape) in enumerate(zip(ins, blobs, own.in_dtypes, own.in_shapes)):
+        try:
+            rec = from_blob(bundle, blob, dtype, shape)
+        except Exception:
+            continue
+        live = t.detach().to("cpu")
+        if live.numel() != rec.numel() or live.dtype != rec.dtype:
+            continue
+        live = live.reshape(rec.shape)
+        differ = live != rec
+        if live.is_floating_point():
+            differ &= ~(live.isnan() & rec.isnan())
+        where = differ.nonzero()
+        if not len(where):
+            continue
+        parts = [f"{tuple(j.tolist())}: recorded {rec[tuple(j.tolist())].item():.6g}, got "
+                 f"{live[tuple(j.tolist())].item():.6g}" for j in where[:shown_at_most]]
+        more = len(where) - len(parts)
+        rest = f" (and {more} more element{'s' if more > 1 else ''})" if more else ""
+        return f"input {i} ({list(shape)} {dtype}) at " + "; ".join(parts) + rest
+    return None
 
 
 def _hex(values) -> str:

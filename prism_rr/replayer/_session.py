@@ -461,8 +461,7 @@ class ReplaySession:
         if self.options.continue_on_divergence:
             log.warning("%s (continuing)", d.paragraph())
             return
-        self.stopped = d
-        log.error("%s", d.paragraph())
+        self.stopped = d  # the launcher's card says it, once
         self.write()
         raise DivergenceError(d.paragraph())
 
@@ -485,11 +484,9 @@ class ReplaySession:
     def stop_at_hang(self, found: dict) -> None:
         """Stop the program at the end of a recorded hang (exit 7 once it has unwound)."""
         self.check_read(final=True)  # a divergence at a call before it comes first
-        self.hang = found
-        text = sentence(found)
-        log.error("prism-rr: %s", text)
+        self.hang = found  # the launcher's card says it, once
         self.write()
-        raise HangError(text)
+        raise HangError(sentence(found))
 
     def fail_as_recorded(self, found: dict) -> None:
         """A call that ended in an error in the recording: raise that error in the program
@@ -497,8 +494,7 @@ class ReplaySession:
         from prism_rr.replayer._hang import raised
 
         self.check_read(final=True)
-        self.hang = found
-        log.error("prism-rr: %s", sentence(found))
+        self.hang = found  # the launcher's card says it, once
         self.write()
         raise raised(found["error"])
 

@@ -9,6 +9,7 @@ loader that stalls. Each mode is recorded once for the module; crashy.py's segfa
 hang.py's killed peer are the session's shared recordings (tests/conftest.py).
 """
 
+import subprocess
 import sys
 
 import pytest
@@ -135,13 +136,44 @@ def test_a_peer_killed_mid_step(killed_peer, tmp_path):
     assert "this call ended in this error in the recording" in (result.log_dir / "rank0.stderr").read_text()
 
 
-@pytest.mark.timeout(240)
-def test_a_run_that_ended_well_replays_to_exit_0(tmp_path):
-    """The trainer without a bug: nothing to reproduce, each rank ends with exit 0."""
-    bundle = tmp_path / "ok.prism"
+@pytest.fixture(scope="module")
+def ended_well(tmp_path_factory):
+    """The trainer without a bug, recorded with full payloads."""
+    bundle = tmp_path_factory.mktemp("ok") / "ok.prism"
     cmd = [sys.executable, "-c", _LOCAL, "2", sys.executable, str(TRAINER), "ok"]
-    assert record_command(cmd, bundle, payload="digest", timeout=120) == 0
+    assert record_command(cmd, bundle, payload="full", timeout=120) == 0
     pack(spool_dir_for(bundle), bundle)
+    return bundle
+
+
+@pytest.mark.timeout(240)
+def test_a_run_that_ended_well_replays_to_exit_0(ended_well, tmp_path):
+    """Nothing to reproduce: each rank ends with exit 0."""
     for rank in (0, 1):
-        result = _replay(bundle, rank, [TRAINER, "ok"], tmp_path)
+        result = _replay(ended_well, rank, [TRAINER, "ok"], tmp_path)
         assert result.exit_code == 0 and result.report["hang"] is None, _verdict(result)
+
+
+@pytest.mark.timeout(240)
+def test_a_data_divergence_shows_the_elements_that_differ(ended_well, tmp_path):
+    """The learning rate edited: step 1's gradients differ from the recorded ones, and the
+    verdict shows the first elements that do, from the recorded bytes, not two hashes."""
+    result = _replay(ended_well, 0, [TRAINER, "ok", "3", "0.02"], tmp_path)
+    assert result.exit_code == 3, _verdict(result)
+    line = next(x for x in result.card.splitlines() if "diverged:" in x)
+    assert "diverged: rank 0 group 0 seq 3 all_reduce at faulty_trainer.py:" in line
+    assert "input 0 ([16, 16] float32) at (0, 0): recorded " in line and "more elements)" in line
+
+
+@pytest.mark.timeout(240)
+def test_the_verdict_is_said_once_without_prism_rr_s_traceback(recorded, tmp_path):
+    """As a user runs it: the verdict once, on the card; of the stopped program one line
+    saying where, and no traceback through prism_rr's modules."""
+    out = subprocess.run([sys.executable, "-m", "prism_rr.cli", "replay", str(recorded["skip"]), "--ranks", "0", "--",
+                          sys.executable, str(TRAINER), "skip"], capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == HUNG, out.stderr[-3000:]
+    assert out.stderr.count("drift reproduced") == 1, out.stderr
+    assert "Traceback" not in out.stderr and "prism_rr/" not in out.stderr, out.stderr
+    assert "the replay stopped the program at faulty_trainer.py:" in out.stderr
+    assert len(out.stderr.splitlines()) <= 14, out.stderr

@@ -12,7 +12,7 @@ break real jobs, chosen by argv[1]:
   slow      in step 2 rank 1 stalls (a data loader stuck on a file system) past the group's
             timeout: rank 0's all_reduce times out and raises; rank 1 then fails too
 
-argv[2]: the gloo timeout in seconds (default 3).
+argv[2]: the gloo timeout in seconds (default 3); argv[3]: the learning rate (default 0.01).
 """
 
 import datetime
@@ -45,7 +45,7 @@ class Net(torch.nn.Module):
 
 
 model = Net()
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt = torch.optim.SGD(model.parameters(), lr=float(sys.argv[3]) if len(sys.argv) > 3 else 0.01)
 for step in range(4):
     g = torch.Generator().manual_seed(100 * step + rank)
     x = torch.randn(8, 16, generator=g)
