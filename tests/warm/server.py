@@ -48,8 +48,9 @@ PRELOAD = (
 # Read at import or interpreter start: a program whose value differs from the server's starts cold.
 _STARTUP_VARS = ("TORCH_", "PYTORCH_", "TORCHDYNAMO", "TORCHINDUCTOR", "OMP_", "MKL_", "KMP_", "GOMP_",
                  "LD_", "NCCL_", "GLOO_", "PYTHON", "MALLOC_")
-# ... except these, read when used (or handled below).
-_CALL_TIME_VARS = ("TORCH_NCCL_", "TORCHELASTIC_", "OMP_NUM_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER",
+# ... except these, read when used (Flight Recorder's and NCCL's when a group is made), or
+# handled below.
+_CALL_TIME_VARS = ("TORCH_NCCL_", "TORCH_FR_", "TORCHELASTIC_", "OMP_NUM_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER",
                    "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONWARNINGS", "TORCH_DISTRIBUTED_TIMEOUT")
 
 
