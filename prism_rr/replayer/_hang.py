@@ -38,7 +38,7 @@ from prism_rr.format import ops
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import quoted, shown
 
-__all__ = ["RecordingEnd", "raised", "sentence"]
+__all__ = ["RecordingEnd", "failed", "raised", "sentence"]
 
 NEVER_JOINED = "never_joined"  # virtual peers never joined the call this rank waits in
 WAITED_FOR = "waited_for"  # this rank's program ended without calls its peers wait in
@@ -85,10 +85,8 @@ class RecordingEnd:
 
     def ended(self, peer: int) -> bool:
         """Whether `peer`'s program failed in the recording, or waits in a call at its end."""
-        how = self._schedule.exits.get(peer)
         last = self._schedule.last.get(peer)
-        failed = isinstance(how, dict) and (how.get("code") not in (0, None) or "signal" in how)
-        return failed or (last is not None and last.end_ns is None)
+        return failed(self._schedule.exits.get(peer)) or (last is not None and last.end_ns is None)
 
     def waiting_in(self, peers, gid: int, seq: int) -> list | None:
         """The records of collective (gid, seq) of `peers` when every one of them entered
@@ -186,6 +184,12 @@ def _peer_end(p: dict) -> str:
     if p.get("exit"):
         text += f", and then its program ended ({shown(p['exit'])})"
     return text
+
+
+def failed(how) -> bool:
+    """Whether a rank info's `exit` (or the crash that stands for it) says its program
+    failed or was stopped by a signal."""
+    return isinstance(how, dict) and (how.get("code") not in (0, None) or "signal" in how)
 
 
 def raised(text: str) -> BaseException:

@@ -32,7 +32,8 @@ from prism_rr.intercept.group import Policy, completed_work
 from prism_rr.intercept.payload import describe, digests, host_bytes
 from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, from_bytes, plausible, write
 from prism_rr.replayer._divergence import user_stack
-from prism_rr.replayer._hang import DRIFTED, ENDED, FAILED, MISMATCHED, NEVER_COMPLETED, NEVER_JOINED, RESOLVED
+from prism_rr.replayer._hang import (DRIFTED, ENDED, FAILED, MISMATCHED, NEVER_COMPLETED, NEVER_JOINED, RESOLVED,
+                                     failed)
 from prism_rr.replayer._install import BACKEND
 from prism_rr.replayer._schedule import direction
 
@@ -248,7 +249,7 @@ class ReplayPolicy(Policy):
             return
         elif gid in s.drift_fixed:  # past the end of the calls of the rank it now pairs with
             return
-        elif _failed_before(sched.exits.get(s.rank)) and not self._all_real:
+        elif failed(sched.exits.get(s.rank)) and not self._all_real:
             s.stop_at_hang({"kind": ENDED, "rank": s.rank, "exit": str(sched.exits[s.rank].get("how") or "failed"),
                             "call": s.ends.live(gid, seq, call.op, user_stack(),
                                                 peer=call.peer if call.p2p else None)})
@@ -684,12 +685,6 @@ def _dump_divergence(own, live, size: int):
         named = [d for d, view in zip(found, entry_views(live, size)) if view.op == own.op]
         return (named or found)[0]
     return call_divergence(own, live)
-
-
-def _failed_before(how) -> bool:
-    """Whether a rank's recorded exit says its program failed or was killed (it may have
-    stopped before calls a replay makes)."""
-    return isinstance(how, dict) and (how.get("code") not in (0, None) or "signal" in how)
 
 
 def _outside_dump(sched, rank: int, gid: int, seq: int, p2p: bool) -> bool:

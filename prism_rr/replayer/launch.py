@@ -41,6 +41,7 @@ from prism_rr.format.text import shown
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report, same_end
+from prism_rr.replayer._hang import failed
 from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, stats_path
 from prism_rr.replayer._replace import plan_replacements
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
@@ -498,7 +499,7 @@ def _recorded_endings(bundle) -> tuple[dict, ...]:
     went wrong, as diagnose says: its drifts and mismatches, for the real ranks to stop at
     (_policy: _drifted, _recorded_end). Nothing, and no diagnosis, for a run that ended well."""
     infos = [bundle.rank_info(r) for r in bundle.recorded_ranks]
-    if not any(_failed(info.get("exit")) or info.get("crash") for info in infos):
+    if not any(failed(info.get("exit")) or info.get("crash") for info in infos):
         return ()
     from prism_rr.analysis import diagnose
 
@@ -509,11 +510,6 @@ def _recorded_endings(bundle) -> tuple[dict, ...]:
                         "reference": f.details.get("reference"), "step": f.details.get("step"),
                         "message": f.message[:1500]})
     return tuple(out[:16])  # they travel in one environment variable (at most 128 KiB)
-
-
-def _failed(how) -> bool:
-    """Whether a rank info's `exit` says the program failed or was stopped by a signal."""
-    return isinstance(how, dict) and (how.get("code") not in (0, None) or "signal" in how)
 
 
 def _recorded_exit(info) -> dict | None:
