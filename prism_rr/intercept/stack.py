@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["blocking_p2p", "caller_stack"]
+__all__ = ["blocking_p2p", "caller_stack", "user_code"]
 
 try:  # the walk below in C, from the same caches (prism_rr/_speedups.c); optional
     if os.environ.get("PRISM_RR_PURE_PYTHON"):
@@ -49,6 +49,13 @@ def _user(code) -> bool:
     )
     _is_user[id(code)] = (code, v)
     return v
+
+
+def user_code(code) -> bool:
+    """Whether a code object is the program's (not prism_rr's but its demo, torch's, the
+    standard library's or an installed package's): the frames a call's stack names."""
+    known = _is_user.get(id(code))
+    return known[1] if known is not None else _user(code)
 
 
 def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:

@@ -35,10 +35,11 @@ What a replay found is a plain dict (it travels from the rank to the launcher as
 from __future__ import annotations
 
 from prism_rr.format import ops
+from prism_rr.format.facts import crash_reason
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import quoted, shown
 
-__all__ = ["RecordingEnd", "failed", "raised", "sentence"]
+__all__ = ["RecordingEnd", "failed", "raised", "recorded_exit", "sentence"]
 
 NEVER_JOINED = "never_joined"  # virtual peers never joined the call this rank waits in
 WAITED_FOR = "waited_for"  # this rank's program ended without calls its peers wait in
@@ -184,6 +185,17 @@ def _peer_end(p: dict) -> str:
     if p.get("exit"):
         text += f", and then its program ended ({shown(p['exit'])})"
     return text
+
+
+def recorded_exit(info) -> dict | None:
+    """How a rank's program ended in the recording: its rank info's `exit`, else its
+    crash file's signal ({"signal": faulthandler's words, "how": "crashed: ..."}), else
+    None (no word: SIGKILL, os._exit, a Flight Recorder dump)."""
+    how = info.get("exit") if isinstance(info, dict) else None
+    if isinstance(how, dict):
+        return how
+    reason = crash_reason(info.get("crash")) if isinstance(info, dict) else None
+    return {"signal": reason, "how": f"crashed: {reason}"} if reason is not None else None
 
 
 def failed(how) -> bool:

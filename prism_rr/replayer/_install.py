@@ -111,6 +111,7 @@ def _quiet_stops() -> None:
     Instead: one line naming where the program was stopped (PRISM_RR_DEBUG=1: the whole
     traceback too). Any other exception is the program's, and prints as it would."""
     from prism_rr.errors import DivergenceError, HangError
+    from prism_rr.intercept.stack import user_code
 
     previous = sys.excepthook
 
@@ -119,9 +120,9 @@ def _quiet_stops() -> None:
             previous(kind, value, tb)
             return
         where = None
-        while tb is not None:
+        while tb is not None:  # the innermost of the program's frames, as a call's stack names them
             code = tb.tb_frame.f_code
-            if not _library(code.co_filename):
+            if user_code(code):
                 where = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
             tb = tb.tb_next
         at = f" at {where}" if where else ""
@@ -129,13 +130,6 @@ def _quiet_stops() -> None:
               f"traceback)", file=sys.stderr, flush=True)
 
     sys.excepthook = hook
-
-
-def _library(filename: str) -> bool:
-    """A frame of prism_rr, torch or the standard library, not the program's."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return (filename.startswith(("<", here + os.sep)) or f"{os.sep}torch{os.sep}" in filename
-            or filename.startswith(os.path.dirname(os.__file__)))
 
 
 def install(options: ReplayOptions) -> None:

@@ -325,14 +325,15 @@ class ReplayPolicy(Policy):
         s = self._session
         gid, seq = group.gid, call.seq
         peer = call.peer if call.p2p else None
-        live = s.ends.live(gid, seq, call.op, user_stack(), peer=peer)
         if not call.p2p:
             for e in s.endings.get(gid, ()):
                 if e["kind"] == "mismatch" and e["seq"] == seq:
-                    s.stop_at_hang({"kind": MISMATCHED, "rank": s.rank, "finding": e["message"], "call": live})
+                    s.stop_at_hang({"kind": MISMATCHED, "rank": s.rank, "finding": e["message"],
+                                    "call": s.ends.live(gid, seq, call.op, user_stack())})
         error = s.schedule.failure(key)
         if error is None and own.end_ns is not None:
-            return
+            return  # every call but the last few: no stack walked for them
+        live = s.ends.live(gid, seq, call.op, user_stack(), peer=peer)
         # the peers whose recording ends here: failed or killed, or no call on the group after this one
         members = [peer] if call.p2p else [g for g in group.ranks if g != s.rank and g not in s.real]
         ends = [s.ends.peer_end(p, s.rank, s.made) for p in members

@@ -8,8 +8,8 @@ that direction between the rank and its peer (FORMAT.md, key 6).
 from __future__ import annotations
 
 from prism_rr.format import ops
-from prism_rr.format.facts import crash_reason
 from prism_rr.format.records import Collective, Marker, PointToPoint, Step
+from prism_rr.replayer._hang import recorded_exit
 
 __all__ = ["Schedule", "direction"]
 
@@ -65,11 +65,9 @@ class Schedule:
                 # (milliseconds on a loaded machine).
                 offset = 0
             self.clock_offset[rank] = offset
-            if isinstance(info.get("exit"), dict):
-                self.exits[rank] = info["exit"]
-            elif crash_reason(info.get("crash")) is not None:  # faulthandler's words, no exit of its own
-                reason = crash_reason(info["crash"])
-                self.exits[rank] = {"signal": reason, "how": f"crashed: {reason}"}
+            how = recorded_exit(info)
+            if how is not None:
+                self.exits[rank] = how
             ends = self.step_ends[rank] = {}
             key = None  # the last call's
             for rec in bundle.events(rank):

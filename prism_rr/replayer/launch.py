@@ -36,12 +36,11 @@ from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle
-from prism_rr.format.facts import crash_reason
 from prism_rr.format.text import shown
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report, same_end
-from prism_rr.replayer._hang import failed
+from prism_rr.replayer._hang import failed, recorded_exit
 from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, stats_path
 from prism_rr.replayer._replace import plan_replacements
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
@@ -457,7 +456,7 @@ def replay(
     rep["stopped_early"] = _stopped_early(rep["progress"], codes, stats, timed_out=timed_out,
                                           diverged=stopped or hung is not None)
     for e in rep["stopped_early"]:
-        e["recorded_exit"] = _recorded_exit(infos.get(e["rank"]))
+        e["recorded_exit"] = recorded_exit(infos.get(e["rank"]))
     if logs is not None:  # the ranks' output went to files: the card shows how each ended
         for e in rep["stopped_early"]:
             e["output_tail"] = _tail(logs / f"rank{e['rank']}.stderr")
@@ -512,21 +511,11 @@ def _recorded_endings(bundle) -> tuple[dict, ...]:
     return tuple(out[:16])  # they travel in one environment variable (at most 128 KiB)
 
 
-def _recorded_exit(info) -> dict | None:
-    """How a rank's program ended in the recording (rank info `exit`, else its crash
-    file's signal), where it says."""
-    how = info.get("exit") if isinstance(info, dict) else None
-    if isinstance(how, dict):
-        return how
-    reason = crash_reason(info.get("crash")) if isinstance(info, dict) else None
-    return {"signal": reason, "how": f"crashed: {reason}"} if reason is not None else None
-
-
 def _as_recorded(early: list[dict]) -> bool:
     """Whether every real rank that failed failed as it did in the recording: the same
     exit code, or death by the same signal."""
-    failed = [e for e in early if e.get("exit_code")]
-    return bool(failed) and all(same_end(e["exit_code"], e.get("recorded_exit")) for e in failed)
+    failing = [e for e in early if e.get("exit_code")]
+    return bool(failing) and all(same_end(e["exit_code"], e.get("recorded_exit")) for e in failing)
 
 
 def _what_if(options, replacements=()) -> dict:
