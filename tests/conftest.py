@@ -43,39 +43,66 @@ _WARM_BOOT = ("import sys; p = sys.argv[1]; ns = {'__name__': 'prism_rr_warm_ser
               "exec(compile(open(p).read(), '<prism-rr warm start>', 'exec'), ns); ns['serve'](sys.argv[2])")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def warm_start():
-    """Torch programs the tests start are forked from one warm interpreter per worker
-    (tests/warm/server.py); PRISM_RR_TEST_COLD=1 starts every one cold."""
-    if os.environ.get("PRISM_RR_TEST_COLD"):
-        yield None
-        return
-    import tempfile
+class _WarmStart:
+    """One warm server for this pytest process (an xdist worker, or the only process), started
+    at configure time: before the test modules are imported, so an environment a module
+    copies at import (`ENV = dict(os.environ, ...)`) sends its programs to the server too."""
 
-    where = Path(tempfile.mkdtemp(prefix="prism-warm-"))  # short: a socket's path is at most 107 bytes
-    sock = where / "sock"
-    env = {k: v for k, v in os.environ.items() if k != "PRISM_RR_TEST_WARM"}
-    with open(where / "server.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-c", _WARM_BOOT, str(WARM / "server.py"), str(sock)], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    saved = {k: os.environ.get(k) for k in ("PRISM_RR_TEST_WARM", "PYTHONPATH")}
-    os.environ["PRISM_RR_TEST_WARM"] = str(sock)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(WARM), saved["PYTHONPATH"]) if p)
-    try:
-        yield sock
-    finally:
-        for k, v in saved.items():
+    def __init__(self):
+        import tempfile
+
+        self.where = Path(tempfile.mkdtemp(prefix="prism-warm-"))  # short: a socket's path is at most 107 bytes
+        self.sock = self.where / "sock"
+        env = {k: v for k, v in os.environ.items() if k != "PRISM_RR_TEST_WARM"}
+        with open(self.where / "server.log", "wb") as log:
+            self.server = subprocess.Popen([sys.executable, "-c", _WARM_BOOT, str(WARM / "server.py"), str(self.sock)],
+                                           env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                           start_new_session=True)
+        (self.where / "server.pid").write_text(str(self.server.pid))  # a stand-in waits while it starts
+        self.saved = {k: os.environ.get(k) for k in ("PRISM_RR_TEST_WARM", "PYTHONPATH")}
+        os.environ["PRISM_RR_TEST_WARM"] = str(self.sock)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(WARM), self.saved["PYTHONPATH"]) if p)
+
+    def stop(self) -> None:
+        for k, v in self.saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        server.terminate()
+        self.server.terminate()
         try:
-            server.wait(timeout=10)
+            self.server.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(where, ignore_errors=True)
+            self.server.kill()
+            self.server.wait()
+        shutil.rmtree(self.where, ignore_errors=True)
+
+
+_warm: _WarmStart | None = None
+
+
+def pytest_configure(config):
+    """Torch programs the tests start are forked from one warm interpreter per worker
+    (tests/warm/server.py); PRISM_RR_TEST_COLD=1 starts every one cold. xdist's controller,
+    which runs no test, starts none."""
+    global _warm
+    controller = not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
+    if os.environ.get("PRISM_RR_TEST_COLD") or controller or _warm is not None:
+        return
+    _warm = _WarmStart()
+
+
+def pytest_unconfigure(config):
+    global _warm
+    if _warm is not None:
+        _warm.stop()
+        _warm = None
+
+
+@pytest.fixture(scope="session")
+def warm_start():
+    """The warm server's socket (None when the programs start cold)."""
+    return None if _warm is None else _warm.sock
 
 
 @pytest.fixture(autouse=True)

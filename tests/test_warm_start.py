@@ -69,6 +69,20 @@ def test_a_script_is_forked_warm(probe):
     assert json.loads(out)["parent"] != proc.pid
 
 
+@pytest.mark.parametrize("argv", [["-m", "prism_rr.cli", "--version"], [str(Path(sys.executable).with_name("prism-rr")),
+                                                                     "--version"]],
+                         ids=["-m prism_rr.cli", "prism-rr"])
+def test_the_cli_is_forked_warm(probe, tmp_path, argv):
+    """prism-rr's commands, a few hundred in a run, start warm too, and print what they would."""
+    trace = tmp_path / "trace"
+    env = dict(os.environ, PRISM_RR_TEST_WARM_TRACE=str(trace))
+    warm = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120)
+    env.pop("PRISM_RR_TEST_WARM")
+    cold = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr) == (0, warm.stdout, "")
+    assert trace.read_text().split()[0] == "warm", trace.read_text()
+
+
 @pytest.mark.parametrize("how,code", [("ok", 0), ("exit", 7), ("raise", 1), ("kill", -9)])
 def test_a_warm_program_sees_and_ends_as_a_cold_one(probe, how, code):
     cold, warm = _run(probe, how, warm=False), _run(probe, how, warm=True)

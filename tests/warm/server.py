@@ -262,7 +262,7 @@ def serve(path: str) -> None:
     running: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
     by_conn: dict[int, int] = {}  # connection fd -> pidfd
     me = os.getpid()
-    trace = os.environ.get("PRISM_RR_TEST_WARM_CPU")  # FILE: each forked program's pid, CPU and argv
+    trace = os.environ.get("PRISM_RR_TEST_WARM_CPU")  # FILE: each forked program's pid, CPU, argv and test
     req_argv: dict[int, list] = {}
     try:
         while os.getppid() == parent:
@@ -295,7 +295,7 @@ def serve(path: str) -> None:
                         raise SystemExit(_child(req, fds, base_path, base_env))
                     for f in fds:
                         os.close(f)
-                    req_argv[pid] = req["orig_argv"][1:]
+                    req_argv[pid] = (req["orig_argv"][1:], req["env"].get("PYTEST_CURRENT_TEST"))
                     pidfd = os.pidfd_open(pid)
                     running[pidfd] = (pid, conn)
                     by_conn[conn.fileno()] = pidfd
@@ -306,9 +306,10 @@ def serve(path: str) -> None:
                     _, status, usage = os.wait4(pid, 0)
                     os.close(fd)
                     if trace:
+                        argv, test = req_argv.pop(pid, (None, None))
                         with open(trace, "a") as f:
                             f.write(json.dumps({"pid": pid, "cpu": usage.ru_utime + usage.ru_stime,
-                                                "argv": req_argv.pop(pid, None)}) + "\n")
+                                                "argv": argv, "test": test}) + "\n")
                     _send(conn, status=status)
                     conn.close()
                 elif fd in by_conn:  # the stand-in's side: a message, or its end (killed)

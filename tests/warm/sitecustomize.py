@@ -1,7 +1,7 @@
 """The stand-in side of the suite's warm start (server.py says what it is and why).
 
 On PYTHONPATH while the suite runs. In a new interpreter whose program the warm server can
-start (a script, or the demo's trainer, with no option but -u), it hands argv, environment,
+start (a script, the demo's trainer or prism-rr's CLI, with no option but -u), it hands argv, environment,
 working directory and the three standard streams to the server, forwards the signals it
 gets to the program's process group, and exits with the program's status. Anything else,
 or no server to hand it to, and it returns: the interpreter goes on cold, as it would
@@ -12,6 +12,12 @@ import os
 import sys
 
 
+# The modules run with -m, and the console scripts, that the server can start: the demo's
+# trainer, prism-rr's own commands (the tests start a few hundred) and torchrun.
+_MODULES = ("prism_rr.demo.train", "prism_rr.cli", "prism_rr.localrun", "torch.distributed.run")
+_SCRIPTS = ("prism-rr", "torchrun")
+
+
 def _main_of(orig_argv: list[str]):
     """(options, ("script", path) | ("module", name)) when the server can run it, else None."""
     args = orig_argv[1:]
@@ -19,11 +25,11 @@ def _main_of(orig_argv: list[str]):
     while args and args[0].startswith("-") and args[0] != "-":
         if args[0] == "-u":
             options.append(args.pop(0))
-        elif args[0] == "-m" and len(args) > 1 and args[1] == "prism_rr.demo.train":
+        elif args[0] == "-m" and len(args) > 1 and args[1] in _MODULES:
             return options, ("module", args[1])
         else:
             return None
-    if args and args[0].endswith(".py") and os.path.isfile(args[0]):
+    if args and (args[0].endswith(".py") or os.path.basename(args[0]) in _SCRIPTS) and os.path.isfile(args[0]):
         return options, ("script", args[0])
     return None
 
@@ -36,11 +42,11 @@ def _hand_over(path: str, options: list[str], main) -> None:
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(path)
+        _connect(conn, path)
     except OSError:
         conn.close()
         _trace("no server", main)
-        return  # no server (yet): start cold
+        return  # no server: start cold
     req = {"argv": list(sys.argv), "orig_argv": list(sys.orig_argv), "options": options, "main": main,
            "env": dict(os.environ), "cwd": os.getcwd(),
            "own_group": os.getpgid(0) == os.getpid()}
@@ -59,6 +65,28 @@ def _hand_over(path: str, options: list[str], main) -> None:
         status = _wait(reader, child)
     finally:  # from here on this process is the program's stand-in, never the program
         _exit_as(status if "status" in locals() else None)
+
+
+def _connect(conn, path: str, patience: float = 30.0) -> None:
+    """Connect to the server; while it is still importing torch (alive, its socket not
+    there yet), wait for it: a few seconds idle cost less than a cold start's CPU."""
+    import time
+
+    deadline = time.monotonic() + patience
+    while not os.path.exists(path) and _alive(os.path.join(os.path.dirname(path), "server.pid")):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    conn.connect(path)
+
+
+def _alive(pid_file: str) -> bool:
+    try:
+        with open(pid_file) as f:
+            os.kill(int(f.read()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _wait(reader, child: int):
