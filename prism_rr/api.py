@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prism_rr.errors import UsageError
+from prism_rr.errors import PrismError, RecorderError, UsageError
 from prism_rr.localrun import describe_exit
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.specs import format_ranks, parse_bandwidth, parse_ranks, step_window
@@ -86,6 +86,7 @@ class RecordResult:
     packed: PackResult | None = None  # None: no bundle was written (see `error`)
     error: OSError | None = None  # what stopped the recording (exit_code None) or the packing
     spools_left: bool = False  # rank spools wait in spool_dir, for `prism-rr pack` elsewhere
+    spools_removed: bool = False  # the bundle checked out and the recording's files in spool_dir were removed
     recorder_failures: tuple[dict, ...] = ()  # ranks whose recorder turned itself off: {rank, step, reason}
     readback_error: str | None = None  # the bundle was written but could not be read back
     warnings: tuple[str, ...] = ()  # every warning also passed to `warn`, in order
@@ -117,6 +118,7 @@ def record(
     mesh: str | None = None,
     timeout: float | None = None,
     node: str | None = None,
+    keep_spools: bool = False,
     warn: Warn | None = None,
     progress: Progress | None = None,
     **options,
@@ -130,10 +132,20 @@ def record(
     `<output>.d/node-<name>/` and packs nothing: this node cannot know when the others
     are done. The result's `pack_command` packs them all once every node has finished and
     the node directories are in one place (at once, on a shared file system).
-    A failing program still yields a bundle (its code is in the result). A failed write
-    (a full or read-only disk) yields a result without `packed`, naming where the spools
-    are; the half-written files are removed. Raises UsageError when nothing was recorded.
-    `warn` hears, as they happen, the warnings that come before packing.
+    A failing program still yields a bundle (its code is in the result). Once `output` is
+    written and checked (`prism_rr.format.verify` with decode=False: its bytes are what
+    pack read, with as many ranks, chunks, records and blobs as the spools held), what
+    the recording wrote into `<output>.d/` is removed, so a recording leaves one file
+    (`spools_removed`); the spools stay with `keep_spools`, where a rank's spool could not
+    be packed whole (`packed.torn`: what was lost is only there), or where the check
+    failed (`readback_error`). A failed write (a full or read-only disk) yields a result
+    without `packed`, naming where the spools are; the half-written files are removed.
+    Raises UsageError when nothing was recorded.
+    A SIGINT or SIGTERM to this process stops the program within a few seconds and packs
+    what was recorded (the bundle says it was interrupted; RecorderError where no rank
+    had finished init_process_group yet).
+    `warn` hears, as they happen, the warnings that come before packing, and one that the
+    spools could not all be removed.
     """
     from prism_rr.format import open_bundle
     from prism_rr.format import pack as pack_spools
@@ -166,9 +178,16 @@ def record(
     def spools_left() -> bool:
         return any(spool_dir.glob("rank-*.spool"))
 
+    interrupts: list[dict] = []  # {signal, after_s} of a SIGINT or SIGTERM to this process
+
+    def interrupted(facts: dict) -> None:
+        interrupts.append(facts)
+        warning(f"interrupted by {facts['signal']}: stopping the command (a few seconds to end, then SIGTERM "
+                f"and SIGKILL)")
+
     try:
-        code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops,
-                              memory=memory, slice=slice, mesh=mesh, timeout=timeout, node=node, **options)
+        code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
+                              slice=slice, mesh=mesh, timeout=timeout, node=node, interrupted=interrupted, **options)
     except OSError as exc:
         _remove_half_written(spool_dir, output)
         return RecordResult(output=output, spool_dir=spool_dir, exit_code=None, error=exc,
@@ -177,12 +196,9 @@ def record(
         warning(f"the command exited with code {describe_exit(code)}"
                 + ("; packing what was recorded" if name is None else ""))
     if flight:
-        return _flight_result(output, spool_dir, code, warnings, options["flight"])
+        return _flight_result(output, spool_dir, code, warnings, options["flight"], interrupts)
     if not spools_left():
-        raise UsageError(
-            f"nothing was recorded: no rank called torch.distributed.init_process_group "
-            f"(is CMD a PyTorch distributed program? exit code {code})"
-        )
+        raise _nothing_recorded(code, interrupts)
     if name is not None:
         import shlex
 
@@ -208,25 +224,82 @@ def record(
                             spools_left=True, warnings=tuple(warnings))
     failures: list[dict] = []
     readback_error = None
+    remove = not keep_spools and not packed.torn
     try:
         with open_bundle(output) as b:
+            if remove:
+                _check_packed(b, packed)
             failures = b.facts()["recorder_failures"]
     except Exception as exc:  # the bundle is written; what it says of failures is a bonus
         readback_error = str(exc)
+    removed = False
+    if remove and readback_error is None:
+        problem = _remove_spools(spool_dir)
+        removed = problem is None
+        if problem is not None:
+            warning(f"could not remove the spools in {spool_dir}/ ({problem}); {output} holds all they held")
     return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, packed=packed,
-                        spools_left=True, recorder_failures=tuple(failures),
+                        spools_left=spools_left(), spools_removed=removed, recorder_failures=tuple(failures),
                         readback_error=readback_error, warnings=tuple(warnings))
 
 
-def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str], steps: int) -> RecordResult:
+def _check_packed(bundle, packed: PackResult) -> None:
+    """FormatError unless the bundle just written reads back whole (verify, decode=False)
+    with every attempt's ranks, chunks, records and blobs as pack counted them in the spools."""
+    from prism_rr.errors import FormatError
+    from prism_rr.format import verify as verify_bundle
+
+    report = verify_bundle(bundle, decode=False)
+    found = (len(bundle.recorded_ranks), report.chunks, report.events, report.blobs)
+    expected = (packed.ranks, packed.chunks, packed.events, packed.blobs)
+    if found != expected:
+        raise FormatError(f"{bundle.path.name} holds {found[0]} ranks, {found[1]} chunks, {found[2]} records and "
+                          f"{found[3]} blobs; the spools held {expected[0]}, {expected[1]}, {expected[2]} and "
+                          f"{expected[3]}")
+
+
+def _remove_spools(spool_dir: Path) -> OSError | None:
+    """Remove what a recording wrote into `spool_dir` (its ranks' spools, call logs and
+    crash files, blobs, run.json, half-written files), then the directories that leaves
+    empty; a file of anyone else's there stays, and so does the directory. The first
+    error, or None: one that cannot be removed does not stop the others."""
+    blobs = spool_dir / "blobs"
+    paths = [p for pattern in ("rank-*.spool", "rank-*.log", "rank-*.crash", "run.json", "*.tmp")
+             for p in spool_dir.glob(pattern)]
+    paths += [*blobs.glob("*/*.zst"), *blobs.glob("*/*.tmp"), *blobs.glob("*.pack")]
+    first = None
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            first = first or exc
+    for d in [*(d for d in blobs.glob("*") if d.is_dir()), blobs, spool_dir]:
+        try:
+            d.rmdir()
+        except OSError:  # gone, or not empty: a file that is not the recording's (or one that would not go)
+            pass
+    return first
+
+
+def _nothing_recorded(code: int, interrupts: list[dict]) -> PrismError:
+    """Why no rank left a record: the run was interrupted before any rank had made its
+    process group, or no rank ever asked for one."""
+    if interrupts:
+        i = interrupts[0]
+        return RecorderError(f"interrupted by {i['signal']} {i['after_s']:.1f} s into the run, before any rank had "
+                             f"finished torch.distributed.init_process_group: there is nothing to pack (exit code "
+                             f"{describe_exit(code)})")
+    return UsageError(f"nothing was recorded: no rank called torch.distributed.init_process_group "
+                      f"(is CMD a PyTorch distributed program? exit code {code})")
+
+
+def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str], steps: int,
+                   interrupts: list[dict] = ()) -> RecordResult:
     """After a flight run: the dumps' bundles (those the triggers left unpacked packed now)."""
     from prism_rr.recorder import finish_flight
 
     if not any(any(spool_dir.glob(pattern)) for pattern in ("rank-*.log", "rank-*.crash", "flight-*")):
-        raise UsageError(
-            f"nothing was recorded: no rank called torch.distributed.init_process_group "
-            f"(is CMD a PyTorch distributed program? exit code {code})"
-        )
+        raise _nothing_recorded(code, interrupts)
     bundles = finish_flight(spool_dir, output, steps)
     return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, warnings=tuple(warnings),
                         flight=tuple(bundles))

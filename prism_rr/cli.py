@@ -162,7 +162,7 @@ def repair(
 )
 def record(
     cmd: Optional[list[str]] = typer.Argument(None, metavar="-- CMD...", help="The training command, after --."),
-    output: Path = typer.Option(..., "-o", "--output", help="The bundle to write; spools go to OUTPUT.d/."),
+    output: Path = typer.Option(..., "-o", "--output", help="The bundle to write; spools go to OUTPUT.d/, removed once OUTPUT is written and checked."),
     steps: Optional[str] = typer.Option(None, "--steps", help="Record only steps A:B (B excluded), e.g. 1:4."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Record only these ranks, e.g. 0,2,4-7."),
     payload: Optional[str] = typer.Option(None, "--payload", help="none: metadata only · small: what calls of at most 1 KiB deliver, whole (control data: sizes, flags, losses), nothing of larger ones (the default with --flight) · digest: small calls whole, both ways, and a hash of every larger tensor (the default) · full: the tensors themselves."),
@@ -172,6 +172,7 @@ def record(
     slice_: Optional[str] = typer.Option(None, "--slice", help="roles: record one representative rank per role (ranks doing the same work), plus --ranks. The layout comes from --mesh, else from the DeviceMesh the program builds, else from its groups at the first step."),
     mesh: Optional[str] = typer.Option(None, "--mesh", help="With --slice roles: the job's layout, e.g. dp=4,tp=2 (row-major, last dimension fastest, as init_device_mesh); ranks then decide before the program starts."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the run after this many seconds (a hang still yields a bundle)."),
+    keep_spools: bool = typer.Option(False, "--keep-spools", help="Keep the spools in OUTPUT.d/ once OUTPUT is written (to pack or repair them again later); without it a recording leaves one file. Spools that could not be packed whole, and a node's of many, always stay; --flight leaves its dumps' spools in OUTPUT.d/flight-*/ either way."),
     node: Optional[str] = typer.Option(None, "--node", help="This is one node of a multi-node job, named NAME: its ranks record into OUTPUT.d/node-NAME/ and nothing is packed (found by itself for torchrun --nnodes N --node-rank i)."),
     flight: Optional[int] = typer.Option(None, "--flight", metavar="K", help="Flight mode: keep only the last K steps of every rank, in memory, and write a bundle when a trigger fires (a hang, an unhandled exception, SIGUSR1 to any rank, the file OUTPUT.d/dump-now, a slow step): every rank dumps the same moment. Without a trigger nothing is written."),
     flight_hang: float = typer.Option(30.0, "--flight-hang", metavar="T", help="With --flight: a call pending T seconds is a hang (long before the backend's own timeout)."),
@@ -185,7 +186,8 @@ def record(
     CMD is whatever starts the Python ranks: `torchrun ... train.py`, a cluster launcher,
     or `python train.py` with --nproc. Every rank records its collectives, point-to-point
     calls, compute gaps, steps and memory into OUTPUT.d/; when CMD ends (or crashes, or is
-    interrupted) the spools are packed into OUTPUT.
+    interrupted) the spools are packed into OUTPUT, and OUTPUT.d/ is removed once OUTPUT
+    reads back with every record the spools held (--keep-spools keeps it).
 
     Many nodes: run the same command on every node. Each node records into
     OUTPUT.d/node-<node rank>/ and clears only that directory; when every node has
@@ -207,8 +209,8 @@ def record(
     if not cmd:
         raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
     result = api.record(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
-                        nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, node=node, warn=_warn,
-                        progress=_progress("packing ranks"), **flight_args)
+                        nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, node=node, keep_spools=keep_spools,
+                        warn=_warn, progress=_progress("packing ranks"), **flight_args)
     _report_record(result)
 
 
@@ -256,6 +258,9 @@ def _report_record(result) -> None:
     _say(f"wrote {output}: {packed.ranks} ranks, {packed.events:,} records, {packed.bytes:,} bytes")
     if result.readback_error is not None:
         _say(f"warning: could not read back {output}: {result.readback_error}")
+    if result.spools_left:  # --keep-spools, or kept for what the bundle lacks (said above)
+        _say(f"the spools stay in {spool_dir}/" + (f"; pack them again with: prism-rr pack {spool_dir} -o {output}"
+                                                   if result.readback_error is not None else ""))
     for line in result.failure_lines():
         _warn(line)
     if code != 0:
@@ -437,7 +442,8 @@ def diagnose(
     have ended had it been on time, re-timed on the execution graph (see `prism-rr
     analyze --help`). Also dropped records and truncated spools. Of a restarted job's
     bundle: what ended each attempt (who first, how, in which step) and what changed from
-    one attempt to the next (world, groups, hosts).
+    one attempt to the next (world, groups, hosts). A recording that Ctrl-C or SIGTERM to
+    `record` stopped: which signal, when, and where each rank was (first of all).
     """
     import time
 

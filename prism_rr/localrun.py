@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ __all__ = ["describe_exit", "exit_code", "free_port", "kill_ranks", "main", "ran
 
 _POLL_S = 0.02
 _TERM_GRACE_S = 3.0
+_hurry = threading.Event()  # a second SIGINT or SIGTERM to `main`: SIGKILL the ranks now
 
 
 def free_port() -> int:
@@ -61,7 +63,7 @@ def kill_ranks(procs: Sequence[subprocess.Popen]) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + _TERM_GRACE_S
-        while time.monotonic() < deadline and any(p.poll() is None for p in live):
+        while time.monotonic() < deadline and not _hurry.is_set() and any(p.poll() is None for p in live):
             time.sleep(_POLL_S)
         live = [p for p in live if p.poll() is None]
         if not live:
@@ -164,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m prism_rr.localrun --nproc N [--timeout S] -- CMD...`: torchrun's
     environment for N local ranks, without torchrun's agent (faster to start).
 
-    SIGINT and SIGTERM reach every rank; the exit code is the first failing rank's.
+    SIGINT or SIGTERM (even where this process was started with SIGINT ignored, as a
+    shell starts a background job) stops every rank: SIGTERM, then SIGKILL after
+    _TERM_GRACE_S, or at once on a second signal; the exit code is the first failing rank's.
     """
     import argparse
     import sys
@@ -179,13 +183,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("give the command after --")
 
     def stop(signum, frame):
+        if stopping:  # never a second KeyboardInterrupt: it would cut kill_ranks short
+            _hurry.set()
+            return
+        stopping.append(signum)
         raise KeyboardInterrupt
 
+    stopping: list[int] = []
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         codes = run_local(cmd, args.nproc, timeout=args.timeout)
     except KeyboardInterrupt:
-        return 130
+        return 128 + stopping[0] if stopping else 130
     except TimeoutError as exc:
         print(f"prism-rr launch: {exc}", file=sys.stderr)
         return 124

@@ -124,10 +124,107 @@ def test_record_on_a_full_disk_keeps_the_code_and_the_spools(tmp_path, monkeypat
     monkeypatch.setattr(prism_rr.format, "pack", full_disk)
     heard = []
     result = api.record(["train"], out, warn=heard.append)
-    assert result.exit_code == 3 and result.packed is None and result.spools_left
+    assert result.exit_code == 3 and result.packed is None and result.spools_left and not result.spools_removed
     assert result.error.errno == errno.ENOSPC and result.spool_dir == spools
     assert result.warnings == tuple(heard) == ("the command exited with code 3; packing what was recorded",)
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["rank-00000.spool", "run.prism.d"]
+
+
+def _recording(monkeypatch, *, torn: bool = False, notes: bool = False):
+    """record_command replaced by one that leaves in OUTPUT.d/ what a recording of 2 ranks
+    leaves there: spools, payload blobs, crash files, run.json (with `torn`, rank 1's
+    spool ends in a torn frame; with `notes`, a file of the user's lies among them)."""
+    import prism_rr.recorder.launch
+
+    def fake_record(cmd, output, **kw):
+        spools = api.spool_dir_for(output)
+        write_synthetic(spools, 2, 200, payload=True, chunk_records=40)
+        for rank in (0, 1):
+            (spools / f"rank-{rank:05d}.crash").write_text("")
+        (spools / "run.json").write_text("{}")
+        if torn:
+            with open(spool_path(spools, 1), "ab") as f:
+                f.write(b"PRF1 half a frame")
+        if notes:
+            (spools / "notes.txt").write_text("the user's")
+        return 0
+
+    monkeypatch.setattr(prism_rr.recorder.launch, "record_command", fake_record)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_record_leaves_one_file(tmp_path, monkeypatch):
+    """Once the bundle is written and reads back with everything the spools held, what the
+    recording wrote into OUTPUT.d/ is removed; a file of the user's there stays, and so
+    does the directory that holds it."""
+    _recording(monkeypatch)
+    out = tmp_path / "run.prism"
+    result = api.record(["train"], out)
+    assert result.exit_code == 0 and result.packed.events > 0 and result.packed.blobs > 0
+    assert result.spools_removed and not result.spools_left and result.readback_error is None
+    assert _files(tmp_path) == ["run.prism"]
+    with open_bundle(out) as b:
+        assert b.recorded_ranks == [0, 1] and sum(1 for r in (0, 1) for _ in b.events(r)) == result.packed.events
+
+    _recording(monkeypatch, notes=True)
+    result = api.record(["train"], out)
+    assert result.spools_removed and _files(tmp_path) == ["run.prism", "run.prism.d", "run.prism.d/notes.txt"]
+
+
+def test_record_keeps_the_spools_when_asked_or_when_the_bundle_lacks_them(tmp_path, monkeypatch):
+    """The spools stay with keep_spools; where a rank's spool could not be packed whole
+    (the lost tail is only there); and where the bundle does not read back with what the
+    spools held (here, pack miscounting: the check compares the two)."""
+    import dataclasses
+
+    import prism_rr.format
+
+    _recording(monkeypatch)
+    asked = tmp_path / "asked" / "run.prism"
+    result = api.record(["train"], asked, keep_spools=True)
+    assert result.packed is not None and result.spools_left and not result.spools_removed
+    assert "run.prism.d/rank-00001.spool" in _files(asked.parent) and "run.prism.d/run.json" in _files(asked.parent)
+
+    _recording(monkeypatch, torn=True)
+    torn = tmp_path / "torn" / "run.prism"
+    result = api.record(["train"], torn)
+    assert list(result.packed.torn) == [1] and result.spools_left and not result.spools_removed
+    assert (torn.parent / "run.prism.d" / "rank-00001.spool").read_bytes().endswith(b"half a frame")
+
+    _recording(monkeypatch)
+    real = prism_rr.format.pack
+    monkeypatch.setattr(prism_rr.format, "pack",
+                        lambda *a, **kw: dataclasses.replace(got := real(*a, **kw), events=got.events + 1))
+    miscounted = tmp_path / "miscounted" / "run.prism"
+    result = api.record(["train"], miscounted)
+    assert result.packed is not None and result.spools_left and not result.spools_removed
+    n = result.packed.events
+    assert f" {n - 1} records" in result.readback_error and f", {n} and " in result.readback_error, result.readback_error
+
+
+def test_a_spool_that_cannot_be_removed_is_a_warning(tmp_path, monkeypatch):
+    """Removing the spools is tidying up: one that will not go is said, and the rest go;
+    the recording is whole."""
+    _recording(monkeypatch)
+    out = tmp_path / "run.prism"
+    unlink = Path.unlink
+
+    def refuse(self, missing_ok=False):
+        if self.name == "rank-00001.spool":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    heard = []
+    result = api.record(["train"], out, warn=heard.append)
+    assert result.exit_code == 0 and result.packed.events > 0 and result.readback_error is None
+    assert result.spools_left and not result.spools_removed
+    assert _files(tmp_path) == ["run.prism", "run.prism.d", "run.prism.d/rank-00001.spool"]
+    assert heard == list(result.warnings) and len(heard) == 1, heard
+    assert heard[0].startswith(f"could not remove the spools in {out}.d/ (") and "Permission denied" in heard[0]
 
 
 def test_demo_plan():

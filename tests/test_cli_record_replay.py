@@ -67,6 +67,8 @@ def test_record_then_replay(tmp_path, script):
     rec = run_cli("record", "-o", out, "--nproc", "2", "--payload", "full", "--", sys.executable, script, timeout=150)
     assert rec.returncode == 0, rec.stderr
     assert "wrote" in rec.stderr and out.exists()
+    # one file: the spools (blobs, crash files, run.json) went once the bundle read back whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.prism", "train.py"] and "spools" not in rec.stderr
     facts = json.loads(run_cli("info", out, "--json").stdout)
     assert facts["world_size"] == 2 and facts["recorded_ranks"] == [0, 1]
     assert run_cli("verify", out).returncode == 0
@@ -89,9 +91,13 @@ def test_record_then_replay(tmp_path, script):
 @pytest.mark.timeout(180)
 def test_failed_run_still_yields_a_bundle(tmp_path, script):
     out = tmp_path / "run.prism"
-    rec = run_cli("record", "-o", out, "--nproc", "2", "--", sys.executable, script, "fail", timeout=150)
+    rec = run_cli("record", "-o", out, "--nproc", "2", "--keep-spools", "--", sys.executable, script, "fail",
+                  timeout=150)
     assert rec.returncode == 7, rec.stderr
     assert "packing what was recorded" in rec.stderr
+    spools = tmp_path / "run.prism.d"  # asked for: kept, and said
+    assert f"the spools stay in {spools}/" in rec.stderr
+    assert sorted(p.name for p in spools.glob("rank-*.spool")) == ["rank-00000.spool", "rank-00001.spool"]
     facts = json.loads(run_cli("info", out, "--json").stdout)
     assert facts["recorded_ranks"] == [0, 1] and facts["event_count"] > 0
 

@@ -221,14 +221,15 @@ def plan(cmd: Command) -> Plan:
 
 
 def _made_by_readme(name: str, cmd: Command) -> bool:
-    """Does a README command before `cmd` write `name` (an -o output, or its spools)?"""
+    """Does a README command before `cmd` write `name` (an -o output, or the spools that
+    `record --keep-spools` keeps beside it: without it, a record leaves one file)?"""
     for c in COMMANDS:
         if c.line >= cmd.line:
             break
-        words = c.text.split()
+        words = c.text.replace("[", " ").replace("]", " ").split()
+        kept = c.text.startswith("prism-rr record") and "--keep-spools" in words
         for opt, val in zip(words, words[1:]):
-            if opt in OUTPUT_OPTIONS and (val == name or (c.text.startswith("prism-rr record")
-                                                         and val + ".d" == name)):
+            if opt in OUTPUT_OPTIONS and (val == name or (kept and val + ".d" == name)):
                 return True
     return False
 

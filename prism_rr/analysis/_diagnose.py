@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from prism_rr.format import ops
+from prism_rr.format.facts import attempt_endings, interrupted_facts
 from prism_rr.format.reader import Bundle
 from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks
@@ -21,7 +22,7 @@ __all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "f
 
 # Finding kinds, in the order they are reported.
 KINDS = (
-    "attempt", "crashed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p", "straggler",
+    "attempt", "interrupted", "crashed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p", "straggler",
     "call_failed", "recorder_failed", "dropped", "truncated",
 )
 _MAX_LISTED = 20  # seqs listed in a coalesced finding's details
@@ -404,7 +405,7 @@ class _Run:
         disagreeing = sorted((c for c in calls if len(c.members) >= 2 and len({m.sig for m in c.members}) > 1),
                              key=lambda c: c.key)
         p2p = list(self.p2p.values())
-        out: list[Finding] = []
+        out: list[Finding] = _interrupted(self, bundle)
         out += _crashes(self)
         out += _hangs(self, failures, calls, p2p)
         drifts = self.drifts
@@ -440,7 +441,10 @@ class _Run:
 
 def _order(run: "_Run", f: Finding) -> tuple:
     """Crashes first, then problems on calls, earliest first (the first is most often
-    the cause of the rest), then stragglers, then what the bundle cannot show."""
+    the cause of the rest), then stragglers, then what the bundle cannot show. An
+    interrupt, which may be the cause of anything, leads."""
+    if f.kind == "interrupted":
+        return (-2, 0, f.ranks)
     if f.kind == "crashed":
         return (-1, f.details.get("last_ns") or 0, f.ranks)
     if f.kind in _ON_CALLS:
@@ -615,6 +619,44 @@ def _crashed_in(g: "_Run", rank: int) -> tuple[int, int] | None:
         return None
     _, group, seq, _ = max(trace.open_calls, key=lambda c: c[3].enter_ns)
     return group, seq
+
+
+_LISTED_RANKS = 8  # ranks an interrupt's sentence names; details hold every rank
+
+
+def _interrupted(g: "_Run", bundle: Bundle | None) -> list[Finding]:
+    """A recording that a SIGINT or SIGTERM to `prism-rr record` stopped: which signal,
+    when, and where each rank was (its open call or last record, and the program's line
+    the signal found it at, from its exit note)."""
+    run = bundle.manifest.get("run") if bundle is not None else None
+    i = interrupted_facts(run)
+    if i is None:
+        return []
+    ended = attempt_endings(bundle)["ranks"]
+    options = run.get("options") if type(run.get("options")) is dict else {}
+    every = options.get("ranks") is None and options.get("slice") is None  # else unrecorded ranks were not chosen
+    ranks = list(range(g.world_size)) if every else list(g.ranks)
+    where: dict[str, dict] = {}
+    sentences = []
+    for rank in ranks:
+        text, d = _doing_last(g, rank)
+        if d["state"] == "nothing recorded" and rank not in g.traces:
+            text = f"rank {rank} had not finished init_process_group (no records)"
+        at = (ended.get(str(rank)) or {}).get("where")
+        if at:
+            text += f"; the signal found it at {shown(at[0])}"
+            d["where"] = at
+        where[str(rank)] = d
+        sentences.append(text)
+    more = f"; and {len(ranks) - _LISTED_RANKS} more ranks" if len(ranks) > _LISTED_RANKS else ""
+    when = "" if i["after_s"] is None else f" {i['after_s']:,.1f} s into the run"
+    forced = (f" and, as it had not ended a few seconds later, stopped with {shown(i['forced'])}"
+              if i["forced"] else "")
+    msg = (f"The recording was interrupted: {shown(i['signal'])} to prism-rr record{when}, passed on to the "
+           f"command{forced}; the findings below may be its doing. Where each rank was: "
+           + "; ".join(sentences[:_LISTED_RANKS]) + more + ".")
+    return [Finding(kind="interrupted", ranks=tuple(ranks), message=msg,
+                    details={"signal": i["signal"], "after_s": i["after_s"], "forced": i["forced"], "ranks": where})]
 
 
 def _crashes(g: "_Run") -> list[Finding]:

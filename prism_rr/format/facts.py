@@ -14,7 +14,7 @@ from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks
 
 __all__ = ["DEVICE_CLOCKS", "FATAL_SIGNALS", "attempt_endings", "bundle_facts", "crash_reason", "device_time_facts",
-           "device_time_line", "info_lines"]
+           "device_time_line", "info_lines", "interrupted_facts", "interrupted_line"]
 
 _LISTED_NODES = 8  # nodes named on info's line; the rest are counted
 _LISTED_WORDS = 4  # forms and versions of imported dumps named
@@ -23,7 +23,8 @@ _LISTED_WORDS = 4  # forms and versions of imported dumps named
 def bundle_facts(bundle) -> dict[str, Any]:
     """Format, world, ranks, groups, steps, events, size, dropped and lost records, ranks
     whose recorder turned itself off, and, where the manifest has them, the flight dump,
-    the nodes, the clocks' alignment and what a bundle was imported from."""
+    the signal that interrupted the recording, the nodes, the clocks' alignment and what a
+    bundle was imported from."""
     ranks = bundle.summaries["ranks"]
     failures = _recorder_failures(bundle)
     manifest = bundle.manifest
@@ -45,6 +46,7 @@ def bundle_facts(bundle) -> dict[str, Any]:
         "recorder_failed_ranks": [f["rank"] for f in failures],
         "recorder_failures": failures,
         "flight": _flight_facts(manifest.get("flight")),
+        "interrupted": interrupted_facts(manifest.get("run")),
         "nodes": _node_facts(manifest.get("nodes")),
         "clock": _clock_facts(manifest.get("clock")),
         "imported": _imported_facts(manifest.get("imported")),
@@ -87,6 +89,10 @@ def info_lines(facts: dict[str, Any]) -> list[str]:
         for a in attempts:
             lines.append(f"  attempt {a['attempt']:<5} world {a['world_size']}, ranks {format_ranks(a['recorded_ranks'])}: "
                          + ending_line(a["ended"]))
+    interrupted = facts.get("interrupted")
+    if interrupted is not None:
+        ended = next((a["ended"] for a in attempts if a["attempt"] == facts["attempt"]), None)
+        lines.append(f"interrupted     {interrupted_line(interrupted, ended)}")
     cpu = facts["cpu"]
     if cpu is not None:
         lines.append(f"cpu             {cpu_line(cpu)}")
@@ -225,26 +231,27 @@ def crash_reason(crash) -> str | None:
 
 def attempt_endings(bundle) -> dict[str, Any]:
     """How the open attempt of `bundle` ended, from its rank info and indexes (no chunk is
-    read): {"failed": bool, "ranks": {rank: {"how", "code", "signal", "step", "last_ns"}},
-    "first": the rank that ended first among those that did not end cleanly (by their
-    last record, on rank 0's clock), or None}. A rank's `how` is what its process said
+    read): {"failed": bool, "ranks": {rank: {"how", "code", "signal", "step", "last_ns",
+    "where"}}, "first": the rank that ended first among those that did not end cleanly (by
+    their last record, on rank 0's clock), or None}. A rank's `how` is what its process said
     (sys.exit's code, an unhandled exception, a signal), its crash file's signal, or
-    "no word" (SIGKILL, os._exit: its records just end). The ranks are keyed by their
-    number as a string, so that the whole is JSON as it stands."""
+    "no word" (SIGKILL, os._exit: its records just end); `where`, of a signal, the
+    program's frames it came in (innermost first; None where not recorded). The ranks are
+    keyed by their number as a string, so that the whole is JSON as it stands."""
     ranks: dict[int, dict] = {}
     summaries = bundle.summaries["ranks"]
     for rank in bundle.recorded_ranks:
         info = bundle.rank_info(rank)
         end = info.get("exit")
         crash = crash_reason(info.get("crash"))
-        entry: dict[str, Any] = {"how": "no word (killed, or os._exit)", "code": None, "signal": None}
+        entry: dict[str, Any] = {"how": "no word (killed, or os._exit)", "code": None, "signal": None, "where": None}
         if crash is not None:
             entry.update(how=f"crashed ({crash})", signal=FATAL_SIGNALS.get(crash, "fatal error"))
         elif type(end) is dict:
             how = end.get("how")
             code, sig = end.get("code"), end.get("signal")
             entry.update(how=how if type(how) is str else "?", code=code if type(code) is int else None,
-                         signal=sig if type(sig) is str else None)
+                         signal=sig if type(sig) is str else None, where=_frames(end.get("where")))
         chunks = bundle.chunks(rank)
         entry["step"] = chunks[-1].step_last if chunks else None
         last = summaries.get(rank, {}).get("t_last")
@@ -262,6 +269,13 @@ def ending_line(ended: dict[str, Any]) -> str:
     if not ended["failed"]:
         return "ended cleanly" + (f" (rank {min(ranks)} and the others: {shown(ranks[min(ranks)]['how'], 60)})"
                                   if ranks else "")
+    return "failed: " + ending_ranks(ended)
+
+
+def ending_ranks(ended: dict[str, Any]) -> str:
+    """How each rank that did not end cleanly ended (attempt_endings), the first first:
+    'rank 1 stopped by SIGTERM in step 3 at train.py:14 in <module>; then rank 0 ...'."""
+    ranks = {int(r): e for r, e in ended["ranks"].items()}
     first = ended["first"]
     parts = []
     order = sorted(ranks, key=lambda r: (r != first, ranks[r]["last_ns"] is None, ranks[r]["last_ns"] or 0))
@@ -270,13 +284,43 @@ def ending_line(ended: dict[str, Any]) -> str:
         if not e["signal"] and e["code"] == 0:
             continue
         step = "" if e["step"] is None else f" in step {e['step']}"
+        at = f" at {shown(e['where'][0], 120)}" if e.get("where") else ""
         how = shown(e["how"], 120)
         if e["code"] is not None and not e["signal"]:
             how = f"exited {e['code']}: {how}"
         elif e["code"] is None and not e["signal"]:
             how = f"ended with {how}"
-        parts.append(f"rank {r} {how}{step}")
-    return "failed: " + "; then ".join(parts[:4]) + (f"; and {len(parts) - 4} more" if len(parts) > 4 else "")
+        parts.append(f"rank {r} {how}{step}{at}")
+    return "; then ".join(parts[:4]) + (f"; and {len(parts) - 4} more" if len(parts) > 4 else "")
+
+
+def interrupted_facts(run) -> dict | None:
+    """The manifest run's `interrupted` (recorder/launch.py): the SIGINT or SIGTERM that
+    `prism-rr record` got and passed on, {signal, after_s: seconds into the run, forced:
+    the signal the command then had to be stopped with, or None}; None where the run was
+    not interrupted."""
+    v = run.get("interrupted") if type(run) is dict else None
+    if type(v) is not dict or type(v.get("signal")) is not str:
+        return None
+    after, forced = v.get("after_s"), v.get("forced")
+    return {"signal": v["signal"][:40], "after_s": float(after) if type(after) in (int, float) else None,
+            "forced": forced[:40] if type(forced) is str else None}
+
+
+def interrupted_line(interrupted: dict[str, Any], ended: dict[str, Any] | None) -> str:
+    """What interrupted the run, when, and how each rank ended (`ended`: attempt_endings)."""
+    i = interrupted
+    when = "" if i["after_s"] is None else f" {i['after_s']:,.1f} s into the run"
+    forced = f" (it had not ended in time: stopped with {shown(i['forced'], 40)})" if i["forced"] else ""
+    ranks = ending_ranks(ended) if ended is not None and ended["failed"] else ""
+    return f"by {shown(i['signal'], 40)} to prism-rr record{when}{forced}" + (f"; {ranks}" if ranks else "")
+
+
+def _frames(v) -> list[str] | None:
+    """A stack as recorded (innermost first "file:line function"), type-checked; None where absent."""
+    if type(v) not in (list, tuple) or not v or not all(type(f) is str for f in v[:16]):
+        return None
+    return [f[:300] for f in v[:16]]
 
 
 def _attempts_facts(bundle) -> list[dict]:

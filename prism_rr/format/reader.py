@@ -421,12 +421,18 @@ class Bundle:
 
     def _records(self, frame: Frame) -> list[Record]:
         """The records of a checked frame: decompressed and decoded within the budgets."""
+        raw = self._payload(frame)
+        at = f"{self.path.name}: chunks section, offset {frame.offset}"
+        stored = frame.length - layout.FRAME_HEADER.size - frame.summary_len
+        return codec.decode_chunk(raw, frame.count, at, world=self.world_size, stored=stored)
+
+    def _payload(self, frame: Frame) -> bytes:
+        """The decompressed payload of a checked frame, of the size its header declares."""
         at = f"{self.path.name}: chunks section, offset {frame.offset}"
         raw = codec.decompress(frame.payload(self._map), frame.raw_len, at, budget="frame")
         if len(raw) != frame.raw_len:
             raise FormatError(f"{at}: payload is {len(raw)} bytes, header says {frame.raw_len}")
-        stored = frame.length - layout.FRAME_HEADER.size - frame.summary_len
-        return codec.decode_chunk(raw, frame.count, at, world=self.world_size, stored=stored)
+        return raw
 
     def read_chunk(self, ref: ChunkRef) -> list[Record]:
         return self._records(self._frame(ref))

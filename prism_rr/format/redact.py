@@ -33,7 +33,8 @@ _INFO_KEEP = frozenset({
     "steps", "ranks", "ops", "memory", "clock", "clock_offset", "mesh", "synthetic", "attempt", "incarnation", "cpu",
     "device_time",
 })
-_RUN_KEEP = frozenset({"prism_rr_version", "started_wall_ns", "ended_wall_ns", "exit_code", "timed_out", "options"})
+_RUN_KEEP = frozenset({"prism_rr_version", "started_wall_ns", "ended_wall_ns", "exit_code", "timed_out", "interrupted",
+                       "options"})
 _ENV_NAMES = frozenset({
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "MKL_NUM_THREADS",

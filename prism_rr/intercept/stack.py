@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["blocking_p2p", "caller_stack", "user_code"]
+__all__ = ["blocking_p2p", "caller_stack", "frame_stack", "user_code"]
 
 try:  # the walk below in C, from the same caches (prism_rr/_speedups.c); optional
     if os.environ.get("PRISM_RR_PURE_PYTHON"):
@@ -70,11 +70,16 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
         frame = sys._getframe(skip)
     except ValueError:
         return None
+    return frame_stack(frame, depth)
+
+
+def frame_stack(frame, depth: int, hops: int = 64) -> tuple[str, ...] | None:
+    """Innermost-first "file:line function" of up to `depth` user frames from `frame` out
+    (another thread's: `sys._current_frames()`), looking at most `hops` frames deep."""
     out = []
-    hops = 0
     is_user = _is_user
     texts = _text
-    while frame is not None and hops < 64:
+    while frame is not None and hops > 0:
         code = frame.f_code
         known = is_user.get(id(code))
         user = known[1] if known is not None else _user(code)
@@ -91,7 +96,7 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
             if len(out) >= depth:
                 break
         frame = frame.f_back
-        hops += 1
+        hops -= 1
     if not out:
         return None
     # One tuple for each stack seen (as for its texts): the records that name it share it.

@@ -61,10 +61,29 @@ def watch(rec) -> None:
     sys.excepthook = excepthook
 
 
-def how(reason: str) -> dict:
-    """What ended the recording: the process's way out as far as seen, or the reason."""
+def how(reason: str, depth: int = 0) -> dict:
+    """What ended the recording: the process's way out as far as seen, or the reason. A
+    signal's also says where the program's main thread was (`where`: up to `depth` of its
+    own frames, innermost first), be it in Python or waiting in the backend."""
     if reason.startswith("SIG"):
-        return {"signal": reason, "how": f"stopped by {reason}"}
+        out = {"signal": reason, "how": f"stopped by {reason}"}
+        where = _main_stack(depth)
+        if where:
+            out["where"] = list(where)
+        return out
     if reason == "exit":
         return dict(_seen) if _seen else {"code": 0, "how": "the program ended"}
     return {"how": reason}
+
+
+def _main_stack(depth: int) -> tuple[str, ...] | None:
+    if depth <= 0:
+        return None
+    try:
+        from prism_rr.intercept.stack import frame_stack
+
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        # a signal may come deep in an import or in torch: look past more than a call's 64 frames
+        return frame_stack(frame, depth, hops=1000) if frame is not None else None
+    except Exception:  # a missing line never costs the rest of the exit note
+        return None

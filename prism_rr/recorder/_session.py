@@ -231,7 +231,7 @@ class Recording:
             self._steps.stop()
             self.window.stop_modes()
             # threads as the program left them (it may set them after init_process_group)
-            self.log.info({"exit": _exits.how(reason), "cpu": _manifest.cpu_info()})
+            self.log.info({"exit": _exits.how(reason, self.options.stack_depth), "cpu": _manifest.cpu_info()})
             if calls.later is not None:  # payloads read once the device passed them (_later.py)
                 self.log.info({"payloads_later": {"device": calls.later.device, "taken": calls.later.taken,
                                                   "unread": calls.later.pending}})

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prism_rr.errors import UsageError
@@ -36,6 +37,11 @@ __all__ = ["HOOK_DIR", "hook_env", "launch_node", "node_spool_dir", "record_comm
 HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the replayer
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _GRACE_S = 5.0
+# After a SIGINT or SIGTERM to `record`: the command's time to end on its own (localrun's
+# ranks flush and end within about a second of its SIGTERM), then half as long after our
+# SIGTERM before SIGKILL: `record` ends a few seconds after Ctrl-C, whatever the ranks are in.
+_INTERRUPT_GRACE_S = 2.0
+_POLL_S = 0.05
 
 
 def hook_env(options: RecordOptions, base: dict | None = None) -> dict[str, str]:
@@ -158,15 +164,18 @@ def record_command(
     mesh: str | None = None,
     timeout: float | None = None,
     node: str | None = None,
+    interrupted: Callable[[dict], None] | None = None,
     **options,
 ) -> int:
     """Run `cmd` recording into `<out>.d/` (one node of many: `<out>.d/node-<name>/`, see
     `launch_node`); return its exit code (128+N if killed by signal N). `options` are
     more of `RecordOptions.make`'s, passed on to every rank.
 
-    SIGINT and SIGTERM sent to this process are passed on to the command. Past
-    `timeout` seconds the command gets SIGTERM (ranks flush their spools, calls still
-    open included), then SIGKILL.
+    SIGINT and SIGTERM sent to this process are passed on to the command's process
+    group, as a terminal passes Ctrl-C to a job; the command then has
+    _INTERRUPT_GRACE_S to end, after which it is stopped as after `timeout`: SIGTERM
+    (ranks flush their spools, calls still open included), then SIGKILL. run.json notes
+    the first such signal (`interrupted`), and `interrupted(facts)` hears of it at once.
     """
     from prism_rr import __version__
 
@@ -191,32 +200,7 @@ def record_command(
         facts["node"] = name
     _write_run(spool_dir, facts)
 
-    proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
-    previous = {}
-
-    def forward(signum, frame):
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, forward)
-    timed_out = False
-    try:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop(proc)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if proc.poll() is None:
-            _stop(proc)
-    code = proc.returncode
-    code = 128 - code if code < 0 else code
+    code, timed_out = _run(cmd, env, timeout, facts, interrupted)
     if options.flight is None:
         # A rank that died left its call log: what it holds joins its spool now.
         from prism_rr.format.compactor import recover_logs
@@ -232,15 +216,85 @@ def record_command(
     return code
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the command's process group, then SIGKILL what is left."""
+def _run(cmd: list[str], env: dict, timeout: float | None, facts: dict, interrupted) -> tuple[int, bool]:
+    """Run the command in a session of its own to its end: (its exit code, 128+N if
+    killed by signal N; whether `timeout` passed first). The first SIGINT or SIGTERM to
+    this process goes in `facts["interrupted"]`: which, when, and the signal the command
+    had to be stopped with (`forced`) where it did not end in time."""
+    started = time.monotonic()
+    proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
+    got: list[tuple[int, float]] = []  # (signal, monotonic time) of each SIGINT/SIGTERM to us
+    previous = {}
+
+    def forward(signum, frame):
+        got.append((signum, time.monotonic()))
+        _signal_group(proc, signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        timed_out, forced = _wait(proc, timeout, got, started, facts, interrupted)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            _stop(proc)
+    _note_interrupt(got, started, facts, interrupted)
+    if forced is not None:
+        facts["interrupted"]["forced"] = forced
+    code = proc.returncode
+    return (128 - code if code < 0 else code), timed_out
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None, got: list, started: float, facts: dict,
+          interrupted) -> tuple[bool, str | None]:
+    """Wait for the command to end: (whether `timeout` passed first, the last signal the
+    command had to be stopped with after an interrupt, or None). From the first signal in
+    `got` on, the command has _INTERRUPT_GRACE_S to end on its own."""
+    deadline = None if timeout is None else started + timeout
+    while proc.poll() is None:
+        now = time.monotonic()
+        _note_interrupt(got, started, facts, interrupted)
+        if got and now >= got[0][1] + _INTERRUPT_GRACE_S:
+            return False, _stop(proc, _INTERRUPT_GRACE_S / 2)
+        if deadline is not None and now >= deadline:
+            _stop(proc)
+            return True, None
+        time.sleep(_POLL_S)
+    return False, None
+
+
+def _note_interrupt(got: list, started: float, facts: dict, interrupted) -> None:
+    """The first signal of `got`, noted in `facts` once (and told to `interrupted`)."""
+    if not got or "interrupted" in facts:
+        return
+    signum, at = got[0]
+    facts["interrupted"] = {"signal": signal.Signals(signum).name, "after_s": round(at - started, 3)}
+    if interrupted is not None:
+        interrupted(dict(facts["interrupted"]))
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to every process of the command's group (its own session: its pid names it)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, grace: float = _GRACE_S) -> str | None:
+    """SIGTERM the command's process group, then SIGKILL what is left; the last signal
+    sent (None: the command had ended already)."""
+    sent = None
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        _signal_group(proc, sig)
+        sent = signal.Signals(sig).name
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=_GRACE_S)
-            return
+            proc.wait(timeout=grace)
+            break
         except subprocess.TimeoutExpired:
             continue
+    return sent

@@ -72,6 +72,25 @@ def test_bit_flips_anywhere(tmp_path):
         assert_only_format_error(path)
 
 
+def test_the_check_before_the_spools_go_refuses_a_flip_anywhere(tmp_path):
+    """verify with decode=False, what `record` checks of the bundle it packed before it
+    removes the spools: it counts what verify counts, and a copy with any bit flipped is
+    refused, as verify refuses it, without a record decoded."""
+    with open_bundle(GOLDEN) as b:
+        assert verify(b, decode=False) == verify(b)
+    data = GOLDEN.read_bytes()
+    rng = random.Random(38)
+    path = tmp_path / "flip.prism"
+    for _ in range(300 * SCALE):
+        buf = bytearray(data)
+        at = rng.randrange(len(buf))
+        buf[at] ^= 1 << rng.randrange(8)
+        write_case(path, bytes(buf))
+        with pytest.raises(FormatError):
+            with open_bundle(path) as b:
+                verify(b, decode=False)
+
+
 def _resealed(data: bytes, sid: int, mutate) -> bytes:
     """The bundle with one section's bytes mutated and every checksum made valid again,
     so the checks behind the checksums are reached."""

@@ -82,6 +82,40 @@ def test_a_full_disk_at_packing_keeps_the_exit_code_and_the_spools(tmp_path, mon
         assert _left_over(tmp_path) == [] and not out.exists()
 
 
+def test_spools_that_stay_are_said_where(tmp_path, monkeypatch):
+    """`record` removes OUTPUT.d/ once OUTPUT reads back with what the spools held; where
+    it does not (here pack miscounts: the check compares the two), the user learns that,
+    where the spools are and how to pack them again. --keep-spools keeps them, said once."""
+    import dataclasses
+
+    import prism_rr.format
+    import prism_rr.recorder.launch
+    from prism_rr.cli import app
+    from prism_rr.format.synthetic import write_synthetic
+
+    assert "--keep-spools" in CliRunner().invoke(app, ["record", "--help"]).output
+    out = tmp_path / "run.prism"
+    spools = tmp_path / "run.prism.d"
+
+    def fake_record(cmd, output, **kw):
+        write_synthetic(spools, 2, 100)
+        return 0
+
+    monkeypatch.setattr(prism_rr.recorder.launch, "record_command", fake_record)
+    got = CliRunner().invoke(app, ["record", "-o", str(out), "--keep-spools", "--", "train"])
+    assert got.exit_code == 0 and f"the spools stay in {spools}/\n" in got.output, got.output
+    assert out.exists() and sorted(p.name for p in spools.iterdir()) == ["rank-00000.spool", "rank-00001.spool"]
+
+    real = prism_rr.format.pack
+    monkeypatch.setattr(prism_rr.format, "pack",
+                        lambda *a, **kw: dataclasses.replace(got := real(*a, **kw), events=got.events + 1))
+    got = CliRunner().invoke(app, ["record", "-o", str(out), "--", "train"])
+    assert got.exit_code == 0, got.output
+    assert f"warning: could not read back {out}: run.prism holds 2 ranks" in got.output, got.output
+    assert f"the spools stay in {spools}/; pack them again with: prism-rr pack {spools} -o {out}" in got.output
+    assert out.exists() and sorted(p.name for p in spools.iterdir()) == ["rank-00000.spool", "rank-00001.spool"]
+
+
 @pytest.fixture
 def small_disk():
     """A 2 MiB tmpfs (root only; skipped where mounting is not allowed)."""
