@@ -405,7 +405,7 @@ def replay(bundle, **options) -> ReplayResult:
     on a divergence or a recorded hang: see the result's exit_code (3, 7)."""
     from prism_rr.replayer import replay as run_replay
 
-    check_replayable(bundle, cmd=options.get("cmd"))
+    check_replayable(bundle, cmd=options.get("cmd"), from_bundle=bool(options.get("from_bundle")))
     return run_replay(bundle, **options)
 
 
@@ -435,17 +435,17 @@ def recorded_command_lines(bundle, ranks=(0,), *, attempt: int | None = None) ->
             f"  {argv}\n  in {cwd}" for (argv, cwd), rs in by_command.items()]
 
 
-def check_replayable(bundle, *, cmd=None) -> None:
+def check_replayable(bundle, *, cmd=None, from_bundle: bool = False) -> None:
     """UsageError for a replay that cannot run as asked: a bundle imported from PyTorch
     Flight Recorder dumps (`prism-rr import fr`) names no command, and a redacted copy
     (`prism-rr redact`) names placeholders in its place, so each replays only the program
-    given (`cmd`)."""
+    given (`cmd`), or the bundle as the program (`from_bundle`)."""
     from prism_rr.format import open_bundle
     from prism_rr.format.text import shown
 
     with open_bundle(bundle) as b:
         imported, redacted = b.manifest.get("imported"), b.manifest.get("redacted")
-    if cmd:
+    if cmd or from_bundle:
         return
     name = shown(Path(bundle).name)
     if isinstance(imported, dict):

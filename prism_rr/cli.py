@@ -281,7 +281,8 @@ def replay(
     bundle: Path = typer.Argument(..., help="The recorded .prism bundle."),
     cmd: Optional[list[str]] = typer.Argument(None, metavar="[-- CMD...]", help="The command each real rank runs (the training code, perhaps edited), in this directory; or a launcher (torchrun) that starts one worker per real rank, on one node or several."),
     run_recorded: bool = typer.Option(False, "--run-recorded-command", "--yes", help="Without -- CMD: run the command and working directory the bundle names (shown first). Without this or -- CMD, a terminal asks; anything else stops with exit 2. Bundles come from strangers: read the command first."),
-    ranks: str = typer.Option("0", "--ranks", help="Ranks to run for real, e.g. 0 or 0,1; every other rank is a virtual peer."),
+    ranks: str = typer.Option("0", "--ranks", help="Ranks to run for real, e.g. 0 or 0,1, or all; every other rank is a virtual peer."),
+    from_bundle: bool = typer.Option(False, "--from-bundle", help="No CMD: the bundle is the program. Each real rank makes its recorded calls through torch.distributed (groups, ops, shapes, dtypes, waits as recorded; the recorded bytes where the bundle has them, else seeded made-up data), holding the recorded compute between them; nothing the bundle names is run. For a stranger's (or redacted) bundle, without their code."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the fidelity report (JSON) here."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Record the replay itself into this bundle, to compare with the recording."),
     output_payload: Optional[str] = typer.Option(None, "--output-payload", help="Payload mode of the replay's own recording (default: what the recording kept)."),
@@ -331,6 +332,11 @@ def replay(
     fails as it did is the failure reproduced. Exit 0 only where every recorded call
     completes (a drifting rank replayed with its fix pairs right and runs to the end);
     3 only where the program differs.
+
+    Without the program (--from-bundle, no CMD): each real rank runs the bundle's record of
+    it, its calls made through torch.distributed with its recorded compute between them,
+    against the same virtual peers, checks and card (--ranks all: every rank real, the
+    recorded communication run by this machine's backend).
     """
     from prism_rr import api
 
@@ -338,15 +344,17 @@ def replay(
         raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
     if cmd and run_recorded:
         raise UsageError("give either -- CMD or --run-recorded-command, not both")
-    api.check_replayable(bundle, cmd=cmd)
-    if not cmd:
+    if from_bundle and (cmd or run_recorded):
+        raise UsageError("--from-bundle runs the bundle as the program: give neither -- CMD nor --run-recorded-command")
+    api.check_replayable(bundle, cmd=cmd, from_bundle=from_bundle)
+    if not cmd and not from_bundle:
         _consent_to_recorded_command(bundle, ranks, asked=run_recorded, attempt=attempt)
     result = api.replay(
         bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
         output_payload=output_payload, timing=timing, comm_scale=comm_scale,
         compute_scale=compute_scale, slow_rank=slow_rank, replace_rank=replace_rank, replace_downtime=replace_downtime,
         continue_on_divergence=continue_on_divergence, timeout=timeout,
-        run_recorded_command=not cmd, launcher=launcher, attempt=attempt,
+        run_recorded_command=not cmd and not from_bundle, launcher=launcher, attempt=attempt, from_bundle=from_bundle,
     )
     _report_replay(result, report)
 

@@ -484,6 +484,17 @@ class InterceptGroup(ProcessGroup):
         """The sequence number the next message with global rank `peer` will have."""
         return self._p2p_seq.get((receives, peer), 0)
 
+    def skip_to(self, seq: int, receives: bool | None = None, peer: int | None = None) -> None:
+        """Number the next collective (with `receives` and `peer`: the next message that
+        way with `peer`) `seq`, where it would be lower: a replay whose program is the
+        bundle makes only the recorded calls, and a recording's window (or a ring) begins
+        after calls it does not hold. Never backwards."""
+        if receives is None:
+            self._seq = max(self._seq, seq)
+        else:
+            key = (receives, peer)
+            self._p2p_seq[key] = max(self._p2p_seq.get(key, 0), seq)
+
     def sourced(self, group_src: int) -> tuple[int, int]:
         """A receive from any source learnt its sender: count it as `_p2p` would have;
         (global peer, seq)."""

@@ -163,6 +163,9 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         "first_divergence": divs[0] if divs else None,
         "divergences": len(divs),
         "synthetic_numerics": any(st.get("synthetic_numerics") for st in stats.values()),
+        # a replay whose program is the bundle (driver.py): the calls whose inputs it made up
+        # (seeded, of the recorded shape), the bundle holding no bytes for them; their data unchecked
+        "inputs_made_up_calls": sum(int(st.get("inputs_made_up_calls") or 0) for st in stats.values()),
         # calls whose inputs were compared with the recording once the device had passed
         # them (on CUDA: no host synchronization for the check), over the real ranks
         "inputs_checked_later": sum(int(st.get("inputs_checked_later") or 0) for st in stats.values()),
@@ -379,6 +382,9 @@ def card(report: dict) -> str:
                      "(included in the step times)")
     lines += [
         f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
+        if not report.get("inputs_made_up_calls") else
+        f"  numerics {'synthetic' if report['synthetic_numerics'] else 'made up'}: the bundle's program made up the "
+        f"inputs of {report['inputs_made_up_calls']} calls (no bytes recorded for them: their data is not checked)"
         + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "
            f"({report.get('predicted_shape_mismatches', 0)} differ from the live ones)"
            if report.get("predicted_shape_calls") else ""),

@@ -104,6 +104,11 @@ _replayer = _Replayer()
 _creation = GroupCreation(_replayer)
 
 
+def current_session():
+    """This process's ReplaySession, once `init_process_group` made it; else None."""
+    return _replayer.session
+
+
 def _quiet_stops() -> None:
     """A program the replay stopped (a divergence, the end of a recorded hang or failure)
     unwinds with the replay's exception; uncaught, Python would print its traceback through

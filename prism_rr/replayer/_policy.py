@@ -203,7 +203,7 @@ class ReplayPolicy(Policy):
         predicted = s.schedule.shape_predicted(gid, own.op)
         # Data made up for virtual peers has flowed into this rank's numerics once it is
         # synthetic: its tensors can no longer match the recorded digests, only shapes can.
-        data = not s.synthetic and not self._shapes_only
+        data = not s.synthetic and not self._shapes_only and not s.inputs_made_up
         self._shapes_only = False
         later = None
         fields = _data_fields(own) if data else None

@@ -173,6 +173,11 @@ class ReplaySession:
         self.stopped: Divergence | None = None
         self.synthetic = False  # data made up for virtual peers has flowed into this rank's numerics
         self.made_up_from_ns: int | None = None  # since when (monotonic): its calls' data is no longer checked
+        # The inputs of the program's next call are made up by it (a replay whose program is
+        # the bundle, driver.py, where the bundle lacks their bytes): that call's data is not
+        # compared with the recording, its shapes are
+        self.inputs_made_up = False
+        self.inputs_made_up_calls = 0  # ... and how many calls had such inputs
         self.predicted_shape_calls = 0  # calls whose recorded shapes were predicted by `scale`
         self.predicted_shape_mismatches = 0  # ... and whose live shapes differ from the prediction
         self.predicted_shape_examples: list[dict] = []  # the first few of those
@@ -625,6 +630,7 @@ class ReplaySession:
             "setup_ns": None if self.armed_ns is None or not self.steps else self.steps[0][1] - self.armed_ns,
             "replayer_setup_ns": self.setup_ns,
             "synthetic_numerics": self.synthetic,
+            "inputs_made_up_calls": self.inputs_made_up_calls,
             "inputs_checked_later": self.inputs_checked_later,
             "made_up_from_ns": self.made_up_from_ns,
             "predicted_shape_calls": self.predicted_shape_calls,

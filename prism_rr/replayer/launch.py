@@ -243,6 +243,7 @@ def replay(
     run_recorded_command: bool = False,
     launcher: bool | None = None,
     attempt: int | None = None,
+    from_bundle: bool = False,
 ) -> ReplayResult:
     """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence).
 
@@ -289,11 +290,25 @@ def replay(
     `_recorded_endings`), at a call that ended in an error (raised again) or never
     completed, past where the rank's program stopped; a real rank that fails as it did is
     the failure reproduced (`reproduced`).
+
+    `from_bundle`: no program of the user's: each real rank runs the driver
+    (`python -m prism_rr.replayer.driver`, driver.py), which makes that rank's recorded
+    calls through torch.distributed, with its recorded compute between them. Every real
+    rank's recording is read as a program first (_program.py): one that no program could
+    be is refused (FormatError) before any rank starts. `ranks="all"`: every rank real.
     """
     from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
 
     bundle_path = Path(bundle_path).resolve()
+    if isinstance(ranks, str) and ranks.strip().lower() == "all":
+        with open_bundle(bundle_path, attempt=attempt) as bundle:
+            ranks = tuple(range(bundle.world_size))
     real = parse_ranks(ranks) or ()
+    if from_bundle:
+        if cmd or run_recorded_command or launcher:
+            raise UsageError("a replay whose program is the bundle (--from-bundle) runs no command: give neither "
+                             "a command nor --run-recorded-command nor --launcher")
+        cmd, launcher = [sys.executable, "-m", "prism_rr.replayer.driver"], False
     if cmd and run_recorded_command:
         raise UsageError("give either a command or run_recorded_command, not both")
     if not cmd and not run_recorded_command:
@@ -313,11 +328,11 @@ def replay(
         # A sliced or scaled bundle: a rank that was not recorded does its role's work.
         # Write its representative's records mapped onto it (its groups, peers, roots)
         # and replay that.
-        args = dict(ranks=real, cmd=cmd, report=report, output=output, output_payload=output_payload,
+        args = dict(ranks=real, cmd=None if from_bundle else cmd, report=report, output=output, output_payload=output_payload,
                     timing=timing, comm_scale=comm_scale, compute_scale=compute_scale, slow_rank=slow_rank,
                     replace_rank=replacements, continue_on_divergence=continue_on_divergence, timeout=timeout,
                     cwd=cwd, log_dir=log_dir,
-                    env=env, run_recorded_command=run_recorded_command, launcher=launcher)
+                    env=env, run_recorded_command=run_recorded_command, launcher=launcher, from_bundle=from_bundle)
         with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
             derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
             return replay(derived, **args)
@@ -331,6 +346,11 @@ def replay(
         outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
         if outside:
             raise UsageError(f"slow_rank {outside[0][0]} is not a rank of the recorded world of {world}")
+        if from_bundle:
+            from prism_rr.replayer._program import program_of
+
+            for r in real:  # each real rank's program read (and refused) before any starts
+                program_of(bundle, r)
     if launcher is None:
         launcher = is_launcher(cmd)
     if launcher:

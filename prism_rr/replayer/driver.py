@@ -1,0 +1,322 @@
+"""The bundle as the program: make one rank's recorded calls through torch.distributed.
+
+`prism-rr replay BUNDLE --ranks R --from-bundle` starts this as the command of each real
+rank (`python -m prism_rr.replayer.driver`), under the replay's start-up hook like any
+program, so virtual peers, the divergence check and the card apply unchanged. It reads
+the replay's bundle and rank from its environment and, in the recorded order:
+
+- creates the recorded groups (ids, members in order, descriptions), so that group ids and
+  sequence numbers are the bundle's; a recording's window (or a ring) begins after calls
+  it does not hold, and its calls are numbered as recorded (`InterceptGroup.skip_to`);
+- makes each call with its recorded op, shapes, dtypes, reduce op, root or peer and tag,
+  blocking or not, and waits for an asynchronous one where it had completed;
+- gives it the recorded bytes where the bundle holds them (full payloads; a `digest`
+  recording's calls of at most 1 KiB), else seeded made-up data of the recorded shape and
+  dtype, whose data is then not compared (`ReplaySession.inputs_made_up`);
+- holds the recorded compute between two actions (a host sleep: the replay scales it
+  with --compute-scale as any program's), and ends steps where they ended (`prism_rr.step()`).
+
+It imports, runs and unpickles nothing a bundle names: an object collective's bytes are
+tensors here. Not made: calls on CUDA tensors (a GPU recording replays on CPU tensors),
+all_to_all_single with uneven splits (a recording keeps no split sizes), PREMUL_SUM, and
+the recorded memory (the card's peak is the driver's own).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+from time import monotonic_ns
+
+from prism_rr.errors import PrismError
+from prism_rr.format import open_bundle
+from prism_rr.replayer._options import ENV_VAR, ReplayOptions
+from prism_rr.replayer._program import Program, program_of
+
+__all__ = ["main"]
+
+log = logging.getLogger("prism_rr.replayer")
+_SPIN_NS = 200_000  # the last stretch of a hold is spun: a sleeping thread wakes late
+
+
+def _hold_until(t_ns: int) -> None:
+    while True:
+        left = t_ns - monotonic_ns()
+        if left <= 0:
+            return
+        if left > _SPIN_NS:
+            time.sleep((left - _SPIN_NS) / 1e9)
+
+
+def _seed(rank: int, gid: int, seq: int, i: int) -> int:
+    return (((rank * 1_000_003 + gid) * 1_000_033 + seq) * 131 + i) & ((1 << 63) - 1)
+
+
+class _Driver:
+    """One rank's program, made against torch.distributed."""
+
+    def __init__(self, program: Program, bundle, real: tuple[int, ...]):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.p = program
+        self.bundle = bundle
+        self.real = real
+        self.groups: dict[int, object] = {}
+        self.works: dict[int, object] = {}
+        self.session = None
+        self.memory = None  # the replay's CPU memory tracker, where the recording has memory
+        self.ballast = None  # bytes held so that the tracked memory is the recorded
+        self.peak_made = 0  # the step's running peak made so far
+        self.memory_cap = 0
+        self._reduce = {name: getattr(dist.ReduceOp, name) for name in
+                        ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
+        # torch 2.13 names them all_gather_single and reduce_scatter_single (the old names warn)
+        self._gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    # --- set-up -------------------------------------------------------------------
+
+    def start(self) -> None:
+        from prism_rr.replayer._install import current_session
+
+        dist = self.dist
+        dist.init_process_group("gloo")
+        self.session = current_session()
+        self.groups[0] = dist.group.WORLD
+        memory = getattr(self.session, "_memory", None)
+        if type(memory).__name__ == "CpuMemoryTracker":
+            self.memory = memory
+            try:  # never more than half this machine's memory over the real ranks
+                total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError):
+                total = 1 << 32
+            self.memory_cap = total // (2 * max(1, len(self.real)))
+        # the first operator under the replay's memory tracker imports torch._dynamo
+        # (seconds): here, in the set-up, not in the first recorded step
+        self._made_up(0, 0, 0, (1,), "float32")
+        world = self.p.world_size
+        stand_in = next((r for r in range(world) if r not in self.real), 0)
+        for gid in range(1, self.p.last_gid + 1):
+            ranks, desc = self.p.groups.get(gid, ((stand_in,), ""))
+            # every rank creates every group, member or not, as torch numbers them
+            pg = dist.new_group(ranks=list(ranks), group_desc=desc or None, sort_ranks=False)
+            if self.p.rank in ranks:
+                self.groups[gid] = pg
+
+    # --- tensors ------------------------------------------------------------------
+
+    def _made_up(self, gid: int, seq: int, i: int, shape, dtype: str):
+        """Seeded values of the recorded shape and dtype: a multiplicative hash of each
+        element's index (torch's generators would import torch._dynamo, seconds, here)."""
+        torch = self.torch
+        dt = getattr(torch, dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        h = torch.arange(n, dtype=torch.int64).add_(_seed(self.p.rank, gid, seq, i) % (1 << 31))
+        h.mul_(2654435761).remainder_(1 << 31)
+        if dt.is_floating_point or dt.is_complex:
+            x = h.to(torch.float32).mul_(2.0 / (1 << 31)).sub_(1.0)
+        elif dt == torch.bool:
+            x = h.remainder_(2).bool()
+        else:
+            x = h.remainder_(16)
+        return x.to(dt).reshape(shape)
+
+    def _inputs(self, rec, shapes, dtypes, blobs) -> tuple[list, bool]:
+        """The call's inputs, and whether they are the recorded bytes."""
+        from prism_rr.replayer._data import from_blob
+
+        if blobs is not None and len(blobs) == len(shapes):
+            try:
+                return [from_blob(self.bundle, b, dt, s) for b, dt, s in zip(blobs, dtypes, shapes)], True
+            except PrismError as exc:
+                log.warning("prism-rr: %s: the call's inputs are made up", exc)
+        return [self._made_up(rec.group, rec.seq, i, s, dt) for i, (s, dt) in enumerate(zip(shapes, dtypes))], False
+
+    def _empty(self, shapes, dtypes) -> list:
+        torch = self.torch
+        return [torch.empty(s, dtype=getattr(torch, dt)) for s, dt in zip(shapes, dtypes)]
+
+    def hold_memory(self, rec) -> None:
+        """Make the tracked memory what the recording had at this call: a ballast for what
+        was allocated, and a moment at the step's running peak where it rose. Freed before
+        it is made anew, so no two are ever counted at once."""
+        m = self.memory
+        if m is None or rec.mem_alloc is None:
+            return
+        torch = self.torch
+        self.ballast = None
+        if rec.mem_peak is not None and rec.mem_peak > self.peak_made:
+            rise = min(rec.mem_peak - m.allocated, self.memory_cap)
+            if rise > 0:
+                spike = torch.empty(rise, dtype=torch.uint8)
+                del spike
+            self.peak_made = rec.mem_peak
+        need = min(rec.mem_alloc - m.allocated, self.memory_cap)
+        if need > 0:
+            self.ballast = torch.empty(need, dtype=torch.uint8)
+
+    # --- calls --------------------------------------------------------------------
+
+    def prepare(self, rec):
+        """What a call needs, made before the compute before it is held."""
+        from prism_rr.format.records import PointToPoint
+
+        group = self.groups[rec.group]
+        if type(rec) is PointToPoint:
+            receives = rec.op in ("recv", "irecv")
+            if receives:
+                ins, known = self._empty(rec.shapes, rec.dtypes), True
+            else:
+                ins, known = self._inputs(rec, rec.shapes, rec.dtypes, rec.blob)
+            if hasattr(group, "skip_to"):
+                group.skip_to(rec.seq, receives, rec.peer)
+            return group, ins, [], known
+        ins, known = self._inputs(rec, rec.in_shapes, rec.in_dtypes, rec.blob_in)
+        outs = ins if rec.op in ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce") else \
+            self._empty(rec.out_shapes, rec.out_dtypes)
+        if hasattr(group, "skip_to"):
+            group.skip_to(rec.seq)
+        return group, ins, outs, known
+
+    def call(self, rec, group, ins, outs):
+        """Make the call; its Work where it is asynchronous."""
+        dist, op, a = self.dist, rec.op, rec.async_op
+        red = self._reduce[str(getattr(rec, "reduce_op", None) or "SUM").upper()]
+        if op == "all_reduce":
+            return dist.all_reduce(ins[0], op=red, group=group, async_op=a)
+        if op == "broadcast":
+            return dist.broadcast(ins[0], src=rec.root, group=group, async_op=a)
+        if op == "reduce":
+            return dist.reduce(ins[0], dst=rec.root, op=red, group=group, async_op=a)
+        if op == "all_gather":
+            return dist.all_gather(outs, ins[0], group=group, async_op=a)
+        if op == "all_gather_into_tensor":
+            return self._gather_single(outs[0], ins[0], group=group, async_op=a)
+        if op == "reduce_scatter":
+            return dist.reduce_scatter(outs[0], ins, op=red, group=group, async_op=a)
+        if op == "reduce_scatter_tensor":
+            return self._scatter_single(outs[0], ins[0], op=red, group=group, async_op=a)
+        if op == "all_to_all":
+            return dist.all_to_all(outs, ins, group=group, async_op=a)
+        if op == "all_to_all_single":
+            return dist.all_to_all_single(outs[0], ins[0], group=group, async_op=a)
+        if op == "gather":
+            here = rec.root == self.p.rank
+            return dist.gather(ins[0], gather_list=outs if here else None, dst=rec.root, group=group, async_op=a)
+        if op == "scatter":
+            here = rec.root == self.p.rank
+            return dist.scatter(outs[0], scatter_list=ins if here else None, src=rec.root, group=group, async_op=a)
+        if op == "barrier":
+            return dist.barrier(group=group, async_op=a)
+        if op == "monitored_barrier":
+            return dist.monitored_barrier(group=group)
+        if op == "all_gather_coalesced":
+            n = len(outs) // len(ins)
+            lists = [outs[r * len(ins):(r + 1) * len(ins)] for r in range(n)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return dist.all_gather_coalesced(lists, ins, group=group, async_op=a)
+        if op in ("all_reduce_coalesced", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"):
+            with dist._coalescing_manager(group=group, async_ops=a) as cm:
+                for i, o in zip(ins, outs):
+                    if op == "all_reduce_coalesced":
+                        dist.all_reduce(i, op=red, group=group)
+                    elif op == "all_gather_into_tensor_coalesced":
+                        self._gather_single(o, i, group=group)
+                    else:
+                        self._scatter_single(o, i, op=red, group=group)
+            return cm if a else None
+        if op == "send":
+            return dist.send(ins[0], dst=rec.peer, group=group, tag=rec.tag)
+        if op == "recv":
+            return dist.recv(ins[0], src=rec.peer, group=group, tag=rec.tag)
+        if op == "isend":
+            return dist.isend(ins[0], dst=rec.peer, group=group, tag=rec.tag)
+        if op == "irecv":
+            return dist.irecv(ins[0], src=rec.peer, group=group, tag=rec.tag)
+        raise AssertionError(op)  # _program refused every other op
+
+    # --- the program --------------------------------------------------------------
+
+    def run(self) -> None:
+        import prism_rr
+
+        p, s = self.p, self.session
+        while s is not None and s.step < p.first_step:  # steps before the recording's window
+            prism_rr.step()
+        cursor, back = p.start_ns, monotonic_ns()  # recorded time reached, and here when it was
+        # compute held longer than recorded so far (a sleep that woke late, the driver's own
+        # work on a call's tensors): taken off the next holds, so that compute adds up
+        late = 0
+        for a in p.actions:
+            ready = None
+            if a.kind == "call":
+                ready = self.prepare(p.calls[a.index])
+                self.hold_memory(p.calls[a.index])
+            wanted = max(0, a.at_ns - cursor)
+            _hold_until(back + wanted - late)
+            late = max(0, late + monotonic_ns() - back - wanted)
+            if a.kind == "call":
+                rec = p.calls[a.index]
+                group, ins, outs, known = ready
+                if s is not None:
+                    s.inputs_made_up = not known
+                    s.inputs_made_up_calls += not known
+                work = self.call(rec, group, ins, outs)
+                if rec.async_op and work is not None:
+                    self.works[a.index] = work
+            elif a.kind == "wait":
+                work = self.works.pop(a.index, None)
+                if work is not None:
+                    work.wait()
+            else:
+                prism_rr.step()
+                self.peak_made = 0
+            back = monotonic_ns()
+            cursor = max(cursor, a.back_ns)
+        for work in self.works.values():  # recorded as never waited for: done before the end
+            work.wait()
+        self.works.clear()
+
+    def finish(self) -> None:
+        dist = self.dist
+        if self.p.windowed:
+            # the run went on past the window with calls of its own: a barrier parts the
+            # ranks cleanly (gloo's teardown aborts a rank whose peer left first)
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    text = os.environ.get(ENV_VAR)
+    if not text or "RANK" not in os.environ:
+        print("prism-rr: the driver runs under `prism-rr replay BUNDLE --ranks R --from-bundle`", file=sys.stderr)
+        return 2
+    options = ReplayOptions.from_json(text)
+    rank = int(os.environ["RANK"])
+    with open_bundle(options.bundle, attempt=options.attempt) as bundle:
+        try:
+            program = program_of(bundle, rank)
+        except PrismError as exc:
+            print(f"prism-rr: {exc}", file=sys.stderr)
+            return exc.exit_code
+        driver = _Driver(program, bundle, tuple(options.ranks))
+        driver.start()
+        driver.run()
+        driver.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
