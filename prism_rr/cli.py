@@ -439,11 +439,12 @@ def diagnose(
 
     Each finding names the ranks, the group and sequence number of the call, what each
     rank was doing, and the Python stack where it was recorded. Crashes: a rank that died
-    of SIGSEGV, SIGABRT, ... with the call, the line and every frame of its stack. Hangs:
-    calls some members entered and others never did (or, where a rank's records end
-    because it died, whose fate after its last record is unknown), or that never
-    completed. Drifts: the first step where a rank made fewer calls of a group than
-    another, after which its calls pair with the wrong ones. Mismatches: members of one call
+    of SIGSEGV, SIGABRT, ... with the call, the line and every frame of its stack. Killed:
+    a rank whose process ended without a word (SIGKILL, the OOM killer, os._exit) while
+    its peers waited for it, in a call it never made or died in. Hangs: calls some members
+    entered and others never did (or, where a rank's records end because it died, whose
+    fate after its last record is unknown), or that never completed. Drifts: the first
+    step where a rank made fewer calls of a group than another, after which its calls pair with the wrong ones. Mismatches: members of one call
     that disagree on op, shapes, dtypes, reduce op or root; sends nobody received.
     Stragglers: ranks that arrive last far more often than chance, with the time the
     others lost waiting, and what each late rank cost: how much sooner the steps would
@@ -526,7 +527,7 @@ def analyze(
 
 
 DIFF_CODES = """\
-Exit codes: 0 the collective sequences match · 6 they differ ·
+Exit codes: 0 the collective sequences match · 6 they differ (or a call one run never completed) ·
 1 any other failure · 2 usage error ·
 4 bundle malformed or of an unsupported version."""
 
@@ -546,9 +547,11 @@ def diff(
     and tag for send/recv), never by timing or data. The first call where they differ is
     shown from both runs, with its group, sequence number, step and both stacks; then,
     per step, the step time and the time inside calls, A against B, and the rank whose
-    time changed most. Exit 6 when the sequences differ: record a short window after each
-    change and diff it against a reference bundle in CI. Where the recorded steps differ,
-    the steps both hold are compared.
+    time changed most. A call one run entered and never completed where the other did not
+    (a hang, a rank that died in it) is listed too, and counts as a difference. Exit 6
+    when the sequences differ: record a short window after each change and diff it against
+    a reference bundle in CI. Where the recorded steps differ, the steps both hold are
+    compared, the step a failed run stopped in among them, up to where its records end.
     """
     from prism_rr import api
 

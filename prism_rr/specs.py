@@ -10,8 +10,8 @@ import re
 
 from prism_rr.errors import UsageError
 
-__all__ = ["format_ranks", "parse_bandwidth", "parse_ranks", "parse_replace_rank", "parse_slow_rank", "parse_steps",
-           "step_window"]
+__all__ = ["format_ranks", "named_ranks", "parse_bandwidth", "parse_ranks", "parse_replace_rank", "parse_slow_rank",
+           "parse_steps", "step_window"]
 
 
 def parse_steps(spec) -> tuple[int | None, int | None] | None:
@@ -86,6 +86,12 @@ def format_ranks(values) -> str:
         else:
             out.append([v, v])
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def named_ranks(values) -> str:
+    """'rank 0', 'ranks 0-3,7': ranks in words, never a count that reads as a rank."""
+    values = sorted(values)
+    return f"rank {values[0]}" if len(values) == 1 else f"ranks {format_ranks(values)}"
 
 
 def parse_slow_rank(spec) -> tuple[tuple[int, float], ...]:

@@ -7,7 +7,7 @@ test reads one of these before it records its own; tests/README.md lists them.
 - `demo_training(world, args, rep)`: the demo trainer plain (rep 0) or recorded with full
   payloads and memory (rep 1, packed to `.bundle`, spools at `.spool_dir`), parameters saved;
 - `crashy_runs(mode)`: tests/recorder/scripts/crashy.py MODE as 2 recorded ranks, packed;
-- `killed_peer`: hang.py kill, rank 1 SIGKILLed inside an all_reduce, packed, spools kept;
+- `killed_peer`: hang.py kill, rank 1 SIGKILLed before an all_reduce rank 0 waits in, packed, spools kept;
 - `restarted_job`: tests/recorder/scripts/elastic.py under `record`, torchrun restarting it
   once (attempt 0: rank 1 exits 17 in step 2; attempt 1 runs to the end).
 

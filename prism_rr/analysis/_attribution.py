@@ -137,6 +137,9 @@ class _Graph:
     window: dict[int, tuple[int, int]]  # rank -> (step start, step end), recorded
     last_entry: dict[tuple, int]  # key -> the latest recorded entry among its members
     held: dict[int, int]  # node id -> how late it entered a call whose other members it held up
+    # ids of calls that waited to their end: never completed, or made in a step the rank did
+    # not end (where the run failed or hung) while a member of the group never came
+    stranded: set[int] = field(default_factory=set)
 
 
 def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int]) -> _Graph:
@@ -167,7 +170,7 @@ def _read_step(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, i
                                   issued, rec.async_op, len(mine)))
         return None if lo is None else (mine, lo, hi, step_rec)
 
-    return _assemble(ranks, rank_nodes)
+    return _assemble(ranks, rank_nodes, _unended(bundle, step, ranks, offsets, _group_members(bundle, ranks)))
 
 
 def _column_nodes(c, step: int, values: list):
@@ -204,13 +207,16 @@ def _node(rank, p2p, op, group, seq, peer, start, end, issued, async_op, index) 
     return _Node(rank, key, start, end, issued, bool(async_op), op)
 
 
-def _assemble(ranks: list[int], rank_nodes) -> _Graph:
+def _assemble(ranks: list[int], rank_nodes, unended: "_Unended | None" = None) -> _Graph:
     """A step's graph from `rank_nodes(rank)`: (its calls in record order, the first start
-    and last end of its records, its Step record's (start, end) or None), or None."""
+    and last end of its records, its Step record's (start, end) or None), or None.
+    `unended`: where the run failed or hung in the step, when each rank that did not end
+    it began it, and each group's members among `ranks`."""
     nodes: list[_Node] = []
     by_rank: dict[int, list[int]] = {}
     members: dict[tuple, list[int]] = {}
     window: dict[int, tuple[int, int]] = {}
+    open_ranks: set[int] = set()
     for rank in ranks:
         got = rank_nodes(rank)
         if got is None:
@@ -218,6 +224,9 @@ def _assemble(ranks: list[int], rank_nodes) -> _Graph:
         mine, lo, hi, step_rec = got
         mine.sort(key=lambda n: n.start)
         ws, we = step_rec if step_rec is not None else (lo, hi)
+        if step_rec is None and unended is not None:
+            open_ranks.add(rank)
+            ws = unended.begun.get(rank, ws)
         window[rank] = (min(ws, lo), max(we, hi))
         ids = by_rank[rank] = []
         for node in mine:
@@ -229,8 +238,42 @@ def _assemble(ranks: list[int], rank_nodes) -> _Graph:
             ids.append(len(nodes))
             nodes.append(node)
     last_entry = {key: max(nodes[i].start for i in ids) for key, ids in members.items()}
+    stranded = {i for i, n in enumerate(nodes) if n.end is None}
+    if unended is not None:
+        stranded.update(i for ids in members.values() for i in ids if nodes[i].rank in open_ranks
+                        and nodes[i].key[0] == "c" and len(ids) < unended.members.get(nodes[i].key[1], 0))
     return _Graph(ranks=[r for r in ranks if r in window], nodes=nodes, by_rank=by_rank, members=members,
-                  window=window, last_entry=last_entry, held=_held(nodes, members))
+                  window=window, last_entry=last_entry, held=_held(nodes, members), stranded=stranded)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unended:
+    """A step some rank did not end (the run failed or hung in it): when each such rank
+    began it (the end of its previous step, on rank 0's clock), and each group's members
+    among the ranks read."""
+
+    begun: dict[int, int]
+    members: dict[int, int]
+
+
+def _unended(bundle: Bundle, step: int, ranks: list[int], offsets: dict[int, int],
+             members: dict[int, int]) -> _Unended | None:
+    """Of a step that some of `ranks` did not end, an `_Unended`; None of one all ended."""
+    if bundle.manifest.get("imported") is not None:
+        return None  # a dump's steps are its chunks': none is ended by a Step record
+    table = bundle.summaries["steps"]
+    ended, before = table.get(step, {}), table.get(step - 1, {})
+    if all(r in ended and ended[r][1] is not None for r in ranks):
+        return None
+    begun = {r: before[r][1] - offsets.get(r, 0) for r in ranks
+             if r not in ended and r in before and before[r][1] is not None}
+    return _Unended(begun, members)
+
+
+def _group_members(bundle: Bundle, ranks: list[int]) -> dict[int, int]:
+    """Each group's members among `ranks`."""
+    chosen = set(ranks)
+    return {g["id"]: sum(1 for r in g["ranks"] if r in chosen) for g in bundle.groups}
 
 
 def _held(nodes: list[_Node], members: dict[tuple, list[int]]) -> dict[int, int]:
@@ -284,7 +327,9 @@ def _split(g: _Graph) -> dict[int, RankTime]:
             n = g.nodes[i]
             end = we if n.end is None else min(n.end, we)
             last = g.last_entry[n.key]
-            if last > n.start and (n.end is None or n.end >= last):
+            if i in g.stranded:
+                waiting.append((n.start, end))
+            elif last > n.start and (n.end is None or n.end >= last):
                 waiting.append((n.start, min(last, end)))
             if n.async_op:
                 blocked.append((n.start, n.issued if n.issued is not None else n.start))
@@ -619,7 +664,7 @@ def _attribute_graph(g: _Graph, step: int, candidates: int, of: Iterable[int] | 
     if not g.ranks:
         return out
     out.span_ns = max(w[1] for w in g.window.values()) - min(w[0] for w in g.window.values())
-    out.call_durations = any(n.end is not None and n.end > n.start for n in g.nodes)
+    out.call_durations = any((g.window[n.rank][1] if n.end is None else n.end) > n.start for n in g.nodes)
     base = _Timing(g)
     out.modelled_ns = base.span()
     out.critical_path, path_late = base.critical_path()
@@ -651,13 +696,15 @@ def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: li
     # steps: read step by step, it was decoded once for each), as columns (ColumnReader),
     # as many steps a batch as keep about BATCH_RECORDS records in memory.
     per_step = max(1, bundle.event_count // max(1, len(every)))
+    members = _group_members(bundle, ranks)
     size = max(1, BATCH_RECORDS // per_step)
     for i in range(0, len(todo), size):
         batch = todo[i : i + size]
         reader = ColumnReader(bundle, figures=False, attribution=True)
         cols = {rank: reader.rank(rank, offsets[rank], (batch[0], batch[-1])) for rank in ranks}
         for step in batch:
-            g = _assemble(ranks, lambda r, step=step: _column_nodes(cols[r], step, reader.values))
+            unended = _unended(bundle, step, ranks, offsets, members)
+            g = _assemble(ranks, lambda r, step=step: _column_nodes(cols[r], step, reader.values), unended)
             yield _attribute_graph(g, step, candidates, of)
 
 

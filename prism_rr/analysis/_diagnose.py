@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from prism_rr.format import ops
-from prism_rr.format.facts import attempt_endings, interrupted_facts
+from prism_rr.format.facts import attempt_endings, exit_noted, interrupted_facts
 from prism_rr.format.reader import Bundle
 from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks
@@ -22,8 +22,8 @@ __all__ = ["KINDS", "WINDOW_EVENTS", "Finding", "diagnose", "diagnosis_json", "f
 
 # Finding kinds, in the order they are reported.
 KINDS = (
-    "attempt", "interrupted", "crashed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p", "straggler",
-    "call_failed", "recorder_failed", "dropped", "truncated",
+    "attempt", "interrupted", "crashed", "killed", "hang", "incomplete", "drift", "mismatch", "unmatched_p2p",
+    "straggler", "call_failed", "recorder_failed", "dropped", "truncated",
 )
 _MAX_LISTED = 20  # seqs listed in a coalesced finding's details
 
@@ -407,7 +407,7 @@ class _Run:
         p2p = list(self.p2p.values())
         out: list[Finding] = _interrupted(self, bundle)
         out += _crashes(self)
-        out += _hangs(self, failures, calls, p2p)
+        out += _hangs(self, failures, calls, p2p, _silent(self, bundle))
         drifts = self.drifts
         out += drifts
         out += _fold_into_drifts(_mismatches(self, failures, disagreeing, p2p), drifts)
@@ -445,7 +445,7 @@ def _order(run: "_Run", f: Finding) -> tuple:
     interrupt, which may be the cause of anything, leads."""
     if f.kind == "interrupted":
         return (-2, 0, f.ranks)
-    if f.kind == "crashed":
+    if f.kind in ("crashed", "killed"):
         return (-1, f.details.get("last_ns") or 0, f.ranks)
     if f.kind in _ON_CALLS:
         t = run.first_entry(f)
@@ -513,7 +513,7 @@ def _describe_record(rec) -> str:
     if cls is Compute:
         return f"compute{' ' + shown(rec.name) if rec.name else ''}"
     if cls is Step:
-        return "the end of a step"
+        return f"the end of step {rec.step}"
     if cls is Marker:
         return f"marker {shown(rec.name)}" + (f" ({shown(rec.text)})" if rec.text else "")
     if cls is Memory:
@@ -546,7 +546,8 @@ def _doing_last(g: "_Run", rank: int, failures: "_Failures | None" = None) -> tu
     if rec is None:
         return f"rank {rank} recorded no calls or compute", {"state": "nothing recorded"}
     end = rec.start_ns if rec.end_ns is None else rec.end_ns
-    text = f"rank {rank}'s last record is {_describe_record(rec)} in step {rec.step}, ending at {_at(g, end - trace.offset_ns)}"
+    within = "" if type(rec) is Step else f" in step {rec.step}"
+    text = f"rank {rank}'s last record is {_describe_record(rec)}{within}, ending at {_at(g, end - trace.offset_ns)}"
     ends = [mk for mk in trace.markers if mk.name == "recording_end"]
     details: dict[str, Any] = {"state": "finished", "last": _describe_record(rec), "step": rec.step,
                                "last_ns": end - trace.offset_ns - g.t0_ns}
@@ -556,8 +557,9 @@ def _doing_last(g: "_Run", rank: int, failures: "_Failures | None" = None) -> tu
             text += f", which failed ({_short(failed[rank])})"
             details["failed"] = failed[rank]
     if ends and ends[-1].text:
-        text += f"; its recording then ended ({shown(ends[-1].text)})"
+        text += f"; its recording then ended ({shown(ends[-1].text)}) in step {ends[-1].step}"
         details["ended"] = ends[-1].text
+        details["ended_step"] = ends[-1].step
     elif trace.crash is not None:
         text += f"; then the process died ({shown(trace.crash.signal)})"
         details["state"] = "truncated" if trace.truncated else "crashed"
@@ -692,7 +694,8 @@ def _recording_off_before(g: "_Run", rank: int, t: int) -> bool:
     return off is not None and off <= t
 
 
-def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P2PMatch]) -> list[Finding]:
+def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P2PMatch],
+           silent: frozenset[int] = frozenset()) -> list[Finding]:
     out: list[Finding] = []
     runs: dict[tuple, list[MatchedCall]] = {}  # (kind, group, ranks) -> calls, coalesced
     for call in calls:
@@ -710,6 +713,9 @@ def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P
         calls.sort(key=lambda c: c.seq)
         call = calls[0]
         seqs = [c.seq for c in calls]
+        if _gone(g, kind, call, ranks, silent):
+            out.append(_killed(g, failures, kind, call, ranks, seqs))
+            continue
         entered = call.entered
         waiting = [m for m in call.members if m.end_ns is None]
         stack = next((m.stack for m in call.members if m.stack), None)
@@ -761,8 +767,13 @@ def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P
                    f"completed on {_ranks_text(ranks)}{more}.")
         out.append(Finding(kind=kind, ranks=tuple(ranks), group=group, seq=call.seq, message=msg,
                            stack=stack, details=details))
-    # point-to-point calls left open whose partner is there: a receive never matched is
-    # reported as unmatched; a matched pair that never completed is incomplete.
+    return out + _stuck_p2p(p2p)
+
+
+def _stuck_p2p(p2p: list[P2PMatch]) -> list[Finding]:
+    """Point-to-point calls left open whose partner is there: a receive never matched is
+    reported as unmatched; a matched pair that never completed is incomplete."""
+    out: list[Finding] = []
     for pm in p2p:
         if pm.send is None or pm.recv is None:
             continue
@@ -775,6 +786,76 @@ def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P
                          f"was posted on both sides but never completed on {_ranks_text(ranks)}."),
                 stack=stuck[0].stack, details={"src": pm.src, "dst": pm.dst, "op": pm.send.op}))
     return out
+
+
+def _silent(g: "_Run", bundle: Bundle | None) -> frozenset[int]:
+    """The ranks whose processes ended without a word: their records end abruptly, with no
+    crash file and no exit note, where other ranks' recorders left theirs (so the silence
+    is the process's: SIGKILL, the OOM killer, os._exit; not a spool packed while it ran)."""
+    if bundle is None:
+        return frozenset()
+    noted = exit_noted(bundle)
+    if not noted:
+        return frozenset()
+    return frozenset(r for r, t in g.traces.items()
+                     if r not in noted and t.crash is None and _abrupt(g, r))
+
+
+def _gone(g: "_Run", kind: str, call: MatchedCall, ranks, silent: frozenset[int]) -> bool:
+    """Whether the ranks a call waits for were gone (`silent`: their processes ended without
+    a word) before the call's first member entered it (a hang), or inside it (a call every
+    member entered)."""
+    first = call.first_arrival.enter_ns
+    for r in ranks:
+        trace = g.traces.get(r)
+        if trace is None or r not in silent:
+            return False
+        inside = any((grp, seq) == (call.group, call.seq) for _, grp, seq, _m in trace.open_calls)
+        if not (inside if kind == "incomplete" else _ends_before(g, r, first)):
+            return False
+    return True
+
+
+def _step_at_end(trace) -> int | None:
+    """The step a rank was in when its records end, as `info` numbers it (its last record's)."""
+    rec = trace.last_record
+    steps = [mk.step for mk in trace.markers] + ([rec.step] if rec is not None else [])
+    return max(steps) if steps else None
+
+
+def _killed(g: "_Run", failures: _Failures, kind: str, call: MatchedCall, ranks, seqs: list[int]) -> Finding:
+    """A call that waits for ranks whose processes were gone (killed: SIGKILL, the OOM
+    killer, os._exit): named as that, not as a hang."""
+    what = _call_text(call.op, call.group, call.seq)
+    sentences, where = [], {}
+    for r in ranks:
+        trace = g.traces[r]
+        step = _step_at_end(trace)
+        last = trace.last_ns if trace.last_ns is not None else g.t0_ns
+        inside = f" inside {what}" if kind == "incomplete" else ""
+        rec = trace.last_record if kind != "incomplete" else None
+        record = "" if rec is None else f", its last record {_describe_record(rec)}"
+        sentences.append(f"Rank {r} was killed{inside} in step {step} (its process ended without a word: SIGKILL, "
+                         f"the OOM killer, or os._exit); its records end at {_at(g, last)}{record}")
+        where[str(r)] = {"step": step, "last_ns": last - g.t0_ns, "in_call": kind == "incomplete"}
+    waiting = [m.rank for m in call.members if m.rank not in ranks]
+    failed = failures.take(call.group, call.seq)
+    them = "it" if len(ranks) == 1 else "them"
+    never = "" if kind == "incomplete" else f", which {them} never entered"
+    then = (f"{_ranks_text(waiting)} waited for {them} in {what}{never}" if waiting
+            else f"no other rank entered {what}")
+    if failed:
+        then += f"; the wait ended in an error on {_ranks_text(failed)} ({_short(next(iter(failed.values())))})"
+    more = f" ({len(seqs) - 1} later calls of this group lack {them} too)" if len(seqs) > 1 else ""
+    stack = next((m.stack for m in call.members if m.stack), None)
+    details = {"op": call.op, "killed": where, "entered": list(call.entered), "waiting": waiting,
+               "seqs": seqs[:_MAX_LISTED], "calls": len(seqs),
+               "last_ns": min(w["last_ns"] for w in where.values())}
+    if failed:
+        details["failed"] = {str(r): t for r, t in sorted(failed.items())}
+    msg = ". ".join(sentences) + f". Then {then}{more}."
+    return Finding(kind="killed", ranks=tuple(ranks), group=call.group, seq=call.seq, message=msg, stack=stack,
+                   details=details)
 
 
 # --- drift: call sequences that part ---------------------------------------------------

@@ -8,7 +8,12 @@ one bundle is the recording of a replay of the other and the replay itself compa
 (`replay_data`); the first position where they disagree is that sequence's difference.
 Windows of a longer run that start at different sequence numbers (flight dumps, imported
 Flight Recorder rings) are compared from the first sequence number both hold.
-Then, per step and rank, the step's time and the time spent in calls, A against B.
+A call one run entered and never completed where the other completed it is a difference
+too (a hang, or a rank that died in it): a failed run differs from a good one even where
+its calls agree up to where it stopped. The steps compared are both bundles' steps
+(`Bundle.steps`), the one a run failed or hung in included: its calls are compared up to
+where its records end. Then, per step and rank, the step's time and the time spent in
+calls, A against B.
 
 Each rank is read once per bundle, one rank at a time: memory holds one rank's calls.
 """
@@ -29,7 +34,8 @@ from prism_rr.analysis._divergence import call_divergences, call_structure, data
 from prism_rr.analysis._build import signature
 from prism_rr.format.text import shown
 
-__all__ = ["BundleDiff", "GroupDifference", "SequenceDifference", "StepTime", "call_facts", "diff_bundles", "diff_json", "diff_lines"]
+__all__ = ["BundleDiff", "GroupDifference", "NeverCompleted", "SequenceDifference", "StepTime", "call_facts",
+           "diff_bundles", "diff_json", "diff_lines"]
 
 Call = Collective | PointToPoint
 
@@ -74,6 +80,19 @@ class GroupDifference:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NeverCompleted:
+    """A call one run (`side`, "A" or "B") entered and never completed, where the other
+    run completed it or never made it."""
+
+    side: str
+    rank: int
+    group: int
+    seq: int
+    op: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepTime:
     """One step on one rank: the step's wall time and the time inside calls, A and B
     (None where that run did not record it)."""
@@ -102,11 +121,13 @@ class BundleDiff:
     calls: tuple[int, int] = (0, 0)  # calls compared, A and B
     sequences: list[SequenceDifference] = field(default_factory=list)  # first by step, rank, group
     groups: list[GroupDifference] = field(default_factory=list)
+    never_completed: list[NeverCompleted] = field(default_factory=list)  # by step, rank, group, seq
     times: list[StepTime] = field(default_factory=list)
+    unended: tuple[list[int], list[int]] = ([], [])  # steps compared that A, B did not end (failed or hung in)
 
     @property
     def same(self) -> bool:
-        return not self.sequences and not self.groups
+        return not self.sequences and not self.groups and not self.never_completed
 
     @property
     def first(self) -> SequenceDifference | None:
@@ -137,11 +158,13 @@ def call_facts(call: Call) -> dict:
             "shapes_recorded": [list(s) for s in call.shapes], "stack": list(call.stack or ())}
 
 
-def _read_rank(bundle: Bundle, rank: int, steps: tuple[int, int] | None) -> tuple[dict[int, list[Call]], dict[int, int], int]:
-    """One rank's calls per group in recording order, the time inside calls per step, and
-    the number of calls."""
+def _read_rank(bundle: Bundle, rank: int,
+               steps: tuple[int, int] | None) -> tuple[dict[int, list[Call]], dict[int, int], int, dict]:
+    """One rank's calls per group in recording order, the time inside calls per step, the
+    number of calls, and the calls it never completed ({(group, p2p, seq, (op, peer)): (op, step)})."""
     by_group: dict[int, list[Call]] = {}
     comm: dict[int, int] = {}
+    opened: dict[tuple, tuple[str, int]] = {}
     n = 0
     for rec in bundle.events(rank, steps=steps):
         cls = type(rec)
@@ -150,7 +173,10 @@ def _read_rank(bundle: Bundle, rank: int, steps: tuple[int, int] | None) -> tupl
             n += 1
             if rec.end_ns is not None:
                 comm[rec.step] = comm.get(rec.step, 0) + rec.end_ns - rec.start_ns
-    return by_group, comm, n
+            else:
+                p2p = cls is PointToPoint
+                opened[(rec.group, p2p, rec.seq, (rec.op, rec.peer if p2p else None))] = (rec.op, rec.step)
+    return by_group, comm, n, opened
 
 
 def _aligned(xs: list[Call], ys: list[Call]) -> tuple[list[Call], list[Call]]:
@@ -191,8 +217,9 @@ class _Columns:
         self.keys = keys
         self.canon = np.zeros(0, np.int64)  # the reader's value id -> shared id
 
-    def rank(self, rank: int, steps) -> tuple[dict[int, tuple], dict[int, int], int]:
-        """(group -> (p2p, seq, key) arrays in recording order, time inside calls per step, calls)."""
+    def rank(self, rank: int, steps) -> tuple[dict[int, tuple], dict[int, int], int, dict]:
+        """(group -> (p2p, seq, key) arrays in recording order, time inside calls per step,
+        calls, the calls never completed: {(group, p2p, seq, key): (op, step)})."""
         c = self.reader.rank(rank, 0, steps)
         values = self.reader.values
         if len(self.canon) < len(values):
@@ -219,7 +246,9 @@ class _Columns:
         done = ~c.open
         if done.any():
             _add_by_step(comm, c.step[done], (c.end - c.start)[done])
-        return by_group, comm, len(c.group)
+        opened = {(int(c.group[i]), bool(c.p2p[i]), int(c.seq[i]), int(key[i])): (values[c.op[i]], int(c.step[i]))
+                  for i in np.flatnonzero(c.open).tolist()}
+        return by_group, comm, len(c.group), opened
 
 
 def _first_difference(x: tuple | None, y: tuple | None) -> int | None:
@@ -264,36 +293,31 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     out.groups = [GroupDifference(group=g, a=ga[g], b=gb[g]) for g in sorted(ga.keys() & gb.keys())
                   if ga[g] != gb[g]]
     step_a, step_b = a.summaries["steps"], b.summaries["steps"]
-    wanted = sorted(step_a.keys() & step_b.keys()) if step_a and step_b else sorted(step_a.keys() | step_b.keys())
-    if steps is not None:
-        wanted = [s for s in wanted if steps[0] <= s <= steps[1]]
+    wanted = _steps_compared(a, b, steps)
+    out.unended = ([s for s in wanted if s not in step_a], [s for s in wanted if s not in step_b])
     calls_a = calls_b = 0
     keys: dict = {}
     col_a, col_b = _Columns(a, keys), _Columns(b, keys)
     for rank in out.ranks:
         data = rank in made_up
         if columns and not data:
-            seq_a, comm_a, na = col_a.rank(rank, steps)
-            seq_b, comm_b, nb = col_b.rank(rank, steps)
+            seq_a, comm_a, na, open_a = col_a.rank(rank, steps)
+            seq_b, comm_b, nb, open_b = col_b.rank(rank, steps)
             parting = [g for g in sorted(seq_a.keys() | seq_b.keys())
                        if _first_difference(seq_a.get(g), seq_b.get(g)) is not None]
             if parting:  # the calls themselves, for the report
                 rec_a, rec_b = _read_rank(a, rank, steps)[0], _read_rank(b, rank, steps)[0]
         else:
-            rec_a, comm_a, na = _read_rank(a, rank, steps)
-            rec_b, comm_b, nb = _read_rank(b, rank, steps)
+            rec_a, comm_a, na, open_a = _read_rank(a, rank, steps)
+            rec_b, comm_b, nb, open_b = _read_rank(b, rank, steps)
             parting = sorted(rec_a.keys() | rec_b.keys())
         calls_a += na
         calls_b += nb
+        out.never_completed += _one_sided(rank, open_a, open_b)
         for group in parting:
-            xs, ys = _aligned(rec_a.get(group, []), rec_b.get(group, []))
-            for i, (x, y) in enumerate(zip_longest(xs, ys)):
-                replayed = y if a_recorded else x
-                checked = data and replayed is not None and data_checked(made_up, rank, replayed)
-                if x is None or y is None or _parted(x, y, checked, a_recorded):
-                    out.sequences.append(SequenceDifference(rank=rank, group=group, index=i, a=x, b=y,
-                                                            data=checked, a_recorded=a_recorded))
-                    break
+            found = _first_parted(rank, group, rec_a, rec_b, made_up if data else None, a_recorded)
+            if found is not None:
+                out.sequences.append(found)
         rank_steps = wanted or sorted(comm_a.keys() | comm_b.keys())
         for s in rank_steps:
             out.times.append(StepTime(step=s, rank=rank, a_ns=_duration(step_a, s, rank),
@@ -301,7 +325,37 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
                                       a_comm_ns=comm_a.get(s, 0), b_comm_ns=comm_b.get(s, 0)))
     out.calls = (calls_a, calls_b)
     out.sequences.sort(key=lambda d: (d.step, d.rank, d.group, d.index))
+    out.never_completed.sort(key=lambda c: (c.step, c.rank, c.group, c.seq, c.side))
     return out
+
+
+def _first_parted(rank: int, group: int, rec_a: dict, rec_b: dict, made_up, a_recorded: bool):
+    """The first call of `rank` in `group` where A and B part (`made_up`: where data is
+    compared, replay_data's), or None."""
+    xs, ys = _aligned(rec_a.get(group, []), rec_b.get(group, []))
+    for i, (x, y) in enumerate(zip_longest(xs, ys)):
+        replayed = y if a_recorded else x
+        checked = made_up is not None and replayed is not None and data_checked(made_up, rank, replayed)
+        if x is None or y is None or _parted(x, y, checked, a_recorded):
+            return SequenceDifference(rank=rank, group=group, index=i, a=x, b=y, data=checked,
+                                      a_recorded=a_recorded)
+    return None
+
+
+def _steps_compared(a: Bundle, b: Bundle, window: tuple[int, int] | None) -> list[int]:
+    """The steps whose times are compared: those both bundles hold (`Bundle.steps`, the
+    step a run failed or hung in included), or all either holds where one has none."""
+    sa, sb = set(a.steps), set(b.steps)
+    wanted = sorted(sa & sb) if sa and sb else sorted(sa | sb)
+    return [s for s in wanted if window is None or window[0] <= s <= window[1]]
+
+
+def _one_sided(rank: int, open_a: dict, open_b: dict) -> list[NeverCompleted]:
+    """The calls of `rank` one run entered and never completed and the other did not leave
+    open (it completed them, or never made them)."""
+    return [NeverCompleted(side=side, rank=rank, group=key[0], seq=key[2], op=op, step=step)
+            for side, mine, theirs in (("A", open_a, open_b), ("B", open_b, open_a))
+            for key, (op, step) in mine.items() if key not in theirs]
 
 
 def _parted(x: Call, y: Call, data: bool, a_recorded: bool) -> bool:
@@ -332,6 +386,9 @@ def diff_json(d: BundleDiff) -> dict:
         "first_difference": _seq_json(d.first) if d.first is not None else None,
         "sequence_differences": [_seq_json(s) for s in d.sequences],
         "group_differences": [{"group": g.group, "a": list(g.a), "b": list(g.b)} for g in d.groups],
+        "never_completed": [{"side": c.side, "rank": c.rank, "group": c.group, "seq": c.seq, "op": c.op,
+                             "step": c.step} for c in d.never_completed],
+        "steps_not_ended": {"a": d.unended[0], "b": d.unended[1]},
         "times": [{"step": t.step, "rank": t.rank, "a_ns": t.a_ns, "b_ns": t.b_ns, "delta_ns": t.delta_ns,
                    "a_comm_ns": t.a_comm_ns, "b_comm_ns": t.b_comm_ns} for t in d.times],
     }
@@ -354,9 +411,10 @@ def diff_lines(d: BundleDiff, *, listed: int = 8) -> list[str]:
         out.append(f"ranks recorded in one bundle only, not compared: A {_ranks(d.only_a) or '-'}, "
                    f"B {_ranks(d.only_b) or '-'}")
     window = f", steps {d.steps[0]}-{d.steps[1]} (the steps both recorded)" if d.steps is not None else ""
-    if d.same:
+    if d.same or not (d.sequences or d.groups):
+        left = ", but calls were left open (below)" if d.never_completed else ""
         out.append(f"collective sequences match: {d.calls[0]:,} calls in A, {d.calls[1]:,} in B, "
-                   f"on ranks {_ranks(d.ranks)}{window}")
+                   f"on ranks {_ranks(d.ranks)}{window}{left}")
     else:
         out.append(f"collective sequences differ: {len(d.sequences)} (rank, group) sequence"
                    f"{'s' if len(d.sequences) != 1 else ''}, {len(d.groups)} group"
@@ -378,7 +436,21 @@ def diff_lines(d: BundleDiff, *, listed: int = 8) -> list[str]:
             out.append(f"  also step {s.step}, rank {s.rank}, group {s.group}, call {s.index}: {', '.join(s.fields)}")
         if len(d.sequences) > listed + 1:
             out.append(f"  ... and {len(d.sequences) - listed - 1} more (--json lists them all)")
-    out += _time_lines(d.times)
+    out += _never_lines(d.never_completed, listed)
+    out += _time_lines(d.times, d.unended)
+    return out
+
+
+def _never_lines(calls: list[NeverCompleted], listed: int) -> list[str]:
+    """The calls one run entered and never completed where the other did not."""
+    if not calls:
+        return []
+    out = [f"never completed: {len(calls)} call{'s' if len(calls) != 1 else ''} one run entered and never left "
+           f"(a hang, or a rank that died in it), where the other run did not:"]
+    for c in calls[:listed]:
+        out.append(f"  {c.side}: rank {c.rank}, {shown(c.op)} (group {c.group}, seq {c.seq}) in step {c.step}")
+    if len(calls) > listed:
+        out.append(f"  ... and {len(calls) - listed} more (--json lists them all)")
     return out
 
 
@@ -402,9 +474,10 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
-def _time_lines(times: list[StepTime]) -> list[str]:
-    """Per step: the slowest rank's step time, A -> B; the time inside calls summed over
-    ranks; the rank whose step time changed most."""
+def _time_lines(times: list[StepTime], unended: tuple[list[int], list[int]] = ([], [])) -> list[str]:
+    """Per step: the slowest rank's step time, A -> B (a step a run failed or hung in,
+    `unended`, did not end); the time inside calls summed over ranks; the rank whose step
+    time changed most."""
     by_step: dict[int, list[StepTime]] = {}
     for t in times:
         by_step.setdefault(t.step, []).append(t)
@@ -420,6 +493,10 @@ def _time_lines(times: list[StepTime]) -> list[str]:
         if wa and wb:
             a, b = max(wa), max(wb)
             line += f" {_ms(a):>10} -> {_ms(b):>10} ({(b - a) / a * 100 if a else 0.0:+.1f}%)"
+        elif step in unended[0] or step in unended[1]:
+            a = _ms(max(wa)) if wa else "did not end" if step in unended[0] else "-"
+            b = _ms(max(wb)) if wb else "did not end" if step in unended[1] else "-"
+            line += f" {a:>10} -> {b:>11}"
         else:
             line += f" {'step times not recorded':>31}"
         ca, cb = sum(t.a_comm_ns for t in rows), sum(t.b_comm_ns for t in rows)

@@ -14,7 +14,7 @@ from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks
 
 __all__ = ["DEVICE_CLOCKS", "FATAL_SIGNALS", "attempt_endings", "bundle_facts", "crash_reason", "device_time_facts",
-           "device_time_line", "info_lines", "interrupted_facts", "interrupted_line"]
+           "device_time_line", "exit_noted", "failed_steps", "info_lines", "interrupted_facts", "interrupted_line"]
 
 _LISTED_NODES = 8  # nodes named on info's line; the rest are counted
 _LISTED_WORDS = 4  # forms and versions of imported dumps named
@@ -261,6 +261,47 @@ def attempt_endings(bundle) -> dict[str, Any]:
     bad = {r: e for r, e in ranks.items() if e["signal"] or e["code"] not in (0,)}
     first = min((r for r in bad if bad[r]["last_ns"] is not None), key=lambda r: bad[r]["last_ns"], default=None)
     return {"failed": bool(bad), "ranks": {str(r): e for r, e in ranks.items()}, "first": first}
+
+
+def exit_noted(bundle) -> set[int]:
+    """The ranks whose recorder left an exit note (how the process ended). Where some did,
+    a rank without one ended without a word: SIGKILL, the OOM killer, os._exit."""
+    return {r for r in bundle.recorded_ranks if type(bundle.rank_info(r).get("exit")) is dict}
+
+
+def failed_steps(bundle) -> list[int]:
+    """The steps a run failed or hung in: the step each rank that did not end cleanly was
+    in when its records end, as `attempt_endings` numbers it (the step its last record is
+    in). Not clean: a call it never completed, a crash, an exception, a signal, or no word
+    at all where other ranks left their exit notes (a kill). Often no rank ended that step,
+    so no step summary holds it; `Bundle.steps` counts it all the same. None of an imported
+    dump (its steps are its chunks'). Reads the rank info and indexes, a chunk index only
+    of the ranks that ended badly."""
+    if bundle.manifest.get("imported") is not None:
+        return []
+    noted = bool(exit_noted(bundle))
+    ranks = bundle.summaries["ranks"]
+    opened = (ranks.total("open") if type(ranks) is not dict else sum(int(r.get("open", 0)) for r in ranks.values()))
+    out = set()
+    for rank in bundle.recorded_ranks:
+        bad = _ended_badly(bundle.rank_info(rank))
+        if bad or (bad is None and noted) or (opened and ranks.get(rank, {}).get("open")):
+            chunks = bundle.chunks(rank)
+            if chunks:
+                out.add(chunks[-1].step_last)
+    return sorted(out)
+
+
+def _ended_badly(info: dict) -> bool | None:
+    """Whether a rank's process ended badly, by its rank info (as `attempt_endings` judges
+    it): a crash file, or an exit note's signal or code other than 0; None: no word."""
+    if crash_reason(info.get("crash")) is not None:
+        return True
+    end = info.get("exit")
+    if type(end) is not dict:
+        return None
+    code = end.get("code")
+    return type(end.get("signal")) is str or (code if type(code) is int else None) != 0
 
 
 def ending_line(ended: dict[str, Any]) -> str:

@@ -360,9 +360,14 @@ class Bundle:
             steps[step] = per_rank
         return {**s, "ranks": ranks, "steps": steps}
 
-    @property
+    @cached_property
     def steps(self) -> list[int]:
-        return sorted(self.summaries["steps"])
+        """The recording's steps as every command numbers them: each a rank ended (the step
+        summaries), and each a run failed or hung in (`facts.failed_steps`), which no rank
+        may have ended."""
+        from prism_rr.format.facts import failed_steps
+
+        return sorted(set(self.summaries["steps"]) | set(failed_steps(self)))
 
     @property
     def event_count(self) -> int:

@@ -33,6 +33,7 @@ from prism_rr.analysis import (
 from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, PointToPoint, open_bundle, ops
 from prism_rr.format.text import shown
+from prism_rr.specs import named_ranks
 from prism_rr.tui.model import FAR, TimelineModel
 
 __all__ = [
@@ -101,9 +102,9 @@ class CallRow:
         elif len(set(self.sigs.values())) > 1:
             out.append("shape/dtype mismatch")
         if self.hung:
-            out.append(f"never completed on {len(self.hung)}")
+            out.append(f"never completed on {named_ranks(self.hung)}")
         if self.missing(expected):
-            out.append(f"{len(self.missing(expected))} did not enter")
+            out.append(f"{named_ranks(self.missing(expected))} did not enter")
         if "-" in self.step_text:
             out.append(f"members in steps {self.step_text}")
         return out
@@ -233,8 +234,28 @@ def step_grid(tm: TimelineModel) -> StepGrid:
         if rows:
             time_[rows, j] = ends
             start[rows, j] = starts
+    if steps:
+        for i, began, spent in _unended(tm, steps[-1]):
+            time_[i, -1], start[i, -1] = spent, began
     first = np.where(np.isnan(start), np.inf, start).min(axis=0, initial=np.inf)
     return StepGrid(ranks=list(ranks), steps=list(steps), time=time_, late=start - first)
+
+
+def _unended(tm: TimelineModel, step: int) -> list[tuple[int, int, int]]:
+    """Of the last step, where the run failed or hung, the ranks that did not end it:
+    (row, when it began: the end of its previous step, the time from there to its last
+    record). A rank gone before it (no record past its previous step) is left out."""
+    table, ranks = tm.summaries["steps"], tm.summaries["ranks"]
+    ended, before = table.get(step, {}), table.get(step - 1, {})
+    out = []
+    for r, v in before.items():
+        i = tm.row_of.get(r)
+        last = ranks.get(r, {}).get("t_last")
+        if i is None or v[1] is None or type(last) is not int or last <= v[1]:
+            continue
+        if r not in ended or ended[r][1] is None:
+            out.append((i, v[1] - tm.offsets.get(r, 0), last - v[1]))
+    return out
 
 
 # --- analyses in a child process -----------------------------------------------------------

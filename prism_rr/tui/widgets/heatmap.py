@@ -21,6 +21,7 @@ RAMP = ("#1d3557", "#27577a", "#2a7f8f", "#4a9d6f", "#a3b43c", "#e0b029", "#f07a
 # lateness: the others' wait for the rank in the step's collectives (analysis.lateness)
 METRICS = {"time": "step time", "late": "lateness (the others' wait for it)"}
 GUTTER = 12  # the rank range of each row
+CORNER = "ranks\\step"  # the header's corner: rows are ranks, the columns it heads are steps
 CELL = 6  # columns per step at most, fewer when the steps need it
 
 
@@ -154,7 +155,7 @@ class HeatMap(Widget, can_focus=True):
             every = max(1, 4 // cell)  # a label needs about 4 columns
             head = "".join(f"{s:<{cell * every}}"[:cell * every]
                            for s in self.grid.steps[shown][::every])
-            return Strip([Segment(f"{'ranks':>{GUTTER - 1}} ", Style(color="grey50")),
+            return Strip([Segment(f"{CORNER:>{GUTTER - 1}} ", Style(color="grey50")),
                           Segment(head, Style(color="grey50"))]).crop(0, width)
         row = self.top + y - 1
         if self._cells is None or row >= self.rows:
