@@ -28,11 +28,13 @@ def _number(v) -> bool:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    # Started cold (tests/warm): forked warm, the DDP workload's rank under count_syncs.py
-    # deadlocked at times (about 1 run in 5) as its DDP model was freed, ~ProcessGroupGloo
-    # joining a gloo thread that waits for the GIL the freeing thread holds; cold, 0 of 10.
-    env.pop("PRISM_RR_TEST_WARM", None)
+    # The DDP workload (tests/gpu/cuda_train.py) starts cold (tests/warm): forked warm, its
+    # recorded rank deadlocked at times (about 1 run in 5) as its DDP model was freed at the
+    # end of the program, ~ProcessGroupGloo (the Reducer's last reference, GIL held) joining
+    # its gloo runloop thread, which waits for that GIL to decref a finished work's tensor
+    # that Python knew (the recorder's Python process group hands gloo Python tensors);
+    # cold, 0 of 10. The other workloads start warm.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PRISM_RR_TEST_COLD_SCRIPTS="cuda_train.py")
     written = tmp_path_factory.mktemp("bench") / "gpu-fidelity.json"
     out = subprocess.run([sys.executable, BENCH, "--device", "cpu", "--quick", "--json", "--timeout", "240",
                           "--workloads", ",".join(WORKLOADS), "--out", written],
