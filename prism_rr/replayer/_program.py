@@ -93,15 +93,22 @@ def _tensors(rank: int, rec, shapes, dtypes) -> int:
     return total
 
 
-# op -> (inputs, outputs) as counts the call's tensors must have: an int, "n" (the group
-# size), "k" (any, at least one), "nk" (n times the inputs), "root:n" (n at the root, else 0)
+# form -> (inputs, outputs) as counts a call's tensors must have: an int, "n" (the group
+# size), "k" (any, at least one), "nk" (n times the inputs), "root:n" (n at the root, else
+# 0); a coalesced op of a one-tensor form takes ("k", "k") (_shape_rule)
 _SHAPE_RULES = {
-    "all_reduce": (1, 1), "all_reduce_coalesced": ("k", "k"), "broadcast": (1, 1), "reduce": (1, 1),
-    "all_gather": (1, "n"), "all_gather_coalesced": ("k", "nk"), "all_gather_into_tensor": (1, 1),
-    "all_gather_into_tensor_coalesced": ("k", "k"), "reduce_scatter": ("n", 1), "reduce_scatter_tensor": (1, 1),
-    "reduce_scatter_tensor_coalesced": ("k", "k"), "all_to_all": ("n", "n"), "all_to_all_single": (1, 1),
-    "gather": (1, "root:n"), "scatter": ("root:n", 1), "barrier": (0, 0), "monitored_barrier": (0, 0),
+    "reduce_all": (1, 1), "reduce_root": (1, 1), "copy_root": (1, 1), "gather_list": (1, "n"),
+    "gather_list_by_rank": ("k", "nk"), "gather_root": (1, "root:n"), "gather_tensor": (1, 1),
+    "reduce_scatter_list": ("n", 1), "reduce_scatter_tensor": (1, 1), "scatter_root": ("root:n", 1),
+    "all_to_all": ("n", "n"), "all_to_all_single": (1, 1), "none": (0, 0),
 }
+
+
+def _shape_rule(op: ops.Op):
+    rule = _SHAPE_RULES.get(op.form)
+    if rule == (1, 1) and op.name.endswith("_coalesced"):
+        return ("k", "k")
+    return rule
 
 
 def _counts_fit(rule, count: int, n: int, ins: int, root_here: bool) -> bool:
@@ -151,13 +158,13 @@ def _check_call(rank: int, rec, groups: dict) -> None:
             _refuse(rank, f"{op} (group {rec.group}, seq {rec.seq}) has root {quoted(rec.root)}, not a member")
     _tensors(rank, rec, rec.in_shapes, rec.in_dtypes)
     _tensors(rank, rec, rec.out_shapes, rec.out_dtypes)
-    rule = _SHAPE_RULES.get(op)
+    rule = _shape_rule(known)
     ins, outs = len(rec.in_shapes), len(rec.out_shapes)
     root_here = rec.root == rank
     if rule is None or not (_counts_fit(rule[0], ins, n, ins, root_here) and _counts_fit(rule[1], outs, n, ins, root_here)):
         _refuse(rank, f"{op} (group {rec.group}, seq {rec.seq}) has {ins} input(s) and {outs} output(s), which "
                       f"torch's {op} on {n} ranks does not take")
-    if op == "all_to_all_single":
+    if known.form == "all_to_all_single":
         rows_in = rec.in_shapes[0][0] if rec.in_shapes[0] else 0
         rows_out = rec.out_shapes[0][0] if rec.out_shapes[0] else 0
         if rows_in % n or rows_out % n or rec.in_shapes[0][1:] != rec.out_shapes[0][1:]:

@@ -32,9 +32,15 @@ import warnings
 from time import monotonic_ns
 
 from prism_rr.errors import PrismError
+from prism_rr.format import ops
 from prism_rr.format import open_bundle
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 from prism_rr.replayer._program import Program, program_of
+
+# Forms whose call writes its result into its input (torch's in-place collectives), and
+# the one-tensor forms a coalesced op makes several of at once.
+_IN_PLACE = ("reduce_all", "copy_root", "reduce_root")
+_ONE_EACH = ("reduce_all", "gather_tensor", "reduce_scatter_tensor")
 
 __all__ = ["main"]
 
@@ -170,7 +176,7 @@ class _Driver:
 
         group = self.groups[rec.group]
         if type(rec) is PointToPoint:
-            receives = rec.op in ("recv", "irecv")
+            receives = ops.receives(rec.op)
             if receives:
                 ins, known = self._empty(rec.shapes, rec.dtypes), True
             else:
@@ -179,69 +185,77 @@ class _Driver:
                 group.skip_to(rec.seq, receives, rec.peer)
             return group, ins, [], known
         ins, known = self._inputs(rec, rec.in_shapes, rec.in_dtypes, rec.blob_in)
-        outs = ins if rec.op in ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce") else \
+        outs = ins if ops.lookup(rec.op).form in _IN_PLACE else \
             self._empty(rec.out_shapes, rec.out_dtypes)
         if hasattr(group, "skip_to"):
             group.skip_to(rec.seq)
         return group, ins, outs, known
 
     def call(self, rec, group, ins, outs):
-        """Make the call; its Work where it is asynchronous."""
-        dist, op, a = self.dist, rec.op, rec.async_op
+        """Make the call, by its form (format/ops.py); its Work where it is asynchronous."""
+        known = ops.lookup(rec.op)  # _program refused every op the table does not know
+        if known.p2p:
+            return self._p2p(rec, group, ins[0])
+        if rec.op.endswith("_coalesced") and known.form in _ONE_EACH:
+            return self._coalesced(known.form, rec, group, ins, outs)
+        return self._collective(known.form, rec, group, ins, outs)
+
+    def _p2p(self, rec, group, tensor):
+        make = getattr(self.dist, rec.op)  # send, recv, isend, irecv: torch's names (ops.is_p2p)
+        if ops.receives(rec.op):
+            return make(tensor, src=rec.peer, group=group, tag=rec.tag)
+        return make(tensor, dst=rec.peer, group=group, tag=rec.tag)
+
+    def _collective(self, form: str, rec, group, ins, outs):
+        dist, a = self.dist, rec.async_op
         red = self._reduce[str(getattr(rec, "reduce_op", None) or "SUM").upper()]
-        if op == "all_reduce":
+        here = rec.root == self.p.rank
+        if form == "reduce_all":
             return dist.all_reduce(ins[0], op=red, group=group, async_op=a)
-        if op == "broadcast":
+        if form == "copy_root":
             return dist.broadcast(ins[0], src=rec.root, group=group, async_op=a)
-        if op == "reduce":
+        if form == "reduce_root":
             return dist.reduce(ins[0], dst=rec.root, op=red, group=group, async_op=a)
-        if op == "all_gather":
+        if form == "gather_list":
             return dist.all_gather(outs, ins[0], group=group, async_op=a)
-        if op == "all_gather_into_tensor":
+        if form == "gather_tensor":
             return self._gather_single(outs[0], ins[0], group=group, async_op=a)
-        if op == "reduce_scatter":
+        if form == "reduce_scatter_list":
             return dist.reduce_scatter(outs[0], ins, op=red, group=group, async_op=a)
-        if op == "reduce_scatter_tensor":
+        if form == "reduce_scatter_tensor":
             return self._scatter_single(outs[0], ins[0], op=red, group=group, async_op=a)
-        if op == "all_to_all":
+        if form == "all_to_all":
             return dist.all_to_all(outs, ins, group=group, async_op=a)
-        if op == "all_to_all_single":
+        if form == "all_to_all_single":
             return dist.all_to_all_single(outs[0], ins[0], group=group, async_op=a)
-        if op == "gather":
-            here = rec.root == self.p.rank
+        if form == "gather_root":
             return dist.gather(ins[0], gather_list=outs if here else None, dst=rec.root, group=group, async_op=a)
-        if op == "scatter":
-            here = rec.root == self.p.rank
+        if form == "scatter_root":
             return dist.scatter(outs[0], scatter_list=ins if here else None, src=rec.root, group=group, async_op=a)
-        if op == "barrier":
-            return dist.barrier(group=group, async_op=a)
-        if op == "monitored_barrier":
-            return dist.monitored_barrier(group=group)
-        if op == "all_gather_coalesced":
+        if form == "gather_list_by_rank":
             n = len(outs) // len(ins)
             lists = [outs[r * len(ins):(r + 1) * len(ins)] for r in range(n)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return dist.all_gather_coalesced(lists, ins, group=group, async_op=a)
-        if op in ("all_reduce_coalesced", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"):
-            with dist._coalescing_manager(group=group, async_ops=a) as cm:
-                for i, o in zip(ins, outs):
-                    if op == "all_reduce_coalesced":
-                        dist.all_reduce(i, op=red, group=group)
-                    elif op == "all_gather_into_tensor_coalesced":
-                        self._gather_single(o, i, group=group)
-                    else:
-                        self._scatter_single(o, i, op=red, group=group)
-            return cm if a else None
-        if op == "send":
-            return dist.send(ins[0], dst=rec.peer, group=group, tag=rec.tag)
-        if op == "recv":
-            return dist.recv(ins[0], src=rec.peer, group=group, tag=rec.tag)
-        if op == "isend":
-            return dist.isend(ins[0], dst=rec.peer, group=group, tag=rec.tag)
-        if op == "irecv":
-            return dist.irecv(ins[0], src=rec.peer, group=group, tag=rec.tag)
-        raise AssertionError(op)  # _program refused every other op
+        if form == "none":  # barrier or monitored_barrier: torch's names; the monitored one blocks
+            barrier = getattr(dist, rec.op)
+            return barrier(group=group, async_op=a) if a else barrier(group=group)
+        raise AssertionError(form)  # every form of the table is above
+
+    def _coalesced(self, form: str, rec, group, ins, outs):
+        """A coalesced call of a one-tensor form: its calls made in one _coalescing_manager."""
+        dist, a = self.dist, rec.async_op
+        red = self._reduce[str(getattr(rec, "reduce_op", None) or "SUM").upper()]
+        with dist._coalescing_manager(group=group, async_ops=a) as cm:
+            for i, o in zip(ins, outs):
+                if form == "reduce_all":
+                    dist.all_reduce(i, op=red, group=group)
+                elif form == "gather_tensor":
+                    self._gather_single(o, i, group=group)
+                else:
+                    self._scatter_single(o, i, op=red, group=group)
+        return cm if a else None
 
     # --- the program --------------------------------------------------------------
 

@@ -154,9 +154,13 @@ def test_every_command_shows_the_attempts(restarted_job, tmp_path):
     assert names == {"attempt 0, rank 0", "attempt 0, rank 1", "attempt 1, rank 0", "attempt 1, rank 1"}
     assert _cli("export", out, "--format", "parquet", "-o", tmp_path / "t", "--attempt", "all").returncode == 2
 
-    # the same program, restarted: the steps both attempts hold issue the same calls
+    # the same program, restarted: steps 0 and 1 issue the same calls; in step 2, where
+    # attempt 0 failed, rank 1 exited before the call attempt 1 made (issue 40: diff keeps
+    # the failed step)
     compared = _cli("diff", out, out, "--attempt", "0", "--other-attempt", "1")
-    assert compared.returncode == 0 and "step 0 " in compared.stdout and "step 1 " in compared.stdout, compared
+    assert compared.returncode == 6, compared
+    assert "first: step 2, rank 1, group 0, the rank's call 8 in that group: missing in A" in compared.stdout, compared
+    assert "step 0 " in compared.stdout and "step 1 " in compared.stdout and "did not end" in compared.stdout
     missing = _cli("info", out, "--attempt", "7")
     assert missing.returncode == 2 and "holds no attempt 7 (it holds 0, 1)" in missing.stderr
 
