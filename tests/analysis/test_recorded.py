@@ -54,8 +54,10 @@ def test_rank_that_skips_a_collective(tmp_path):
     assert hang.details["entered"] == [0]
     assert hang.stack and hang.stack[0].startswith("faults.py:")
     # The waiting ranks' time-outs are findings of their own, each said to follow from the hang.
-    assert {f.kind for f in findings} <= {"hang", "call_failed"}, _kinds(findings)
-    for f in findings[1:]:
+    # (A straggler is a judgement of timing, which a loaded machine can make of 8 calls: not a failure.)
+    failures = [f for f in findings[1:] if f.kind != "straggler"]
+    assert {f.kind for f in failures} <= {"call_failed"}, _kinds(findings)
+    for f in failures:
         assert f.details["consequence"] and (f.group, f.seq) == (0, 8), f.message
         assert f.details["text"]
 
