@@ -98,15 +98,15 @@ class _Alarm:
             del fn
 
 
-def sleep_until(t_ns: int) -> None:
-    """Sleep, then spin the last stretch: a thread woken from sleep on a loaded machine can
+def sleep_until(t_ns: int, spin_ns: int = _SPIN_NS) -> None:
+    """Sleep, then spin the last `spin_ns`: a thread woken from sleep on a loaded machine can
     be late by milliseconds, a waiting rank must not be."""
     while True:
         left = t_ns - monotonic_ns()
         if left <= 0:
             return
-        if left > _SPIN_NS:
-            time.sleep((left - _SPIN_NS) / 1e9)
+        if left > spin_ns:
+            time.sleep((left - spin_ns) / 1e9)
 
 
 def _own_bytes(rec) -> int:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 import warnings
 from time import monotonic_ns
 
@@ -36,6 +35,7 @@ from prism_rr.format import ops
 from prism_rr.format import open_bundle
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 from prism_rr.replayer._program import Program, program_of
+from prism_rr.replayer._session import sleep_until
 
 # Forms whose call writes its result into its input (torch's in-place collectives), and
 # the one-tensor forms a coalesced op makes several of at once.
@@ -45,16 +45,9 @@ _ONE_EACH = ("reduce_all", "gather_tensor", "reduce_scatter_tensor")
 __all__ = ["main"]
 
 log = logging.getLogger("prism_rr.replayer")
-_SPIN_NS = 200_000  # the last stretch of a hold is spun: a sleeping thread wakes late
-
-
-def _hold_until(t_ns: int) -> None:
-    while True:
-        left = t_ns - monotonic_ns()
-        if left <= 0:
-            return
-        if left > _SPIN_NS:
-            time.sleep((left - _SPIN_NS) / 1e9)
+# the last stretch of a hold is spun (a sleeping thread wakes late): shorter than a waiting
+# rank's, as a compute hold comes between every two calls and the late part is made up later
+_SPIN_NS = 200_000
 
 
 def _seed(rank: int, gid: int, seq: int, i: int) -> int:
@@ -275,7 +268,7 @@ class _Driver:
                 ready = self.prepare(p.calls[a.index])
                 self.hold_memory(p.calls[a.index])
             wanted = max(0, a.at_ns - cursor)
-            _hold_until(back + wanted - late)
+            sleep_until(back + wanted - late, _SPIN_NS)
             late = max(0, late + monotonic_ns() - back - wanted)
             if a.kind == "call":
                 rec = p.calls[a.index]
