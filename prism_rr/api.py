@@ -192,9 +192,9 @@ def record(
         _remove_half_written(spool_dir, output)
         return RecordResult(output=output, spool_dir=spool_dir, exit_code=None, error=exc,
                             spools_left=spools_left(), warnings=tuple(warnings))
-    if code != 0:
-        warning(f"the command exited with code {describe_exit(code)}"
-                + ("; packing what was recorded" if name is None else ""))
+    if code != 0:  # "packing" only where there is something this node packs
+        packs = name is None and not flight and spools_left()
+        warning(f"the command exited with code {describe_exit(code)}" + ("; packing what was recorded" if packs else ""))
     if flight:
         return _flight_result(output, spool_dir, code, warnings, options["flight"], interrupts)
     if not spools_left():
