@@ -60,15 +60,20 @@ def test_truncated_at_every_offset(tmp_path):
             read_everything(path)
 
 
-def test_bit_flips_anywhere(tmp_path):
-    data = GOLDEN.read_bytes()
-    rng = random.Random(2026)
-    path = tmp_path / "flip.prism"
-    for _ in range(1000 * SCALE):
+def _flipped(data: bytes, seed: int, count: int):
+    """`count` copies of `data`, each with one bit flipped at a random place."""
+    rng = random.Random(seed)
+    for _ in range(count):
         buf = bytearray(data)
         at = rng.randrange(len(buf))
         buf[at] ^= 1 << rng.randrange(8)
-        write_case(path, bytes(buf))
+        yield bytes(buf)
+
+
+def test_bit_flips_anywhere(tmp_path):
+    path = tmp_path / "flip.prism"
+    for case in _flipped(GOLDEN.read_bytes(), 2026, 1000 * SCALE):
+        write_case(path, case)
         assert_only_format_error(path)
 
 
@@ -78,14 +83,9 @@ def test_the_check_before_the_spools_go_refuses_a_flip_anywhere(tmp_path):
     refused, as verify refuses it, without a record decoded."""
     with open_bundle(GOLDEN) as b:
         assert verify(b, decode=False) == verify(b)
-    data = GOLDEN.read_bytes()
-    rng = random.Random(38)
     path = tmp_path / "flip.prism"
-    for _ in range(300 * SCALE):
-        buf = bytearray(data)
-        at = rng.randrange(len(buf))
-        buf[at] ^= 1 << rng.randrange(8)
-        write_case(path, bytes(buf))
+    for case in _flipped(GOLDEN.read_bytes(), 38, 300 * SCALE):
+        write_case(path, case)
         with pytest.raises(FormatError):
             with open_bundle(path) as b:
                 verify(b, decode=False)
