@@ -7,10 +7,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
+from prism_rr.tui.widgets.footer import KeyFooter
 
 __all__ = ["CollectivesScreen"]
 
@@ -38,7 +39,7 @@ class CollectivesScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(id="collectives-head")
         yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

@@ -8,10 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Label, Static
 
 from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
+from prism_rr.tui.widgets.footer import KeyFooter
 
 __all__ = ["CompareScreen"]
 
@@ -38,7 +39,7 @@ class CompareScreen(Screen):
             yield DataTable(id="compare-steps", cursor_type="row", zebra_stripes=True)
             yield Label("Iteration time per rank (mean over those steps)", classes="section")
             yield DataTable(id="compare-ranks", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         for tid in ("#compare-steps", "#compare-ranks"):

@@ -7,11 +7,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from prism_rr.errors import PrismError
 from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
+from prism_rr.tui.widgets.footer import KeyFooter
 from prism_rr.tui.widgets.heatmap import METRICS, RAMP, HeatMap
 
 __all__ = ["HeatmapScreen"]
@@ -32,7 +33,7 @@ class HeatmapScreen(Screen):
         self.heatmap = HeatMap(step_grid(self.app.model), id="heatmap")
         yield self.heatmap
         yield Static(id="heatmap-status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.heatmap.focus()

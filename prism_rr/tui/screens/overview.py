@@ -13,11 +13,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Input, Label, Sparkline, Static
+from textual.widgets import DataTable, Input, Label, Sparkline, Static
 
 from prism_rr.errors import PrismError
 from prism_rr.format.text import shown
 from prism_rr.tui.model import format_ns
+from prism_rr.tui.widgets.footer import KeyFooter
 
 __all__ = ["FilterScreen", "OverviewScreen", "RankChart", "spark"]
 
@@ -156,7 +157,7 @@ class OverviewScreen(Screen):
             yield RankChart(id="rank-spark")
             yield Label("", id="ranks-title", classes="section")
             yield DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield KeyFooter()
 
     def _facts(self) -> Table:
         """The bundle's facts. Every cell is a Text (a str cell would be read as markup),

@@ -6,10 +6,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.detail import SpanDetail
+from prism_rr.tui.widgets.footer import KeyFooter
 from prism_rr.tui.widgets.ruler import Ruler
 from prism_rr.tui.widgets.timeline import Timeline
 
@@ -58,7 +59,7 @@ class TimelineScreen(Screen):
                 yield Static(id="timeline-status")
                 yield Static(legend(), id="timeline-legend")
             yield SpanDetail(tm, id="detail", classes="hidden")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.timeline.focus()
