@@ -107,9 +107,12 @@ def warm_start():
 
 @pytest.fixture(autouse=True)
 def _cold_start(request, monkeypatch):
-    """A test marked `cold_start` starts its programs as fresh interpreters."""
+    """A test marked `cold_start` starts its programs as fresh interpreters; one marked
+    `teardown` has its warm programs torn down at exit as a fresh interpreter's are."""
     if request.node.get_closest_marker("cold_start"):
         monkeypatch.delenv("PRISM_RR_TEST_WARM", raising=False)
+    if request.node.get_closest_marker("teardown"):
+        monkeypatch.setenv("PRISM_RR_TEST_TEARDOWN", "1")
 
 
 def pytest_collection_modifyitems(config, items):

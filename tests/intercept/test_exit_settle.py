@@ -6,10 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from prism_rr.recorder import RecordOptions
 from prism_rr.recorder.launch import hook_env, spool_dir_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "gil_waiter.py"
+pytestmark = pytest.mark.teardown  # what torch's threads do after the last line is the subject
 
 
 def _run(*args: str, env=None) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ from prism_rr.replayer import replay
 from replay_helpers import SCRIPTS, record, stderr_of
 
 SCRIPT = SCRIPTS / "abort_at_exit.py"
+pytestmark = pytest.mark.teardown
 
 
 @pytest.mark.timeout(180)
