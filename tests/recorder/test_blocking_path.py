@@ -82,16 +82,18 @@ def test_small_plain_tensors_payloads_are_read_in_c_as_log_payload_reads_them(tm
 @pytest.mark.skipif(not accelerated(), reason="the C speedups were not built here")
 @pytest.mark.timeout(400)
 def test_a_flight_ring_gone_round_keeps_the_same_calls_on_both_paths(tmp_path):
-    """Flight mode's ring of 1 MiB, round twice (15,300 calls under its default payload,
-    small: ENTERs without one): the entries the ring drops to make room go through the log's
-    slow path, from the C path as from the Python one; the dump at exit holds the same calls."""
+    """Flight mode's ring of 1 MiB (about 5,500 calls under its default payload, small:
+    ENTERs without one), gone round half as far again (8,500 calls): the entries the ring
+    drops to make room go through the log's slow path, from the C path as from the Python
+    one; the dump at exit holds the same calls."""
+    rounds = 500
     got = {}
     for pure in (False, True):
         d = tmp_path / ("py" if pure else "c")
         d.mkdir()
         out = d / "dump.prism"
         r = run_cli("record", "--flight", 2, "--flight-budget", 1, "--flight-at-exit", "-o", out, "--nproc", 2, "--",
-                    sys.executable, SCRIPTS / "blocking.py", d, 900, 0, timeout=300,
+                    sys.executable, SCRIPTS / "blocking.py", d, rounds, 0, timeout=300,
                     env=dict(os.environ, PRISM_RR_PURE_PYTHON="1") if pure else None)
         assert r.returncode == 0, r.stderr[-3000:]
         with open_bundle(out) as b:
@@ -99,7 +101,7 @@ def test_a_flight_ring_gone_round_keeps_the_same_calls_on_both_paths(tmp_path):
                                 if isinstance(c, (Collective, PointToPoint))] for rank in b.recorded_ranks}
     for rank in (0, 1):
         kept = got[False][rank]
-        assert 2000 < len(kept) < 900 * CALLS  # the ring let the oldest go
+        assert 2000 < len(kept) < rounds * CALLS * 0.8  # the ring let the oldest go
         assert kept == got[True][rank]
 
 
