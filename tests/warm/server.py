@@ -14,7 +14,8 @@ hook when `record` or `replay` started it), then the script as `__main__`.
 
 What differs from a cold start: the modules in PRELOAD are imported already (with the
 warning filters and environment variables their import sets), and the random state of
-modules that keep one (numpy's) is the server's. Whatever else the server cannot reproduce
+modules that keep one (numpy's) is the server's; at its end the program is not torn down
+unless its test is marked `teardown` (_end_quickly says why). Whatever else the server cannot reproduce
 exactly starts cold (the stand-in just goes on):
 interpreter options other than -u, an import-time variable (TORCH_*, PYTORCH_*, OMP_*, ...)
 unlike the server's, `-c`, anything but a script or the demo's trainer. Tests that must
