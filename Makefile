@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	touch $(STAMP)
 
 # The tests run on TEST_JOBS workers (pytest-xdist), a file's tests on one worker, so a
-# module's recordings are made once (a session's shared runs, tests/conftest.py, once a
-# worker). 2 fills CI's two cores; TEST_JOBS=0 runs them in one process, one by one.
-TEST_JOBS ?= 2
+# module's recordings are made once (the run's shared recordings, tests/conftest.py, once
+# a run). 3 on CI's two cores: with 2, a fifth of the cores' time went idle while tests
+# waited out hangs, timeouts and peers (a clean clone's make test: 9 min 27 s with 2,
+# 8 min 25 s with 3); TEST_JOBS=0 runs them in one process, one by one.
+TEST_JOBS ?= 3
 
 # Each rank a test starts imports prism_rr: its bytecode is compiled once here, since an
 # environment with PYTHONDONTWRITEBYTECODE set (CI's) would otherwise compile it in every one.

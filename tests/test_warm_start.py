@@ -123,3 +123,43 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "gone"
+
+
+SPAWNER = """
+import json, multiprocessing as mp, os, sys
+
+
+def work(q, x):
+    q.put((x * 2, __name__, sys.argv[1:], os.environ.get("PROBE_VAR")))
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=work, args=(q, i)) for i in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(q.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(60)
+    print(json.dumps({"got": got, "codes": [p.exitcode for p in procs]}))
+"""
+
+
+def test_a_spawned_child_starts_warm_with_what_its_parent_passed_it(probe, tmp_path):
+    """multiprocessing's spawn start method (torch's MultiProcessTestCase, a process pool):
+    each child starts warm, with the pipe, resource tracker and queue its parent passed at
+    their numbers, and does what it does cold."""
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNER)
+    trace = tmp_path / "trace"
+    env = dict(os.environ, PRISM_RR_TEST_WARM_TRACE=str(trace), PROBE_VAR="seen")
+    warm = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    env.pop("PRISM_RR_TEST_WARM")
+    cold = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert warm.returncode == cold.returncode == 0, warm.stderr[-3000:]
+    expected = {"got": [[0, "__mp_main__", [], "seen"],
+                        [2, "__mp_main__", [], "seen"]], "codes": [0, 0]}
+    assert json.loads(warm.stdout) == json.loads(cold.stdout) == expected
+    assert warm.stderr == cold.stderr == ""
+    assert sum(line.startswith("warm") and "'spawn'" in line for line in trace.read_text().splitlines()) == 2

@@ -17,8 +17,10 @@ warning filters and environment variables their import sets), and the random sta
 modules that keep one (numpy's) is the server's; at its end the program is not torn down
 unless its test is marked `teardown` (_end_quickly says why). Whatever else the server cannot reproduce
 exactly starts cold (the stand-in just goes on):
-interpreter options other than -u, an import-time variable (TORCH_*, PYTORCH_*, OMP_*, ...)
-unlike the server's, `-c`, anything but a script or the demo's trainer. Tests that must
+interpreter options other than -u, -B and -W..., an import-time variable (TORCH_*, PYTORCH_*,
+OMP_*, ...) unlike the server's, `-c` (but for a child of multiprocessing's spawn start
+method, whose inherited fds the stand-in hands over at their numbers), a module not in
+sitecustomize's _MODULES. Tests that must
 start cold are marked `cold_start` (tests/conftest.py).
 
 The server's code is compiled under a name in angle brackets, as Python's own runpy is, so
@@ -67,7 +69,7 @@ def _startup_env(env: dict) -> dict:
 
 
 def _recv_request(conn: socket.socket):
-    head, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+    head, fds, _flags, _addr = socket.recv_fds(conn, 4, 64)
     while len(head) < 4:
         more = conn.recv(4 - len(head))
         if not more:
@@ -144,6 +146,33 @@ def _exec_module(name: str) -> None:
     runpy._run_module_as_main(name, alter_argv=True)
 
 
+def _exec_spawn(tracker_fd: int, pipe_handle: int) -> None:
+    """What `python -c "...spawn_main(...)" --multiprocessing-fork` runs: the child of
+    multiprocessing's spawn start method, its task read from the parent's pipe."""
+    import builtins
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    from multiprocessing.spawn import spawn_main
+
+    spawn_main(tracker_fd=tracker_fd, pipe_handle=pipe_handle)
+
+
+def _place(fds: list[int], targets: list[int]) -> None:
+    """Each received fd at its number in the program (the standard streams; what a spawned
+    child inherited), by way of numbers above them all."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
 def _die_like(exc: BaseException) -> int:
     """What a fresh interpreter does with an uncaught exception: the traceback (the
     program's frames only), then exit 1, or death by SIGINT for KeyboardInterrupt."""
@@ -167,13 +196,13 @@ def _die_like(exc: BaseException) -> int:
     return 1
 
 
-def _warnings(option: str, defaults: list, imported: list) -> None:
-    """The filters a fresh interpreter has: PYTHONWARNINGS's over the defaults, then what the
-    imports added in front."""
+def _warnings(options: list[str], defaults: list, imported: list) -> None:
+    """The filters a fresh interpreter has: PYTHONWARNINGS's and then -W's over the defaults,
+    then what the imports added in front."""
     import warnings
 
     warnings.filters[:] = defaults
-    sys.warnoptions[:] = [o for o in option.split(",") if o]
+    sys.warnoptions[:] = [o for o in options if o]
     warnings._processoptions(sys.warnoptions)
     warnings.filters[:0] = imported
     warnings._filters_mutated()
@@ -194,9 +223,7 @@ def _threads(value: str | None) -> None:
 def _child(req: dict, fds: list[int], base_path: list[str], base_env: dict) -> int:
     if req["own_group"]:  # as its stand-in: a launcher's rank (start_new_session) leads its own
         os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
+    _place(fds, [0, 1, 2, *req["fds"]])
     os.chdir(req["cwd"])
     env = req["env"]
     os.environ.clear()
@@ -205,16 +232,17 @@ def _child(req: dict, fds: list[int], base_path: list[str], base_env: dict) -> i
         os.environ.setdefault(k, v)
     if env.get("OMP_NUM_THREADS") != base_env.get("OMP_NUM_THREADS"):
         _threads(env.get("OMP_NUM_THREADS"))
-    _warnings(env.get("PYTHONWARNINGS", ""), *base_env["+filters"])
+    _warnings([*env.get("PYTHONWARNINGS", "").split(","), *(o[2:] for o in req["options"] if o.startswith("-W"))],
+              *base_env["+filters"])
     unbuffered = "-u" in req["options"] or bool(env.get("PYTHONUNBUFFERED"))
     _stdio(unbuffered)
-    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    sys.dont_write_bytecode = "-B" in req["options"] or bool(env.get("PYTHONDONTWRITEBYTECODE"))
     if env.get("PYTHONFAULTHANDLER"):
         import faulthandler
 
         faulthandler.enable()
     kind, target = req["main"]
-    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
+    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else (os.getcwd() if kind == "module" else "")
     extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [first, *extra, *base_path]
     sys.argv[:] = req["argv"]
@@ -234,8 +262,10 @@ def _child(req: dict, fds: list[int], base_path: list[str], base_env: dict) -> i
     try:
         if kind == "script":
             _exec_script(os.path.abspath(target))
-        else:
+        elif kind == "module":
             _exec_module(target)
+        else:
+            _exec_spawn(*target)
     except SystemExit as exc:
         if not quick:
             raise
@@ -325,7 +355,7 @@ def serve(path: str) -> None:
                         conn.close()
                         continue
                     why = _why_cold(req, base_env)
-                    if why is not None or len(fds) != 3:
+                    if why is not None or len(fds) != 3 + len(req.get("fds", ())):
                         _send(conn, cold=why or "standard streams missing")
                         for f in fds:
                             os.close(f)

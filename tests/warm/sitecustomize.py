@@ -1,7 +1,8 @@
 """The stand-in side of the suite's warm start (server.py says what it is and why).
 
 On PYTHONPATH while the suite runs. In a new interpreter whose program the warm server can
-start (a script, the demo's trainer or prism-rr's CLI, with no option but -u), it hands argv, environment,
+start (a script, the demo's trainer, prism-rr's CLI or a child of multiprocessing's spawn
+start method, with no option but -u, -B or -W...), it hands argv, environment,
 working directory and the three standard streams to the server, forwards the signals it
 gets to the program's process group, and exits with the program's status. Anything else,
 or no server to hand it to, and it returns: the interpreter goes on cold, as it would
@@ -18,20 +19,50 @@ _MODULES = ("prism_rr.demo.train", "prism_rr.cli", "prism_rr.localrun", "torch.d
 _SCRIPTS = ("prism-rr", "torchrun")
 
 
+# What multiprocessing's spawn start method runs (torch's MultiProcessTestCase, a
+# DataLoader's workers, mp.spawn): the child reads its task from the parent's pipe.
+_SPAWN = "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd={}, pipe_handle={})"
+
+
 def _main_of(orig_argv: list[str]):
-    """(options, ("script", path) | ("module", name)) when the server can run it, else None."""
+    """(options, ("script", path) | ("module", name) | ("spawn", [tracker_fd, pipe_handle]))
+    when the server can run it, else None."""
     args = orig_argv[1:]
     options = []
     while args and args[0].startswith("-") and args[0] != "-":
-        if args[0] == "-u":
+        if args[0] in ("-u", "-B") or (args[0].startswith("-W") and len(args[0]) > 2):
             options.append(args.pop(0))
         elif args[0] == "-m" and len(args) > 1 and args[1] in _MODULES:
             return options, ("module", args[1])
+        elif args[0] == "-c" and args[2:] == ["--multiprocessing-fork"]:
+            fds = _spawn_fds(args[1])
+            return (options, ("spawn", fds)) if fds else None
         else:
             return None
     if args and (args[0].endswith(".py") or os.path.basename(args[0]) in _SCRIPTS) and os.path.isfile(args[0]):
         return options, ("script", args[0])
     return None
+
+
+def _spawn_fds(code: str):
+    import re
+
+    m = re.fullmatch(re.escape(_SPAWN).replace(r"\{\}", r"(\d+)"), code)
+    return [int(m.group(1)), int(m.group(2))] if m else None
+
+
+def _inherited() -> list[int]:
+    """The fds a spawned child was given beyond the standard streams (its pipe, its resource
+    tracker's, a queue's ends: multiprocessing passes each at its number)."""
+    return sorted(fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _is_open(fd))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False  # listdir's own, closed by now
 
 
 def _hand_over(path: str, options: list[str], main) -> None:
@@ -40,6 +71,7 @@ def _hand_over(path: str, options: list[str], main) -> None:
     import socket
     import struct
 
+    fds = _inherited() if main[0] == "spawn" else []
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _connect(conn, path)
@@ -47,11 +79,11 @@ def _hand_over(path: str, options: list[str], main) -> None:
         conn.close()
         _trace("no server", main)
         return  # no server: start cold
-    req = {"argv": list(sys.argv), "orig_argv": list(sys.orig_argv), "options": options, "main": main,
+    req = {"fds": fds, "argv": list(sys.argv), "orig_argv": list(sys.orig_argv), "options": options, "main": main,
            "env": dict(os.environ), "cwd": os.getcwd(),
            "own_group": os.getpgid(0) == os.getpid()}
     body = json.dumps(req).encode()
-    socket.send_fds(conn, [struct.pack("!I", len(body))], [0, 1, 2])
+    socket.send_fds(conn, [struct.pack("!I", len(body))], [0, 1, 2, *req["fds"]])
     conn.sendall(body)
     reader = conn.makefile("rb")
     first = json.loads(reader.readline() or b"{}")
@@ -60,6 +92,8 @@ def _hand_over(path: str, options: list[str], main) -> None:
         _trace("refused " + str(first.get("cold")), main)
         return  # the server said cold
     child = first["pid"]
+    for fd in fds:  # the program's now: a pipe's other end sees its end when the program's ends
+        os.close(fd)
     _trace("warm", main)
     try:
         status = _wait(reader, child)
