@@ -262,7 +262,10 @@ def test_a_given_downtime_is_emulated_as_given(recording, baseline):
     rep = json.loads(report.read_text())
     assert rep["what_if"]["replace_rank"] == [{"rank": 3, "step": 1, "downtime_s": 0.5, "estimated": False,
                                               "parts": None, "notes": []}]
-    assert _step(rep, 1) >= _step(baseline, 1) + 0.4
+    # rank 0 waits out rank 3's 0.5 s in step 1's first call with it: a wait a loaded machine
+    # makes longer, never shorter (unlike the baseline's step, which load inflates; it was
+    # 0.17 s against a replaced step of 0.57 s in one run on 3 workers)
+    assert _step(rep, 1) >= 0.5
     assert "rank 3 replaced at step 1: downtime 500.0 ms (given)" in out.stderr
 
 
