@@ -21,9 +21,10 @@ from typing import Any
 
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
-from prism_rr.format.facts import device_time_facts
+from prism_rr.format.facts import device_time_facts, failed_steps
 from prism_rr.format.records import Collective, Compute, DeviceTime, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import build_graph
+from prism_rr.analysis._steps import OpenSteps
 
 __all__ = ["export_chrome"]
 
@@ -89,6 +90,7 @@ def export_chrome(
 def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps, t0: int, *, pid_base: int,
                    label: str) -> None:
     """One attempt's ranks, each a process `pid_base + rank` named `label` + "rank R"."""
+    failed = frozenset(failed_steps(bundle))
     flow_ids: dict[tuple, int] = {}
     roles: dict[tuple, dict[int, str]] = {}  # call key -> rank -> "s" | "t" | "f"
     for key, call in graph.calls.items():
@@ -123,10 +125,13 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
         epoch = bundle.rank_info(rank).get("device_time")
         epoch = epoch.get("epoch_host_ns") if type(epoch) is dict else None
         device: list[DeviceTime] = []
+        unended = OpenSteps(failed)
         for rec in bundle.events(rank, steps=steps):
             start = rec.start_ns - off
             end = None if rec.end_ns is None else rec.end_ns - off
             cls = type(rec)
+            if rec.step in failed:
+                unended.see(rec)
             if cls is DeviceTime:
                 if type(epoch) is int:
                     device.append(rec)
@@ -194,8 +199,17 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
             elif cls is Marker:
                 emit({"ph": "i", "pid": pid, "tid": _TID_STEPS, "s": "p", "name": rec.name, "cat": "marker",
                       "ts": us(start), "args": {"value": rec.value, "text": rec.text}})
+        for step, first, reach in unended.open():
+            _write_unended(step, first - off, max(reach - off, end_of_rank), pid, emit, us)
         if device:
             _write_device(device, epoch - off, pid, emit, us)
+
+
+def _write_unended(step: int, start: int, stop: int, pid: int, emit, us) -> None:
+    """The step a run failed or hung in, which this rank never ended: from its first record
+    in it to where its records end."""
+    emit({"ph": "X", "pid": pid, "tid": _TID_STEPS, "name": f"step {step} (never ended)", "cat": "step",
+          "ts": us(start), "dur": round((stop - start) / 1000, 3), "args": {"step": step, "never_ended": True}})
 
 
 def _write_device(records: list[DeviceTime], base: int, pid: int, emit, us) -> None:

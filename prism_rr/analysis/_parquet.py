@@ -7,6 +7,8 @@ DIR/calls.parquet    one row per call per rank: rank, kind, group, seq, op, step
 DIR/compute.parquet  one row per compute span: rank, step, name (null: the time between
                      calls), start_ns, end_ns, duration_ns
 DIR/steps.parquet    one row per step per rank: rank, step, start_ns, end_ns, duration_ns, mem_peak
+                     (the step a run failed or hung in, where the rank never ended it: from
+                     its first record in it, end_ns, duration_ns and mem_peak null)
 DIR/groups.parquet   one row per process group: group, name, backend, size, ranks
 
 Times are ns since the first recorded event, on rank 0's clock (each rank's estimated
@@ -21,9 +23,11 @@ import os
 from pathlib import Path
 
 from prism_rr.errors import UsageError
+from prism_rr.format.facts import failed_steps
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
 from prism_rr.analysis._build import clock_offsets
+from prism_rr.analysis._steps import OpenSteps
 
 __all__ = ["PARQUET_TABLES", "export_parquet"]
 
@@ -113,11 +117,15 @@ def export_parquet(
     t0 = min(firsts) if firsts else 0
     tables = {name: _Table(pa, pq, out / f"{name}.parquet", cols) for name, cols in PARQUET_TABLES.items()}
     calls, compute, step_rows = tables["calls"], tables["compute"], tables["steps"]
+    failed = frozenset(failed_steps(bundle))
     try:
         for rank in chosen:
             zero = offsets[rank] + t0
+            unended = OpenSteps(failed)
             for r in bundle.events(rank, steps=steps):
                 cls = type(r)
+                if r.step in failed:
+                    unended.see(r)
                 start = r.start_ns - zero
                 end = None if r.end_ns is None else r.end_ns - zero
                 dur = None if r.end_ns is None else r.end_ns - r.start_ns
@@ -136,6 +144,8 @@ def export_parquet(
                     compute.add(rank, r.step, r.name, start, end, dur)
                 elif cls is Step:
                     step_rows.add(rank, r.step, start, end, dur, r.mem_peak)
+            for step, first, _ in unended.open():  # the step it failed or hung in: never ended
+                step_rows.add(rank, step, first - zero, None, None, None)
         for g in bundle.groups:
             tables["groups"].add(g["id"], g["name"], g["backend"], len(g["ranks"]), list(g["ranks"]))
     except BaseException:

@@ -10,7 +10,8 @@ from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
 from prism_rr.analysis._build import clock_offsets
 
-__all__ = ["CLOCKS", "CriticalPath", "Segment", "StepAnalysis", "StepDurations", "analyze_step", "step_durations"]
+__all__ = ["CLOCKS", "CriticalPath", "OpenSteps", "Segment", "StepAnalysis", "StepDurations", "analyze_step",
+           "step_durations"]
 
 CLOCKS = ("device", "host")
 
@@ -24,6 +25,36 @@ class StepDurations(dict):
     def __init__(self, values=(), clock: str = "host"):
         super().__init__(values)
         self.clock = clock
+
+
+class OpenSteps:
+    """Of one rank's records, read in order: the failed steps (`format.facts.failed_steps`,
+    the step a run failed or hung in) that its records reach but no Step record of its
+    closes, each as (step, its first record's start, the latest time its records reach).
+    An export shows that step as every command counts it, not only the steps that ended."""
+
+    __slots__ = ("failed", "spans", "closed")
+
+    def __init__(self, failed):
+        self.failed = frozenset(failed)
+        self.spans: dict[int, list[int]] = {}
+        self.closed: set[int] = set()
+
+    def see(self, rec) -> None:
+        """Note `rec`, a record of a failed step (callers test `rec.step in failed`)."""
+        if type(rec) is Step:
+            self.closed.add(rec.step)
+            return
+        reach = rec.start_ns if rec.end_ns is None else max(rec.start_ns, rec.end_ns)
+        span = self.spans.get(rec.step)
+        if span is None:
+            self.spans[rec.step] = [rec.start_ns, reach]
+        else:
+            span[0] = min(span[0], rec.start_ns)
+            span[1] = max(span[1], reach)
+
+    def open(self) -> list[tuple[int, int, int]]:
+        return [(step, a, b) for step, (a, b) in sorted(self.spans.items()) if step not in self.closed]
 
 
 def step_durations(bundle, step: int, clock: str | None = None) -> StepDurations:

@@ -93,3 +93,38 @@ def test_the_failing_step_is_one_step_to_every_command(killed_peer, crashy_runs)
     assert got.returncode == 0, got.stderr
     (step,) = json.loads(got.stdout)["steps"]
     assert step["step"] == 3 and step["ranks"]["0"]["waiting_ns"] > 0, step
+
+
+@pytest.mark.timeout(120)
+def test_the_exports_show_the_step_a_run_failed_in(crashy_runs, killed_peer, tmp_path):
+    """Chrome's steps thread and Parquet's steps table hold the step a rank never ended (an
+    abort in it, a peer killed in it), numbered as every command numbers it, beside the
+    steps that ended; a good run has no such step."""
+    import gzip
+
+    import pyarrow.parquet as pq
+
+    from prism_rr.format.facts import failed_steps
+
+    for name, bundle in (("abort", crashy_runs("abort").bundle), ("killed", killed_peer.bundle),
+                         ("ok", crashy_runs("ok").bundle)):
+        with open_bundle(bundle) as b:
+            failed = failed_steps(b)
+        api.export(bundle, tmp_path / f"{name}.json.gz", fmt="chrome")
+        trace = json.loads(gzip.decompress((tmp_path / f"{name}.json.gz").read_bytes()))
+        trace = trace["traceEvents"] if isinstance(trace, dict) else trace
+        chrome = {(e["pid"], e["args"]["step"]): e for e in trace if e.get("cat") == "step" and e.get("ph") == "X"}
+        api.export(bundle, tmp_path / name, fmt="parquet")
+        rows = {(r["rank"], r["step"]): r for r in pq.read_table(tmp_path / name / "steps.parquet").to_pylist()}
+        assert set(rows) == set(chrome), (name, sorted(rows), sorted(chrome))  # a process per rank, pid = rank
+        unended = {k for k, e in chrome.items() if e["args"].get("never_ended")}
+        assert unended == {k for k, r in rows.items() if r["end_ns"] is None}, name
+        if name == "ok":
+            assert failed == [] and not unended
+            continue
+        # abort: both ranks in step 2; killed: rank 1 killed in step 2 (which it ended), rank 0 in step 3
+        assert unended and {step for _, step in unended} <= set(failed), (name, failed, unended)
+        assert unended == {"abort": {(0, 2), (1, 2)}, "killed": {(0, 3)}}[name], (name, unended)
+        for key in unended:
+            assert chrome[key]["name"] == f"step {key[1]} (never ended)" and chrome[key]["dur"] >= 0
+            assert rows[key]["start_ns"] >= 0 and rows[key]["duration_ns"] is None
