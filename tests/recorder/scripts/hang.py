@@ -1,4 +1,5 @@
-"""Rank 1 skips the 4th all_reduce (or dies with SIGKILL there): rank 0 waits in it forever."""
+"""Rank 1 skips the 4th all_reduce (or dies with SIGKILL there): rank 0 waits in it forever.
+Each rank writes its pid into stuck-<rank> when it gets there."""
 
 import os
 import signal
@@ -24,9 +25,9 @@ for step in range(3):
     opt.zero_grad()
 time.sleep(0.7)  # past the spool writer's flush interval
 if rank == 1:
-    (marker_dir / f"stuck-{rank}").touch()
+    (marker_dir / f"stuck-{rank}").write_text(str(os.getpid()))
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(600)  # the planted hang: this rank never joins the next all_reduce
-(marker_dir / f"stuck-{rank}").touch()
+(marker_dir / f"stuck-{rank}").write_text(str(os.getpid()))
 dist.all_reduce(torch.ones(3))
