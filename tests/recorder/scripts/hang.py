@@ -1,5 +1,4 @@
-"""Rank 1 skips the 4th all_reduce (or dies with SIGKILL there): rank 0 waits in it forever.
-Each rank writes its pid into stuck-<rank> when it gets there."""
+"""Rank 1 skips the 4th all_reduce (or dies with SIGKILL there): rank 0 waits in it forever."""
 
 import os
 import signal
