@@ -181,16 +181,7 @@ def _die_like(exc: BaseException) -> int:
         tb = tb.tb_next
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
     if isinstance(exc, KeyboardInterrupt):
-        import atexit
-        import threading
-
-        threading._shutdown()
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        _before_teardown()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return 1
@@ -296,21 +287,29 @@ def _end_quickly(status: int) -> None:
 
     The teardown of a forked child frees torch's modules, which copies every page of the
     server's it touches: about 0.35 s of CPU a program (0.3 s is all a warm `prism-rr info`
-    costs otherwise), some 150 s of the suite's CPU. What it skips is the destructors of
+    costs otherwise), some 300 s of the suite's CPU. What it skips is the destructors of
     what was still alive at the end (a process group never destroyed, ...): the tests whose
     subject is a process's teardown are marked `teardown` (tests/conftest.py), and their
     programs are torn down as a fresh interpreter's are."""
+    flushed = _before_teardown()
+    os._exit(status if flushed else 120)  # 120: what a fresh interpreter exits with when it cannot flush them
+
+
+def _before_teardown() -> bool:
+    """What a fresh interpreter does at its end before its teardown: non-daemon threads
+    joined, atexit's functions run, the standard streams flushed (False: one could not be)."""
     import atexit
     import threading
 
     threading._shutdown()
     atexit._run_exitfuncs()
+    flushed = True
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
-            status = 120  # what a fresh interpreter exits with when it cannot flush them
-    os._exit(status)
+            flushed = False
+    return flushed
 
 
 def serve(path: str) -> None:
