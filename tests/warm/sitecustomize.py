@@ -14,8 +14,10 @@ import sys
 
 
 # The modules run with -m, and the console scripts, that the server can start: the demo's
-# trainer, prism-rr's own commands (the tests start a few hundred) and torchrun.
-_MODULES = ("prism_rr.demo.train", "prism_rr.cli", "prism_rr.localrun", "torch.distributed.run", "prism_rr.replayer.driver")
+# trainer, prism-rr's own commands (the tests start a few hundred), replay --from-bundle's
+# driver and torchrun.
+_MODULES = ("prism_rr.demo.train", "prism_rr.cli", "prism_rr.localrun", "prism_rr.replayer.driver",
+            "torch.distributed.run")
 _SCRIPTS = ("prism-rr", "torchrun")
 
 
