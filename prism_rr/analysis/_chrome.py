@@ -125,7 +125,7 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
         epoch = bundle.rank_info(rank).get("device_time")
         epoch = epoch.get("epoch_host_ns") if type(epoch) is dict else None
         device: list[DeviceTime] = []
-        unended = OpenSteps(failed)
+        unended = OpenSteps()
         for rec in bundle.events(rank, steps=steps):
             start = rec.start_ns - off
             end = None if rec.end_ns is None else rec.end_ns - off

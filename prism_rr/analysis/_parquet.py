@@ -121,7 +121,7 @@ def export_parquet(
     try:
         for rank in chosen:
             zero = offsets[rank] + t0
-            unended = OpenSteps(failed)
+            unended = OpenSteps()
             for r in bundle.events(rank, steps=steps):
                 cls = type(r)
                 if r.step in failed:

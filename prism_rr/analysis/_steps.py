@@ -28,15 +28,14 @@ class StepDurations(dict):
 
 
 class OpenSteps:
-    """Of one rank's records, read in order: the failed steps (`format.facts.failed_steps`,
-    the step a run failed or hung in) that its records reach but no Step record of its
-    closes, each as (step, its first record's start, the latest time its records reach).
+    """Of one rank's records of the failed steps (`format.facts.failed_steps`, the step a
+    run failed or hung in), read in order: the steps its records reach but no Step record of
+    its closes, each as (step, its first record's start, the latest time its records reach).
     An export shows that step as every command counts it, not only the steps that ended."""
 
-    __slots__ = ("failed", "spans", "closed")
+    __slots__ = ("spans", "closed")
 
-    def __init__(self, failed):
-        self.failed = frozenset(failed)
+    def __init__(self):
         self.spans: dict[int, list[int]] = {}
         self.closed: set[int] = set()
 
