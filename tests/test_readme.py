@@ -6,7 +6,9 @@ prose. They run in README order in one working directory, as a user following th
 would, so a command finds what earlier ones wrote (run.prism, run.prism.d, slice.prism,
 big.prism). What the README takes for granted is made here, named explicitly:
 
-- PLACEHOLDERS: files the README names but no README command makes (train.py, ...);
+- PLACEHOLDERS: files the README names but no README command makes (train.py, ...),
+  or that a README command makes elsewhere: demo.prism is a copy of `make demo`'s bundle
+  (the session's demo run writes it in a directory of its own);
 - `make demo` runs the Makefile's demo recipe (`prism-rr demo`) without its set-up step;
   `make gpu-check` is skipped: its tests need a CUDA GPU;
 - `python` and `torchrun` after `--` are this interpreter and its venv's torchrun;
@@ -87,8 +89,17 @@ def _record(out: str, nproc: int) -> list:
     return [*PRISM, "record", "-o", out, "--nproc", str(nproc), "--", sys.executable, "train.py"]
 
 
-# Files the README names that no README command makes: how the test makes each one.
-# A list is a command run in the working directory; a str is a file to copy there.
+@dataclass(frozen=True)
+class DemoBundle:
+    """A placeholder copied from the bundle of the session's `prism-rr demo ARGS` run
+    (`demo_runs`), once that run has ended with exit 0."""
+
+    args: tuple = ()
+
+
+# Files the README names that no README command makes here: how the test makes each one.
+# A list is a command run in the working directory; a str is a file to copy there; a
+# DemoBundle is a demo run's bundle, copied there.
 PLACEHOLDERS: dict[str, object] = {
     "train.py": TRAIN.replace("WIDTH", "8"),
     # "the code under test, edited": a layer one feature wider, so every gradient's shape
@@ -104,6 +115,9 @@ PLACEHOLDERS: dict[str, object] = {
     "hang-dumps/": ["cp", "-r", str(Path(__file__).parent / "data" / "fr" / "hang" / "pickle"), "hang-dumps"],
     "hang.py": ["sh", "-c", 'cp "$0/fr_hang.py" hang.py && cp "$0/fr_watchdog.py" .',
                 str(Path(__file__).parent / "replayer" / "scripts")],
+    # `make demo`'s bundle: the README's `make demo` runs as the session's demo run
+    # (`prism-rr demo`), which writes demo.prism in a directory of its own, not here.
+    "demo.prism": DemoBundle(),
     # A replay's own recording, to compare with the recording in the TUI.
     "replay.prism": [*PRISM, "replay", "run.prism", "--ranks", "0", "-o", "replay.prism", "--timeout", "120",
                      "--", sys.executable, "train.py"],
@@ -290,6 +304,7 @@ class Walkthrough:
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                         OMP_NUM_THREADS="1", PET_MASTER_PORT=str(_free_port()))
         self.env.pop("PRISM_RR_REPLAY_TRACE", None)
+        self.demo_runs = demo_runs
         self.demos = {(c.line, c.text): demo_runs.start(*plan(c).argv[len(PRISM) + 1:]).future
                       for c in COMMANDS if _is_demo(c)}
         # A placeholder command that reads no bundle (dp2.prism: a record of train.py) is
@@ -314,7 +329,13 @@ class Walkthrough:
             return
         if (self.work / name).exists():
             return
-        if isinstance(how, str) and name.endswith(".py"):
+        if isinstance(how, DemoBundle):
+            run = self.demo_runs.start(*how.args)
+            out = run.result()  # the demo's thread: wait for it, it may still be running
+            assert out.returncode == 0, (f"making {name}: {shlex.join(map(str, run.argv))} ended with exit "
+                                         f"{out.returncode}\n{out.stderr[-3000:]}")
+            shutil.copy(run.bundle, self.work / name)
+        elif isinstance(how, str) and name.endswith(".py"):
             (self.work / name).write_text(how)
         elif isinstance(how, str):
             self._make_source(how)
