@@ -273,9 +273,10 @@ class TrainRun:
 
 @pytest.fixture(scope="session")
 def demo_training(shared_runs):
-    """`demo_training(world, args, rep=0)`: the demo trainer run as `world` ranks with `args`
-    and --save-params, each (world, args, rep) once a test run. Rep 0 runs plainly; rep 1
-    runs under the recorder with full payloads and the memory tracker, and is packed. One
+    """`demo_training(world, args, rep=0, payload="full")`: the demo trainer run as `world`
+    ranks with `args` and --save-params, each (world, args, rep, payload) once a test run.
+    Rep 0 runs plainly; rep 1 runs under the recorder with `payload` (full unless asked) and
+    the memory tracker, and is packed. One
     such pair serves three tests: the training tests check rep 1 trains bitwise as rep 0
     did (the demo is reproducible), the recorder's tests (tests/recorder/test_frameworks.py)
     check the same of a recorded run and read its records, and the replayer's
@@ -285,7 +286,7 @@ def demo_training(shared_runs):
     from prism_rr.recorder import RecordOptions
     from prism_rr.recorder.launch import hook_env
 
-    def get(world: int, args: list, rep: int = 0) -> TrainRun:
+    def get(world: int, args: list, rep: int = 0, payload: str = "full") -> TrainRun:
         args = list(map(str, args))
 
         def make(d: Path) -> dict:
@@ -293,7 +294,7 @@ def demo_training(shared_runs):
             argv = [sys.executable, "-m", "prism_rr.demo.train", *args, "--save-params", str(run.params)]
             env = {"PYTHONWARNINGS": "ignore"}
             if rep:
-                env.update(hook_env(RecordOptions.make(run.spool_dir, payload="full", memory=True)))
+                env.update(hook_env(RecordOptions.make(run.spool_dir, payload=payload, memory=True)))
             run.codes = run_local(argv, world, env=env, timeout=TRAIN_TIMEOUT, cwd=d, log_dir=run.logs)
             if not rep and _aborted_at_exit(run, world):
                 # The plain run: see _aborted_at_exit. Once more; a recorded run never is.
@@ -302,7 +303,8 @@ def demo_training(shared_runs):
                 pack(run.spool_dir, run.bundle)
             return {"codes": run.codes}
 
-        d, made = shared_runs.get(f"train w{world} {' '.join(args)} rep{rep}", make)
+        d, made = shared_runs.get(f"train w{world} {' '.join(args)} rep{rep}" + (f" {payload}" if payload != "full" else ""),
+                                  make)
         return TrainRun(made["codes"], d, bool(rep))
 
     return get

@@ -38,6 +38,11 @@ class Divergence:
         )
 
 
+# A program that is the bundle (driver.py) has no frames of the user's: it sets here the
+# recorded stack of the call it makes, which stands for them.
+recorded_stack: tuple[str, ...] = ()
+
+
 def user_stack(depth: int = 6) -> tuple[str, ...]:
     """Innermost-first "file:line function" of the user's frames that made the call."""
-    return caller_stack(depth, skip=2) or ()
+    return caller_stack(depth, skip=2) or recorded_stack

@@ -11,7 +11,10 @@ from prism_rr.format.text import shown
 from prism_rr.replayer._hang import sentence
 from prism_rr.replayer._replace import note_lines as replace_notes
 from prism_rr.replayer._replace import words as replace_words
+from prism_rr.replayer._environment import current_versions
 from prism_rr.replayer._honesty import caveats, noise
+from prism_rr.replayer._transfers import card_lines as program_lines
+from prism_rr.replayer._transfers import merged as program_facts
 
 __all__ = ["card", "fidelity_report", "how_far"]
 
@@ -179,7 +182,19 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
                         if st.get("calibration") is not None} or None,
         # per real rank: the calls and steps it made against those recorded
         "progress": progress,
+        # a replay whose program is the bundle (--from-bundle): its calls on groups of real
+        # ranks by kind, recorded against replayed, and the outputs it compared (_transfers)
+        "bundle_program": _program(bundle, ranks, stats),
     }
+
+
+def _program(bundle, ranks, stats: dict[int, dict]) -> dict | None:
+    out = program_facts(stats)
+    if out is not None:
+        versions = bundle.rank_info(ranks[0]).get("versions") if ranks else None
+        was = versions.get("torch") if isinstance(versions, dict) else None
+        out.update(torch_recorded=was if isinstance(was, str) else None, torch_here=current_versions()["torch"])
+    return out
 
 
 def _slowest(stats: dict[int, dict], key: str) -> float | None:
@@ -389,6 +404,7 @@ def card(report: dict) -> str:
            f"({report.get('predicted_shape_mismatches', 0)} differ from the live ones)"
            if report.get("predicted_shape_calls") else ""),
     ]
+    lines += program_lines(report.get("bundle_program"), report["first_divergence"])
     d = report["first_divergence"]
     if d is not None:
         at = f" at {shown(d['stack'][0])}" if d.get("stack") else ""

@@ -396,8 +396,8 @@ class ReplayPolicy(Policy):
             return call.fn(*call.args)
         mine = torch.tensor([entry], dtype=torch.int64)
         entries = [torch.empty_like(mine) for _ in self._real_members]
-        self._real_pg.allgather([entries], [mine], AllgatherOptions()).wait()
-        call.fn(*call.args).wait()
+        s.waited(self._real_pg.allgather([entries], [mine], AllgatherOptions()))
+        s.waited(call.fn(*call.args))
         records = {g: s.schedule.collective(g, group.gid, call.seq) for g in self._real_members}
         done = s.clock.completion(records, {g: int(e) for g, e in zip(self._real_members, entries)})[s.rank]
         return s.work(done, list(call.outs), blocking=not call.async_op)
@@ -492,7 +492,7 @@ class ReplayPolicy(Policy):
         meta = torch.tensor([entry, vmax, len(data), len(splits), *splits, *[0] * (width - len(splits))],
                             dtype=torch.int64)
         metas = [torch.empty_like(meta) for _ in range(k)]
-        pg.allgather([metas], [meta], AllgatherOptions()).wait()
+        self._session.waited(pg.allgather([metas], [meta], AllgatherOptions()))
         metas = [m.tolist() for m in metas]
         size = max(m[2] for m in metas)
         if size == 0:
@@ -501,7 +501,7 @@ class ReplayPolicy(Policy):
         if data:
             mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         bufs = [torch.empty(size, dtype=torch.uint8) for _ in range(k)]
-        pg.allgather([bufs], [mine], AllgatherOptions()).wait()
+        self._session.waited(pg.allgather([bufs], [mine], AllgatherOptions()))
         return [(m, bytes(b[: m[2]].numpy())) for m, b in zip(metas, bufs)]
 
     # --- point to point -----------------------------------------------------------

@@ -62,6 +62,11 @@ class Program:
     windowed: bool  # the recording holds a window of the run's steps (calls after it are the program's own)
     held_ns: int  # the compute held in all (recorded time between actions)
 
+    @property
+    def one_step(self) -> bool:
+        """Whether all its calls are in one step."""
+        return self.calls[0].step == self.calls[-1].step
+
 
 def _refuse(rank: int, what: str) -> None:
     raise FormatError(f"rank {rank}'s recording cannot be run as a program: {what}")

@@ -192,6 +192,12 @@ class ReplaySession:
         # (payloads read and decompressed, outputs built), within the current step
         self.own_ns = 0
         self.steps: list[list] = []  # [step, start_ns, end_ns, compute_ns, peak_bytes, own_ns]
+        # When the last call gave control back, and how long calls waited inside the replayer
+        # for real peers (exchanges among real members), in all: a program that is the bundle
+        # (driver.py) tells the replayer's own time in a call from a wait with them
+        self.returned_ns = 0
+        self.blocked_ns = 0
+        self.program = None  # a program that is the bundle: its _transfers.Transfers
         self._steps = OptimizerSteps(self.mark_step)
         self.policies: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
         self.exiting = False
@@ -318,7 +324,7 @@ class ReplaySession:
     def returned(self) -> None:
         """The call gives control back: on the model clock issuing takes no time."""
         t = monotonic_ns()
-        self.last_return = t
+        self.last_return = self.returned_ns = t
         if self.virtual:
             self._real_mark = t  # the model mark stays at the entry
         else:
@@ -336,6 +342,13 @@ class ReplaySession:
         self._mark(t, model)
         if blocking:
             self.last_return = t  # waiting in a blocking call is not compute (as recorded)
+
+    def waited(self, work) -> None:
+        """work.wait() of a real backend inside a call: time with the real peers, not the
+        replayer's own (`blocked_ns`)."""
+        t = monotonic_ns()
+        work.wait()
+        self.blocked_ns += monotonic_ns() - t
 
     def touched(self, *objs) -> None:
         """The program used these tensors until now (for the memory tracker: a wait()
@@ -644,6 +657,7 @@ class ReplaySession:
             "timing": self.options.timing,
             "calibration": self.calibration,
             "trace": self.trace,
+            "program": None if self.program is None else self.program.facts(),
             "exiting": self.exiting,
         }
         text = json.dumps(facts)

@@ -26,16 +26,22 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
+from math import prod
 from time import monotonic_ns
 
 from prism_rr.errors import PrismError
-from prism_rr.format import ops
-from prism_rr.format import open_bundle
+from prism_rr.format import open_bundle, ops
+from prism_rr.format.records import PointToPoint
+from prism_rr.format.text import shown
+from prism_rr.replayer import _divergence
+from prism_rr.replayer._hang import failed, recorded_exit
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
-from prism_rr.replayer._program import Program, program_of
+from prism_rr.replayer._program import DTYPE_BYTES, Program, program_of
 from prism_rr.replayer._session import sleep_until
+from prism_rr.replayer._transfers import Transfers
 
 # Forms whose call writes its result into its input (torch's in-place collectives), and
 # the one-tensor forms a coalesced op makes several of at once.
@@ -48,6 +54,25 @@ log = logging.getLogger("prism_rr.replayer")
 # the last stretch of a hold is spun (a sleeping thread wakes late): shorter than a waiting
 # rank's, as a compute hold comes between every two calls and the late part is made up later
 _SPIN_NS = 200_000
+
+
+# faulthandler's words for the signals it reports (a crash file's), and the signals a
+# recorder saw stop a program (its `how`'s "SIGTERM", ...)
+_FAULTS = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS,
+           "Floating-point exception": signal.SIGFPE, "Floating point exception": signal.SIGFPE,
+           "Illegal instruction": signal.SIGILL}
+_STOPS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGUSR1",
+          "SIGUSR2")
+
+
+def _signal(name) -> int | None:
+    if name in _FAULTS:
+        return _FAULTS[name]
+    return getattr(signal, name) if name in _STOPS else None
+
+
+def _hexes(values) -> str:
+    return ", ".join(v.hex() if isinstance(v, bytes) else f"{v & ((1 << 64) - 1):016x}" for v in values)
 
 
 def _seed(rank: int, gid: int, seq: int, i: int) -> int:
@@ -66,7 +91,10 @@ class _Driver:
         self.bundle = bundle
         self.real = real
         self.groups: dict[int, object] = {}
-        self.works: dict[int, object] = {}
+        self.works: dict[int, tuple] = {}  # call index -> (its Work, when it was made, its tensors)
+        self.all_real = frozenset(gid for gid, (ranks, _) in program.groups.items() if set(ranks) <= set(real))
+        self.transfers = Transfers()
+        self._futureless: set[tuple] = set()  # (group, op) whose Works have no future
         self.session = None
         self.memory = None  # the replay's CPU memory tracker, where the recording has memory
         self.ballast = None  # bytes held so that the tracked memory is the recorded
@@ -86,6 +114,8 @@ class _Driver:
         dist = self.dist
         dist.init_process_group("gloo")
         self.session = current_session()
+        if self.session is not None:
+            self.session.program = self.transfers  # written with the rank's results
         self.groups[0] = dist.group.WORLD
         memory = getattr(self.session, "_memory", None)
         if type(memory).__name__ == "CpuMemoryTracker":
@@ -165,8 +195,6 @@ class _Driver:
 
     def prepare(self, rec):
         """What a call needs, made before the compute before it is held."""
-        from prism_rr.format.records import PointToPoint
-
         group = self.groups[rec.group]
         if type(rec) is PointToPoint:
             receives = ops.receives(rec.op)
@@ -276,21 +304,141 @@ class _Driver:
                 if s is not None:
                     s.inputs_made_up = not known
                     s.inputs_made_up_calls += not known
+                _divergence.recorded_stack = rec.stack or ()
+                t, blocked = monotonic_ns(), s.blocked_ns if s is not None else 0
                 work = self.call(rec, group, ins, outs)
                 if rec.async_op and work is not None:
-                    self.works[a.index] = work
+                    self.works[a.index] = (work, t, ready, self._done_at(rec, work))
+                late += self._own_excess(a, t, blocked)
+                if not rec.async_op:
+                    late += self.completed(rec, ready, t)
             elif a.kind == "wait":
-                work = self.works.pop(a.index, None)
-                if work is not None:
-                    work.wait()
+                made = self.works.pop(a.index, None)
+                if made is not None:
+                    made[0].wait()
+                    late += self.completed(p.calls[a.index], made[2], made[1], made[3])
             else:
+                t = monotonic_ns()
                 prism_rr.step()
                 self.peak_made = 0
+                late += monotonic_ns() - t  # the replayer's own (a step's marker took its time as recorded)
             back = monotonic_ns()
             cursor = max(cursor, a.back_ns)
-        for work in self.works.values():  # recorded as never waited for: done before the end
-            work.wait()
+        for made in self.works.values():  # recorded as never waited for: done before the end
+            made[0].wait()
         self.works.clear()
+
+    # --- what a call did ------------------------------------------------------------
+
+    def _done_at(self, rec, work) -> list | None:
+        """Where an asynchronous call on a group of real ranks completes: its future's
+        callback puts the time in the list (gloo's send and recv have none: their wait()
+        returning is their end, as the recorder takes it)."""
+        kind = (rec.group, rec.op)
+        if rec.group not in self.all_real or kind in self._futureless:
+            return None
+        try:
+            future = work.get_future()
+        except RuntimeError:
+            self._futureless.add(kind)  # an exception from C++ costs ~20 us: asked once
+            return None
+        done: list = []
+        future.add_done_callback(lambda _: done.append(monotonic_ns()))
+        return done
+
+    def completed(self, rec, ready, t: int, done_at: list | None = None) -> int:
+        """Call `rec`, made at `t` (`ready`: what prepare() made for it), has completed (at
+        the first of `done_at`'s time and now, as the recorder takes it): on a group of real
+        ranks only, its time goes into the transfer table and its outputs, where every input
+        was the recorded bytes, are compared with the recorded ones. Returns the time this
+        took (the replayer's own, taken off the next hold)."""
+        now = monotonic_ns()
+        if rec.group not in self.all_real or rec.end_ns is None:
+            return 0
+        p2p = type(rec) is PointToPoint
+        shapes = (rec.shapes,) if p2p else (rec.in_shapes, rec.out_shapes)
+        dtypes = (rec.dtypes,) if p2p else (rec.in_dtypes, rec.out_dtypes)
+        nbytes = max(sum(prod(x) * DTYPE_BYTES[d] for x, d in zip(sh, dt)) for sh, dt in zip(shapes, dtypes))
+        end = min(done_at[0], now) if done_at else now
+        if rec.step > self.p.first_step or self.p.one_step:  # a first step's calls wait out the ranks' start-up
+            size = len(self.p.groups[rec.group][0])
+            self.transfers.add(rec.op, size, nbytes, rec.end_ns - rec.start_ns, end - t)
+        _, ins, outs, known = ready
+        if known and self._others_known(rec, p2p):
+            self._compare_outputs(rec, ins if p2p or ops.lookup(rec.op).form in _IN_PLACE else outs, p2p)
+        return monotonic_ns() - now
+
+    def _others_known(self, rec, p2p: bool) -> bool:
+        """Whether every other member gave this call the recorded bytes (so that its outputs
+        are the recording's where the backend computes as it did): a receive's sender kept
+        its message's; every member of a collective its inputs."""
+        sched = self.session.schedule if self.session is not None else None
+        if sched is None:
+            return False
+        if p2p:
+            if not ops.receives(rec.op):
+                return False  # a send has no output
+            sent = sched.p2p(rec.peer, rec.group, "send", self.p.rank, rec.seq)
+            return sent is not None and sent.blob is not None
+        for m in self.p.groups[rec.group][0]:
+            theirs = sched.collective(m, rec.group, rec.seq)
+            if theirs is None or (theirs.blob_in is None and theirs.in_shapes):
+                return False
+        return True
+
+    def _compare_outputs(self, rec, outputs, p2p: bool) -> None:
+        """The call's outputs against the recorded payload ids or digests: a difference is
+        a divergence (the backend computed otherwise), at the recorded call's stack."""
+        from prism_rr.format.blobs import blob_id
+        from prism_rr.intercept.payload import digests, host_bytes
+
+        blobs, digested = (rec.blob, rec.digest) if p2p else (rec.blob_out, rec.digest_out)
+        if blobs is not None and len(blobs) == len(outputs):
+            field, want, got = "payload_out", tuple(blobs), tuple(blob_id(host_bytes(t)) for t in outputs)
+        elif digested is not None and len(digested) == len(outputs):
+            field, want, got = "digest_out", tuple(digested), digests(outputs)
+        else:
+            return
+        self.transfers.outputs_checked += 1
+        if want != got and self.session is not None:
+            self.session.diverge(rec.group, rec.seq, rec.op, field, _hexes(want), _hexes(got),
+                                 tuple(rec.stack or ()) or None)
+
+    def _own_excess(self, a, t: int, blocked: int) -> int:
+        """How much longer than recorded the call begun at `t` took because of the replayer's
+        own work in it (checking it, modelling its virtual peers, building their data): what
+        of its overrun fell before the replayer gave control back, less any wait there for
+        real peers (`blocked`: the session's count when it began). Taken off the compute held
+        after it, as a late wake is, so that the replayer's work does not add to the step;
+        a wait for a peer, or a backend slower than recorded, still does."""
+        s = self.session
+        now = monotonic_ns()
+        if s is None or s.returned_ns < t:
+            return 0
+        own = s.returned_ns - t - (s.blocked_ns - blocked)
+        over = (now - t) - (a.back_ns - a.at_ns)
+        return max(0, min(own, over))
+
+    def end_as_recorded(self) -> int:
+        """Where the rank's program failed in the recording after its last call (sys.exit's
+        code, an unhandled exception, a signal: its rank info's `exit`, or its crash file's),
+        it ends so here: the exit code returned, or the signal raised on this process (its
+        results written first). 0 where it did not, or the recording does not say."""
+        how = recorded_exit(self.bundle.rank_info(self.p.rank))
+        if not failed(how):
+            return 0
+        code, sig = how.get("code"), _signal(how.get("signal"))
+        if not (type(code) is int and code != 0) and sig is None:
+            return 0
+        print(f"prism-rr: rank {self.p.rank}'s program ended here in the recording ({shown(how.get('how'))}); "
+              f"so does the replay's", file=sys.stderr, flush=True)
+        if sig is None:
+            return code & 0xFF or 1
+        if self.session is not None:
+            self.session.write()
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return 128 + sig  # not reached
 
     def finish(self) -> None:
         dist = self.dist
@@ -321,8 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         driver = _Driver(program, bundle, tuple(options.ranks))
         driver.start()
         driver.run()
-        driver.finish()
-    return 0
+        code = driver.end_as_recorded()
+        if not code:
+            driver.finish()
+    return code
 
 
 if __name__ == "__main__":

@@ -3,13 +3,17 @@ each real rank makes its recorded calls through torch.distributed (driver.py), a
 same virtual peers, divergence check and card as any replay. A bundle whose calls no
 program could make is refused in one line before any rank starts.
 
-The recordings are the session's: the demo (`make_demo`, digest payloads, steps 1-3 of a
-windowed run) and the DDP trainer recorded with full payloads (`demo_training`, rep 1, as
-test_replay_parallel reads it)."""
+The recordings are the session's: the demo (`make_demo`: FSDP2 x TP, digest payloads,
+steps 1-3 of a windowed run), the demo trainer's DDP, FSDP2 x TP and pipelining layouts
+recorded with full payloads (`demo_training`, rep 1, as test_replay_parallel reads them)
+and DDP with digest payloads, and crashy.py's shape mismatch (`crashy_runs`). The Flight
+Recorder hang's are test_fr_replay.py's."""
 
 import json
+import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -23,7 +27,13 @@ from replay_helpers import stderr_of
 
 BIN = __import__("pathlib").Path(sys.executable).parent
 PRISM = [str(BIN / "prism-rr")] if (BIN / "prism-rr").exists() else [sys.executable, "-m", "prism_rr.cli"]
-DDP = (2, ["--steps", "3", "--seed", "7", "--dp-mode", "ddp"])  # test_replay_parallel's "ddp" recording
+TRAIN = ["--steps", "3", "--seed", "7"]
+LAYOUTS = {  # test_replay_parallel's recordings
+    "ddp": (2, [*TRAIN, "--dp-mode", "ddp"]),
+    "fsdp_tp": (4, [*TRAIN, "--tp", "2"]),
+    "pp": (2, [*TRAIN, "--pp", "2"]),
+}
+DDP = LAYOUTS["ddp"]
 
 
 @pytest.mark.timeout(200)
@@ -105,3 +115,102 @@ def test_a_bundle_no_program_could_be_is_refused_in_one_line(tmp_path):
     assert "rank 0's recording cannot be run as a program" in out.stderr
     helped = subprocess.run([*PRISM, "replay", "--help"], capture_output=True, text=True, timeout=60)
     assert "--from-bundle" in helped.stdout
+
+
+def _recorded(demo_training, name, payload="full"):
+    world, args = LAYOUTS[name]
+    run = demo_training(world, args, 1, payload)
+    assert run.codes == [0] * world, run.codes
+    return run.bundle, world
+
+
+def _program(result) -> dict:
+    """The report's account of a bundle program, after checking the replay went as recorded."""
+    rep = result.report
+    assert result.exit_code == 0, stderr_of(result, rep["ranks"][0]) + result.card
+    assert rep["diverged"] is False and rep["stopped_early"] == [] and rep["hang"] is None
+    assert [s["step"] for s in rep["steps"]] == [0, 1, 2]
+    assert rep["iteration_time_error_pct"] is not None and rep["recorded_step_spread_pct"] is not None
+    return rep["bundle_program"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name,payload", [("ddp", "full"), ("fsdp_tp", "full"), ("ddp", "digest")])
+def test_trainers_replay_with_one_rank_and_with_every_rank_real(demo_training, tmp_path, name, payload):
+    """One real rank against virtual peers, then every rank real: no divergence; with every
+    rank real, each call's time on this machine's gloo is tabled beside the recorded one,
+    and every output whose inputs were all recorded bytes is the recorded one, bit for bit."""
+    bundle, world = _recorded(demo_training, name, payload)
+    one = replay(bundle, ranks=(world - 1,), from_bundle=True, timeout=150, log_dir=tmp_path / "one")
+    program = _program(one)
+    assert program["transfers"] == [] and program["outputs_checked"] == 0  # no group of real ranks
+    assert (one.report["inputs_made_up_calls"] == 0) == (payload == "full")
+    every = replay(bundle, ranks="all", from_bundle=True, timeout=150, log_dir=tmp_path / "all")
+    program = _program(every)
+    ops = {row["op"] for row in program["transfers"]}
+    assert {"all_reduce" if name == "ddp" else "all_gather_into_tensor"} <= ops, program["transfers"]
+    assert all(row["calls"] > 0 and row["recorded_us"] > 0 and row["replayed_us"] > 0 for row in program["transfers"])
+    # full payloads: every call's outputs; digest: the small calls, whose bytes were kept
+    assert program["outputs_checked"] > (100 if (name, payload) == ("fsdp_tp", "full") else 5), program
+    assert program["torch_recorded"] == program["torch_here"]
+    assert f"outputs of {program['outputs_checked']} calls among real ranks as recorded" in every.card
+    assert "transfers on this machine's backend" in every.card
+
+
+@pytest.mark.timeout(200)
+def test_pipeline_stages_send_and_receive_as_recorded(demo_training, tmp_path):
+    bundle, _ = _recorded(demo_training, "pp")
+    last = replay(bundle, ranks=(1,), from_bundle=True, timeout=150, log_dir=tmp_path / "one")
+    _program(last)
+    both = replay(bundle, ranks="all", from_bundle=True, timeout=150, log_dir=tmp_path / "all")
+    program = _program(both)
+    assert {"isend", "irecv"} <= {row["op"] for row in program["transfers"]}
+    assert program["outputs_checked"] > 0  # the activations and gradients received, as recorded
+
+
+@pytest.mark.timeout(200)
+def test_a_backend_that_computes_an_output_otherwise_is_a_divergence(demo_training, tmp_path):
+    """The recording says one all_reduce of step 1 gave other bytes than this machine's gloo
+    gives from the same inputs (as another gloo or NCCL version might): the replay with every
+    rank real stops there, naming the call, the recorded stack and both torch versions."""
+    from prism_rr.format import open_bundle
+    from prism_rr.format.blobs import write_blob
+
+    bundle, world = _recorded(demo_training, "ddp")
+    other = tmp_path / "other.prism"
+    with open_bundle(bundle) as b, Rewrite(other) as rw:
+        target = next(r for r in b.events(0) if type(r) is Collective and r.op == "all_reduce" and r.step == 1)
+        for rank in range(world):
+            records = []
+            for rec in b.events(rank):
+                for name in ("blob_in", "blob_out", "blob"):
+                    for ident in getattr(rec, name, None) or ():
+                        write_blob(rw.spool_dir, b.blob(ident))
+                if type(rec) is Collective and (rec.group, rec.seq) == (target.group, target.seq):
+                    rec = replace(rec, blob_out=(write_blob(rw.spool_dir, b"another backend's sum"),))
+                records.append(rec)
+            rw.write_rank(rank, b.rank_info(rank), [records])
+        rw.pack(b.manifest.get("run") or {}, manifest_extra={})
+    result = replay(other, ranks="all", from_bundle=True, timeout=150, log_dir=tmp_path / "logs")
+    assert result.exit_code == 3, result.card
+    d = result.report["first_divergence"]
+    assert (d["op"], d["group"], d["seq"], d["what"]) == ("all_reduce", target.group, target.seq, "payload_out"), d
+    assert d["stack"] == list(target.stack)  # where the recorded program made it
+    assert "this machine's backend computed it otherwise (torch " in result.card
+
+
+@pytest.mark.timeout(200)
+def test_a_recorded_shape_mismatch_reproduces(crashy_runs, tmp_path):
+    """crashy.py abort: rank 1 all_reduces a tensor of another size in step 2 and gloo aborts.
+    Replayed from the bundle, each rank stops at that call, as a program replay does (exit 7)."""
+    run = crashy_runs("abort")
+    for ranks in ((0,), (1,)):
+        result = replay(run.bundle, ranks=ranks, from_bundle=True, timeout=60, log_dir=tmp_path / f"r{ranks[0]}")
+        assert result.exit_code == 7, result.card
+        assert "mismatch reproduced" in result.card and "rank 1 passed shapes [5] where rank 0 passed [3]" in result.card
+    # Every rank real: gloo aborts rank 0 there, as it did in the recording (as a program
+    # replay of crashy.py does; the launcher then ends rank 1)
+    every = replay(run.bundle, ranks="all", from_bundle=True, timeout=60, log_dir=tmp_path / "all")
+    assert every.rank_codes[0] == -signal.SIGABRT, every.card
+    assert "rank 0 was ended by signal 6 (how far it got is not known), as in the recording (crashed: Aborted)" \
+        in every.card

@@ -283,6 +283,22 @@ def test_every_call_gloos_recorder_writes_matches_its_entry(tmp_path):
         assert not rep["diverged"] and rep["hang"] is None and rep["progress"]["0"]["complete"]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["pickle", "flight"])
+def test_the_dump_alone_reproduces_the_hang(hung, kind, tmp_path):
+    """No program at all (issue 39): the bundle is the program. Rank 0 stops at the call
+    rank 1 never joined, at the stack the dump recorded (exit 7); rank 1 is the rank they
+    wait for."""
+    for rank, said in ((0, f"hang: rank 0's all_reduce (group 1 'row', seq 3) at fr_hang.py:{SKIPPED} in <module> "
+                           "waits for rank 1, which never joined it in the recording; rank 1's last call was "
+                           f"all_reduce (group 1 'row', seq 2) at fr_hang.py:{LOSS} in <module>"),
+                       (1, "hang: rank 1 is the rank they wait for: its program ended without all_reduce "
+                           f"(group 1 'row', seq 3) at fr_hang.py:{SKIPPED} in <module>")):
+        r = run_cli("replay", hung[kind], "--ranks", rank, "--from-bundle", "--timeout", 90, timeout=150, env=ENV)
+        assert r.returncode == 7, r.stderr[-3000:]
+        assert _card_line(r.stderr, "hang:").startswith(said), r.stderr[-3000:]
+
+
 def test_replay_without_a_command_is_refused_for_a_dump(hung):
     """A dump names no command: the program must be given."""
     r = run_cli("replay", hung["pickle"], "--ranks", "0", "--run-recorded-command")

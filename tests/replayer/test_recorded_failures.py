@@ -136,6 +136,23 @@ def test_a_peer_killed_mid_step(killed_peer, tmp_path):
     assert "this call ended in this error in the recording" in (result.log_dir / "rank0.stderr").read_text()
 
 
+@pytest.mark.timeout(240)
+def test_without_the_program_each_failure_ends_the_replay_as_it_ended_the_recording(crashy_runs, killed_peer,
+                                                                                    tmp_path):
+    """The bundle as the program (--from-bundle, issue 39): the segfaulted rank's driver
+    ends by the same signal after its last recorded call, and its peer stops where it
+    waited; the killed peer's survivor's call raises the recorded error again (exit 7)."""
+    segv = crashy_runs("segv").bundle
+    crashed = replay(segv, ranks=(1,), from_bundle=True, timeout=120, log_dir=tmp_path / "segv1")
+    assert crashed.exit_code == HUNG and crashed.rank_codes[1] == -11, _verdict(crashed)
+    assert crashed.report["reproduced"] and "as in the recording (crashed: Segmentation fault)" in crashed.card
+    survivor = replay(segv, ranks=(0,), from_bundle=True, timeout=120, log_dir=tmp_path / "segv0")
+    assert survivor.exit_code == HUNG and survivor.report["hang"]["kind"] == "never_joined", _verdict(survivor)
+    killed = replay(killed_peer.bundle, ranks=(0,), from_bundle=True, timeout=120, log_dir=tmp_path / "killed")
+    assert killed.exit_code == HUNG and killed.report["hang"]["kind"] == "failed", _verdict(killed)
+    assert "call failed as in the recording: rank 0's all_reduce" in killed.card
+
+
 @pytest.fixture(scope="module")
 def ended_well(tmp_path_factory):
     """The trainer without a bug, recorded with full payloads."""

@@ -85,6 +85,23 @@ def test_the_attempt_that_ran_to_the_end_replays_whole(restarted, tmp_path, rank
     assert "attempt 1 of the job's attempts 0, 1\n" in r.stderr
 
 
+@pytest.mark.timeout(400)
+def test_each_attempt_replays_without_the_program(restarted, tmp_path):
+    """The bundle as the program (--from-bundle, issue 39): attempt 0's rank 1 exits 17 after
+    its last recorded call, as it did (exit 7, reproduced); attempt 1 replays whole."""
+    failed = run_cli("replay", restarted, "--attempt", "0", "--ranks", 1, "--from-bundle", "--timeout", 90,
+                     "--report", tmp_path / "a0.json", timeout=150, env=ENV)
+    assert failed.returncode == 7, failed.stderr[-3000:]
+    rep = json.loads((tmp_path / "a0.json").read_text())
+    assert rep["reproduced"] and rep["rank_exit_codes"] == {"1": 17} and not rep["diverged"]
+    assert "exited with code 17 after 8 of 8 recorded calls" in failed.stderr
+    whole = run_cli("replay", restarted, "--attempt", "1", "--ranks", "all", "--from-bundle", "--timeout", 90,
+                    "--report", tmp_path / "a1.json", timeout=150, env=ENV)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    rep = json.loads((tmp_path / "a1.json").read_text())
+    assert rep["attempt"]["attempt"] == 1 and not rep["diverged"] and not rep["stopped_early"]
+
+
 def test_an_attempt_the_bundle_lacks_is_a_usage_error(restarted):
     r = run_cli("replay", restarted, "--attempt", "5", "--ranks", "0", "--", sys.executable, ELASTIC, "/tmp")
     assert r.returncode == 2 and "holds no attempt 5" in r.stderr and "Traceback" not in r.stderr
