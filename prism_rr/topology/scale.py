@@ -437,8 +437,8 @@ def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: 
             ch["group"] = ctx.gid(rec.group)
             if rec.root is not None:
                 ch["root"] = ctx.rank(rec.root, rec.group)
-            if rec.issued_ns is not None:
-                ch["issued_ns"] = shift(rec.issued_ns)
+            if rec.issued_ns is not None:  # a blocking call's start moved later: it returns after it
+                ch["issued_ns"] = max(shift(rec.issued_ns), ch["start_ns"])
             ch.update(digest_in=None, digest_out=None, blob_in=None, blob_out=None)
         elif cls is PointToPoint:
             ch["start_ns"] = shift(rec.start_ns)

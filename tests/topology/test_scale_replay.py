@@ -20,15 +20,19 @@ _MAXRSS = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); 
            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode)")
 
 
-def _replay(bundle, report, dp: int) -> int:
-    """Peak RSS (KiB) of the replay's processes (the launcher and the replayed rank).
+def _replay(bundle, report, dp: int, *, from_bundle: bool = False) -> int:
+    """Peak RSS (KiB) of the replay's processes (the launcher and the replayed rank), which
+    runs the demo, or with `from_bundle` the bundle as its program (issue 39).
 
     `--timing none`: virtual peers do not wait out the recorded times, which are those of
     a demo recorded beside other tests; every call is checked all the same."""
     cmd = [sys.executable, "-m", "prism_rr.cli", "replay", str(bundle), "--ranks", "0",
-           "--report", str(report), "--timeout", "60", "--timing", "none", "--",
-           sys.executable, "-m", "prism_rr.demo.train", "--steps", "4", "--tp", "2", "--quiet",
-           "--batch-size", str(4 * dp)]
+           "--report", str(report), "--timeout", "60", "--timing", "none"]
+    if from_bundle:
+        cmd.append("--from-bundle")
+    else:
+        cmd += ["--", sys.executable, "-m", "prism_rr.demo.train", "--steps", "4", "--tp", "2", "--quiet",
+                "--batch-size", str(4 * dp)]
     out = subprocess.run([sys.executable, "-c", _MAXRSS, *cmd], capture_output=True, text=True, timeout=70)
     rss, code = out.stdout.split()[-2:]
     assert int(code) == 0, out.stderr[-3000:]
@@ -68,3 +72,9 @@ def test_replay_rank0_of_world_8192(tmp_path, make_demo):
         ag = next(r for r in b.events(0) if isinstance(r, Collective) and r.op == "all_gather_into_tensor")
         assert ag.out_shapes[0][0] == 4096 * ag.in_shapes[0][0]
     assert rss[4096] <= 1.5 * rss[2], rss  # memory grows with roles, not with the world
+    # The bundle as the program: rank 0 of dp 4096 makes its predicted calls, every one checked
+    rss["bundle"] = _replay(tmp_path / "dp4096.prism", tmp_path / "bundle.json", 4096, from_bundle=True)
+    f = json.loads((tmp_path / "bundle.json").read_text())
+    assert f["exit_code"] == 0 and f["diverged"] is False and f["predicted_shape_calls"] == 0
+    assert [s["step"] for s in f["steps"]] == [1, 2, 3] and f["mode"] == "prediction"
+    assert rss["bundle"] <= 1.5 * rss[2], rss
