@@ -82,13 +82,15 @@ def test_full_payloads_are_the_inputs_and_are_checked(demo_training, tmp_path):
     assert [s["step"] for s in rep["steps"]] == [0, 1, 2]
 
 
-def _bundle(path, calls, *, world=2):
-    """A bundle of `world` ranks, each with the world group and `calls` (Collectives of group 0)."""
+def _bundle(path, calls, *, world=2, group=None):
+    """A bundle of `world` ranks, each with the world group (and group id `group` of the
+    world, where given) and `calls` (Collectives of group 0)."""
     with Rewrite(path) as rw:
         for rank in range(world):
             info = {"world_size": world, "rank": rank, "backend": "gloo", "device": "cpu"}
-            head = [GroupInfo(start_ns=0, end_ns=0, step=0, group=0, ranks=tuple(range(world)), name="0",
-                              text="default_pg", backend="gloo")]
+            head = [GroupInfo(start_ns=0, end_ns=0, step=0, group=g, ranks=tuple(range(world)), name=str(g),
+                              text="default_pg" if g == 0 else "", backend="gloo")
+                    for g in ((0,) if group is None else (0, group))]
             end = max(c.end_ns or c.start_ns for c in calls)
             rw.write_rank(rank, info, [head + list(calls) + [Step(start_ns=0, end_ns=end, step=0)]])
         rw.pack({}, manifest_extra={})
@@ -104,7 +106,9 @@ def test_a_bundle_no_program_could_be_is_refused_in_one_line(tmp_path):
     huge = _bundle(tmp_path / "huge.prism", [_all_reduce(0, 10, 20, shape=(1 << 40,))])
     backwards = _bundle(tmp_path / "backwards.prism", [_all_reduce(0, 10, 20), _all_reduce(1, 50, 30)])
     asleep = _bundle(tmp_path / "asleep.prism", [_all_reduce(0, 10, 20), _all_reduce(1, 2 * 3600 * 10**9, 2 * 3600 * 10**9 + 5)])
-    for path, said in ((huge, "over 8 GiB"), (backwards, "negative duration"), (asleep, "7200 s of compute")):
+    million = _bundle(tmp_path / "million.prism", [_all_reduce(0, 10, 20)], group=10**6)  # a millionth group
+    for path, said in ((huge, "over 8 GiB"), (backwards, "negative duration"), (asleep, "7200 s of compute"),
+                       (million, r"group id 1000000 \(a program makes at most 65536 groups\)")):
         with pytest.raises(FormatError, match=said):
             replay(path, ranks="all", from_bundle=True, timeout=30)
     with pytest.raises(UsageError, match="runs no command"):
