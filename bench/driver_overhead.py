@@ -90,7 +90,7 @@ def _driver(program, bundle):
                          "on the world group only")
     d = _Driver(program, bundle, (0,))
     d.groups[0] = dist.group.WORLD
-    d._made_up(0, 0, 0, (1,), "float32")  # start()'s warm-up of the made-up inputs' operators
+    d.warm_up()  # as start() does
     return d
 
 
@@ -181,15 +181,15 @@ def _parts(program, bundle, repeats: int) -> dict:
 
     def inputs():
         for rec in calls:
-            d._inputs(rec, rec.in_shapes, rec.in_dtypes, rec.blob_in)
+            d._inputs(rec.in_shapes, rec.in_dtypes, rec.blob_in, True)
 
     def prepare():
         for rec in calls:
             d.prepare(rec)
 
     def completed():
-        for rec, ready in zip(calls, readies):
-            d.completed(rec, ready, 0)
+        for i, ready in enumerate(readies):
+            d.completed(i, ready, 0)
 
     out = {}
     for name, fn in (("prepare", prepare), ("inputs", inputs), ("completed", completed)):

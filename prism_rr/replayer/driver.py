@@ -54,6 +54,8 @@ log = logging.getLogger("prism_rr.replayer")
 # the last stretch of a hold is spun (a sleeping thread wakes late): shorter than a waiting
 # rank's, as a compute hold comes between every two calls and the late part is made up later
 _SPIN_NS = 200_000
+_KEPT_BYTES = 64 << 20  # tensors made once and used again: made-up inputs, small payloads
+_KEPT_PAYLOAD = 64 << 10  # a recorded payload up to this size is kept by its id
 
 
 # faulthandler's words for the signals it reports (a crash file's), and the signals a
@@ -71,12 +73,19 @@ def _signal(name) -> int | None:
     return getattr(signal, name) if name in _STOPS else None
 
 
+def _kind(rec, size: int, p2p: bool) -> tuple[str, int, int]:
+    """A call's kind in the transfer table: op, group size, and the bytes of its larger side."""
+    shapes = (rec.shapes,) if p2p else (rec.in_shapes, rec.out_shapes)
+    dtypes = (rec.dtypes,) if p2p else (rec.in_dtypes, rec.out_dtypes)
+    return rec.op, size, max(sum(prod(x) * DTYPE_BYTES[d] for x, d in zip(sh, dt)) for sh, dt in zip(shapes, dtypes))
+
+
 def _hexes(values) -> str:
     return ", ".join(v.hex() if isinstance(v, bytes) else f"{v & ((1 << 64) - 1):016x}" for v in values)
 
 
-def _seed(rank: int, gid: int, seq: int, i: int) -> int:
-    return (((rank * 1_000_003 + gid) * 1_000_033 + seq) * 131 + i) & ((1 << 63) - 1)
+def _seed(rank: int, made: int) -> int:
+    return (rank * 1_000_003 + made) * 1_000_033 & ((1 << 63) - 1)
 
 
 class _Driver:
@@ -95,6 +104,10 @@ class _Driver:
         self.all_real = frozenset(gid for gid, (ranks, _) in program.groups.items() if set(ranks) <= set(real))
         self.transfers = Transfers()
         self._futureless: set[tuple] = set()  # (group, op) whose Works have no future
+        self._kinds: dict[int, tuple] = {}  # call index -> its kind in the transfer table
+        self._kept: dict[tuple, object] = {}  # made-up inputs and small payloads, made once (_kept_or)
+        self._kept_bytes = 0
+        self._seeds = 0  # made-up tensors made so far: the next one's seed
         self.session = None
         self.memory = None  # the replay's CPU memory tracker, where the recording has memory
         self.ballast = None  # bytes held so that the tracked memory is the recorded
@@ -125,9 +138,7 @@ class _Driver:
             except (ValueError, OSError):
                 total = 1 << 32
             self.memory_cap = total // (2 * max(1, len(self.real)))
-        # the first operator under the replay's memory tracker imports torch._dynamo
-        # (seconds): here, in the set-up, not in the first recorded step
-        self._made_up(0, 0, 0, (1,), "float32")
+        self.warm_up()
         world = self.p.world_size
         stand_in = next((r for r in range(world) if r not in self.real), 0)
         for gid in range(1, self.p.last_gid + 1):
@@ -137,17 +148,39 @@ class _Driver:
             if self.p.rank in ranks:
                 self.groups[gid] = pg
 
+    def warm_up(self) -> None:
+        """The first operator under the replay's memory tracker imports torch._dynamo
+        (seconds): made here, in the set-up, not in the first recorded step."""
+        self._make_up((1,), "float32")
+
     # --- tensors ------------------------------------------------------------------
 
-    def _made_up(self, gid: int, seq: int, i: int, shape, dtype: str):
-        """Seeded values of the recorded shape and dtype: a multiplicative hash of each
-        element's index (torch's generators would import torch._dynamo, seconds, here)."""
+    def _kept_or(self, key, make, fresh: bool):
+        """A tensor made once by make() and kept (while they fit in _KEPT_BYTES), a copy where
+        the call writes into its input (`fresh`): a made-up input, or a small payload's."""
+        t = self._kept.get(key)
+        if t is None:
+            t = make()
+            size = t.numel() * t.element_size()
+            if self._kept_bytes + size > _KEPT_BYTES:
+                return t
+            self._kept[key] = t
+            self._kept_bytes += size
+        return t.clone() if fresh else t
+
+    def _made_up(self, i: int, shape, dtype: str, fresh: bool):
+        """Seeded values of the recorded shape and dtype (the call's `i`th tensor), made once
+        for each such tensor: made up, they are never compared with anything."""
+        return self._kept_or((shape, dtype, i), lambda: self._make_up(shape, dtype), fresh)
+
+    def _make_up(self, shape, dtype: str):
+        """A multiplicative hash of each element's index, seeded by the rank and how many
+        were made before (torch's generators would import torch._dynamo, seconds, here)."""
+        self._seeds += 1
         torch = self.torch
         dt = getattr(torch, dtype)
-        n = 1
-        for d in shape:
-            n *= d
-        h = torch.arange(n, dtype=torch.int64).add_(_seed(self.p.rank, gid, seq, i) % (1 << 31))
+        n = prod(shape)
+        h = torch.arange(n, dtype=torch.int64).add_(_seed(self.p.rank, self._seeds) % (1 << 31))
         h.mul_(2654435761).remainder_(1 << 31)
         if dt.is_floating_point or dt.is_complex:
             x = h.to(torch.float32).mul_(2.0 / (1 << 31)).sub_(1.0)
@@ -157,16 +190,26 @@ class _Driver:
             x = h.remainder_(16)
         return x.to(dt).reshape(shape)
 
-    def _inputs(self, rec, shapes, dtypes, blobs) -> tuple[list, bool]:
-        """The call's inputs, and whether they are the recorded bytes."""
+    def _inputs(self, shapes, dtypes, blobs, fresh: bool) -> tuple[list, bool]:
+        """The call's inputs, and whether they are the recorded bytes; copies of kept tensors
+        where the call writes into them (`fresh`)."""
         from prism_rr.replayer._data import from_blob
 
         if blobs is not None and len(blobs) == len(shapes):
             try:
-                return [from_blob(self.bundle, b, dt, s) for b, dt, s in zip(blobs, dtypes, shapes)], True
+                return [self._recorded(b, dt, s, fresh) for b, dt, s in zip(blobs, dtypes, shapes)], True
             except PrismError as exc:
                 log.warning("prism-rr: %s: the call's inputs are made up", exc)
-        return [self._made_up(rec.group, rec.seq, i, s, dt) for i, (s, dt) in enumerate(zip(shapes, dtypes))], False
+        return [self._made_up(i, s, dt, fresh) for i, (s, dt) in enumerate(zip(shapes, dtypes))], False
+
+    def _recorded(self, blob: bytes, dtype: str, shape, fresh: bool):
+        """A recorded payload as a tensor; a small one kept by its id (the same control data
+        comes back call after call), a large one read each time."""
+        from prism_rr.replayer._data import from_blob
+
+        if prod(shape) * DTYPE_BYTES[dtype] > _KEPT_PAYLOAD:
+            return from_blob(self.bundle, blob, dtype, shape)
+        return self._kept_or((blob, dtype, shape), lambda: from_blob(self.bundle, blob, dtype, shape), fresh)
 
     def _empty(self, shapes, dtypes) -> list:
         torch = self.torch
@@ -201,13 +244,13 @@ class _Driver:
             if receives:
                 ins, known = self._empty(rec.shapes, rec.dtypes), True
             else:
-                ins, known = self._inputs(rec, rec.shapes, rec.dtypes, rec.blob)
+                ins, known = self._inputs(rec.shapes, rec.dtypes, rec.blob, False)
             if hasattr(group, "skip_to"):
                 group.skip_to(rec.seq, receives, rec.peer)
             return group, ins, [], known
-        ins, known = self._inputs(rec, rec.in_shapes, rec.in_dtypes, rec.blob_in)
-        outs = ins if ops.lookup(rec.op).form in _IN_PLACE else \
-            self._empty(rec.out_shapes, rec.out_dtypes)
+        in_place = ops.lookup(rec.op).form in _IN_PLACE
+        ins, known = self._inputs(rec.in_shapes, rec.in_dtypes, rec.blob_in, in_place)
+        outs = ins if in_place else self._empty(rec.out_shapes, rec.out_dtypes)
         if hasattr(group, "skip_to"):
             group.skip_to(rec.seq)
         return group, ins, outs, known
@@ -313,12 +356,12 @@ class _Driver:
                     self.works[a.index] = (work, t, ready, self._done_at(rec, work))
                 late += self._own_excess(a, t, blocked)
                 if not rec.async_op:
-                    late += self.completed(rec, ready, t)
+                    late += self.completed(a.index, ready, t)
             elif a.kind == "wait":
                 made = self.works.pop(a.index, None)
                 if made is not None:
                     made[0].wait()
-                    late += self.completed(p.calls[a.index], made[2], made[1], made[3])
+                    late += self.completed(a.index, made[2], made[1], made[3])
             else:
                 t = monotonic_ns()
                 prism_rr.step()
@@ -348,23 +391,23 @@ class _Driver:
         future.add_done_callback(lambda _: done.append(monotonic_ns()))
         return done
 
-    def completed(self, rec, ready, t: int, done_at: list | None = None) -> int:
-        """Call `rec`, made at `t` (`ready`: what prepare() made for it), has completed (at
-        the first of `done_at`'s time and now, as the recorder takes it): on a group of real
+    def completed(self, i: int, ready, t: int, done_at: list | None = None) -> int:
+        """Call `i`, made at `t` (`ready`: what prepare() made for it), has completed (at the
+        first of `done_at`'s time and now, as the recorder takes it): on a group of real
         ranks only, its time goes into the transfer table and its outputs, where every input
         was the recorded bytes, are compared with the recorded ones. Returns the time this
         took (the replayer's own, taken off the next hold)."""
         now = monotonic_ns()
+        rec = self.p.calls[i]
         if rec.group not in self.all_real or rec.end_ns is None:
             return 0
         p2p = type(rec) is PointToPoint
-        shapes = (rec.shapes,) if p2p else (rec.in_shapes, rec.out_shapes)
-        dtypes = (rec.dtypes,) if p2p else (rec.in_dtypes, rec.out_dtypes)
-        nbytes = max(sum(prod(x) * DTYPE_BYTES[d] for x, d in zip(sh, dt)) for sh, dt in zip(shapes, dtypes))
         end = min(done_at[0], now) if done_at else now
         if rec.step > self.p.first_step or self.p.one_step:  # a first step's calls wait out the ranks' start-up
-            size = len(self.p.groups[rec.group][0])
-            self.transfers.add(rec.op, size, nbytes, rec.end_ns - rec.start_ns, end - t)
+            kind = self._kinds.get(i)
+            if kind is None:
+                kind = self._kinds[i] = _kind(rec, len(self.p.groups[rec.group][0]), p2p)
+            self.transfers.add(*kind, rec.end_ns - rec.start_ns, end - t)
         _, ins, outs, known = ready
         if known and self._others_known(rec, p2p):
             self._compare_outputs(rec, ins if p2p or ops.lookup(rec.op).form in _IN_PLACE else outs, p2p)
