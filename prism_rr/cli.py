@@ -588,9 +588,9 @@ def export(
     thousands of ranks stays small enough for Perfetto. chakra: per rank, a node per
     compute span (its measured duration) and per call (comm type, size, group; src, dst
     and tag for send/recv), each depending on the one before, plus the communicator-group
-    file ASTRA-sim reads (--comm-group-configuration). parquet: calls.parquet (a row per
-    call per rank: group, seq, op, bytes, times, step), compute.parquet, steps.parquet,
-    groups.parquet.
+    file ASTRA-sim reads (--comm-group-configuration). parquet: calls/ (a row per call per
+    rank: group, seq, op, bytes, times, step) and compute/, a file per 1024 ranks each,
+    steps.parquet, groups.parquet: DuckDB, polars, Spark and Trino read them as they are.
     """
     from prism_rr import api
 
@@ -603,7 +603,8 @@ def export(
              f"{stats['comm']:,} communication) and {output}.comm_groups.json"
              + (f"; {stats['unmapped']} calls of ops Chakra has no type for are compute nodes" if stats["unmapped"] else ""))
     else:
-        _say(f"wrote {output}/: " + ", ".join(f"{name}.parquet {rows:,} rows" for name, rows in stats.items()))
+        _say(f"wrote {output}/: " + ", ".join(f"{name}{'/' if (output / name).is_dir() else '.parquet'} {rows:,} rows"
+                                             for name, rows in stats.items()))
 
 
 @app.command(name="redact", epilog=EXIT_CODES)

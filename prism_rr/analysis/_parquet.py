@@ -1,19 +1,23 @@
 """A bundle as Parquet tables, for DuckDB, pandas, Spark or any engine that reads Parquet:
 a bundle too big to analyse in one process is queried column by column instead.
 
-DIR/calls.parquet    one row per call per rank: rank, kind, group, seq, op, step, peer,
-                     root, reduce_op, tag, bytes, out_bytes, shapes, dtypes, async,
-                     start_ns, end_ns, issued_ns, duration_ns, stack
-DIR/compute.parquet  one row per compute span: rank, step, name (null: the time between
-                     calls), start_ns, end_ns, duration_ns
+DIR/calls/ranks-A-B.parquet    one row per call per rank of ranks A..B: rank, kind, group,
+                               seq, op, step, peer, root, reduce_op, tag, bytes, out_bytes,
+                               shapes, dtypes, async, start_ns, end_ns, issued_ns,
+                               duration_ns, stack
+DIR/compute/ranks-A-B.parquet  one row per compute span: rank, step, name (null: the time
+                               between calls), start_ns, end_ns, duration_ns
 DIR/steps.parquet    one row per step per rank: rank, step, start_ns, end_ns, duration_ns, mem_peak
                      (the step a run failed or hung in, where the rank never ended it: from
                      its first record in it, end_ns, duration_ns and mem_peak null)
 DIR/groups.parquet   one row per process group: group, name, backend, size, ranks
 
-Times are ns since the first recorded event, on rank 0's clock (each rank's estimated
-offset removed), as in the Chrome export. Rows are written in row groups as ranks are
-read: no table is ever whole in memory. Needs pyarrow (`pip install 'prism-rr[parquet]'`).
+The two large tables are partitioned by rank range, a file per RANKS_A_FILE ranks, each
+rank's rows in time order (so by step): an engine reads the footers, then only the files
+and row groups whose rank and step statistics a query's filter can match. Times are ns
+since the first recorded event, on rank 0's clock (each rank's estimated offset removed),
+as in the Chrome export. Rows are written in row groups as ranks are read: no table is
+ever whole in memory. Needs pyarrow (`pip install 'prism-rr[parquet]'`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from prism_rr.analysis._steps import OpenSteps
 __all__ = ["PARQUET_TABLES", "export_parquet"]
 
 ROW_GROUP = 65_536
+RANKS_A_FILE = 1024  # ranks in one file of a partitioned table
+PARTITIONED = ("calls", "compute")  # the tables written as a directory of files by rank range
 
 # name -> (column, arrow type name), in column order
 PARQUET_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -115,11 +121,18 @@ def export_parquet(
     sums = bundle.summaries["ranks"]
     firsts = [sums[r]["t_first"] - offsets[r] for r in chosen if sums.get(r, {}).get("t_first") is not None]
     t0 = min(firsts) if firsts else 0
-    tables = {name: _Table(pa, pq, out / f"{name}.parquet", cols) for name, cols in PARQUET_TABLES.items()}
-    calls, compute, step_rows = tables["calls"], tables["compute"], tables["steps"]
+    for name in PARTITIONED:
+        (out / name).mkdir(exist_ok=True)
+        for old in (out / name).glob("ranks-*.parquet"):  # another export's files: its ranks were others
+            old.unlink()
+    tables = {name: _Table(pa, pq, out / f"{name}.parquet", cols) for name, cols in PARQUET_TABLES.items()
+              if name not in PARTITIONED}
+    step_rows = tables["steps"]
+    parts = _Parts(pa, pq, out)
     failed = frozenset(failed_steps(bundle))
     try:
-        for rank in chosen:
+        for i, rank in enumerate(chosen):
+            calls, compute = parts.at(chosen[i - i % RANKS_A_FILE: i - i % RANKS_A_FILE + RANKS_A_FILE])
             zero = offsets[rank] + t0
             unended = OpenSteps()
             for r in bundle.events(rank, steps=steps):
@@ -149,7 +162,40 @@ def export_parquet(
         for g in bundle.groups:
             tables["groups"].add(g["id"], g["name"], g["backend"], len(g["ranks"]), list(g["ranks"]))
     except BaseException:
-        for t in tables.values():
+        for t in (*tables.values(), *parts.open):
             t.abandon()
         raise
-    return {name: t.close() for name, t in tables.items()}
+    return {**parts.close(), **{name: t.close() for name, t in tables.items()}}
+
+
+class _Parts:
+    """The partitioned tables' files: one pair (calls, compute) open at a time, for the
+    block of ranks being read."""
+
+    def __init__(self, pa, pq, out: Path):
+        self.pa, self.pq, self.out = pa, pq, out
+        self.block: tuple[int, int] | None = None
+        self.open: tuple = ()
+        self.rows = {name: 0 for name in PARTITIONED}
+
+    def at(self, block: list[int]) -> tuple:
+        """The (calls, compute) tables of the block of ranks `block` (sorted)."""
+        key = (block[0], block[-1])
+        if key != self.block:
+            self._close_block()
+            self.block = key
+            self.open = tuple(_Table(self.pa, self.pq, self.out / name / f"ranks-{key[0]}-{key[1]}.parquet",
+                                     PARQUET_TABLES[name]) for name in PARTITIONED)
+        return self.open
+
+    def _close_block(self) -> None:
+        for name, t in zip(PARTITIONED, self.open):
+            self.rows[name] += t.close()
+        self.open = ()
+
+    def close(self) -> dict[str, int]:
+        if self.block is None:  # no rank: empty files, so that a query over the directory still reads
+            self.open = tuple(_Table(self.pa, self.pq, self.out / name / "ranks-none.parquet", PARQUET_TABLES[name])
+                              for name in PARTITIONED)
+        self._close_block()
+        return dict(self.rows)

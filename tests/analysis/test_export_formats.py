@@ -18,13 +18,15 @@ from graph_sim import SimRun
 from prism_rr.format import Collective, Compute, PointToPoint, open_bundle
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-# The README's DuckDB query over `prism-rr export run.prism --format parquet -o tables`
-# (the first ```sql block naming calls.parquet there is run instead, once it has one).
-QUERY = """\
-SELECT op, count(*) AS calls, sum(bytes) AS bytes,
-       round(sum(duration_ns) / 1e6, 2) AS ms_in_calls
-FROM 'tables/calls.parquet'
-GROUP BY op ORDER BY ms_in_calls DESC"""
+
+
+def readme_sql(naming: str) -> str:
+    """The README's ```sql block that names `naming`: its DuckDB queries over `prism-rr
+    export run.prism --format parquet -o tables`."""
+    blocks = re.findall(r"```sql\n(.*?)```", README.read_text(), re.S)
+    found = [b for b in blocks if naming in b]
+    assert found, f"the README has no sql block naming {naming}"
+    return found[0]
 
 
 # --- a protobuf wire-format reader, keyed by et_def.proto's field numbers ---------------
@@ -173,22 +175,54 @@ def test_parquet_tables_and_the_readme_query(sim_bundle, tmp_path):
         n_calls = sum(type(r) in (Collective, PointToPoint) for rank in range(4) for r in b.events(rank))
     db = duckdb.connect()
     q = lambda sql: db.execute(sql.replace("tables/", f"{tmp_path}/tables/")).fetchall()  # noqa: E731
-    assert q("SELECT count(*) FROM 'tables/calls.parquet'") == [(n_calls,)]
+    assert q("SELECT count(*) FROM 'tables/calls/*.parquet'") == [(n_calls,)]
     assert q("SELECT count(*) FROM 'tables/steps.parquet'") == [(12,)]
     assert q("SELECT \"group\", size, ranks FROM 'tables/groups.parquet' ORDER BY 1") == [
         (0, 4, [0, 1, 2, 3]), (1, 2, [0, 1]), (2, 2, [2, 3])]
     # the members of one collective: one row per rank, same group and seq
-    assert q("SELECT count(DISTINCT rank) FROM 'tables/calls.parquet' "
+    assert q("SELECT count(DISTINCT rank) FROM 'tables/calls/*.parquet' "
              "WHERE kind = 'collective' AND \"group\" = 0 AND seq = 0") == [(4,)]
-    assert q("SELECT peer FROM 'tables/calls.parquet' WHERE op = 'send' LIMIT 1") == [(1,)]
-    assert q("SELECT min(start_ns) >= 0 FROM 'tables/calls.parquet'") == [(True,)]
-    sql = QUERY
-    m = re.search(r"```sql\n(.*?calls\.parquet.*?)```", README.read_text(), re.S)
-    if m:
-        sql = m.group(1)
-    rows = q(sql)
+    assert q("SELECT peer FROM 'tables/calls/*.parquet' WHERE op = 'send' LIMIT 1") == [(1,)]
+    assert q("SELECT min(start_ns) >= 0 FROM 'tables/calls/*.parquet'") == [(True,)]
+    rows = q(readme_sql("ms_in_calls"))
     assert rows and {r[0] for r in rows} >= {"all_reduce", "send", "recv", "broadcast"}
     assert sum(r[1] for r in rows) == n_calls
+
+
+def test_parquet_files_partition_the_ranks(tmp_path, monkeypatch):
+    """A file per RANKS_A_FILE ranks (1,024; 4 here, on 10 ranks) of each large table, each
+    rank's rows in time order: the footers' statistics let an engine skip the files and row
+    groups a filter on rank or step cannot match."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    duckdb = pytest.importorskip("duckdb")
+    from prism_rr.analysis import _parquet, export_parquet
+    from prism_rr.format import pack
+    from prism_rr.format.synthetic import write_synthetic
+
+    monkeypatch.setattr(_parquet, "RANKS_A_FILE", 4)
+    bundle = tmp_path / "wide.prism"
+    pack(write_synthetic(tmp_path / "spools", 10, 200), bundle)
+    with open_bundle(bundle) as b:
+        export_parquet(b, tmp_path / "tables")
+        n = sum(type(r) in (Collective, PointToPoint) for rank in (1, 9) for r in b.events(rank))
+    for table in ("calls", "compute"):
+        files = sorted((tmp_path / "tables" / table).iterdir())
+        assert [f.name for f in files] == ["ranks-0-3.parquet", "ranks-4-7.parquet", "ranks-8-9.parquet"]
+        for f, (lo, hi) in zip(files, ((0, 3), (4, 7), (8, 9))):
+            meta = pq.ParquetFile(f).metadata
+            stats = [meta.row_group(i).column(0).statistics for i in range(meta.num_row_groups)]
+            assert meta.schema.column(0).name == "rank" and all(lo <= s.min <= s.max <= hi for s in stats)
+        rows = pq.read_table(files[0]).to_pylist()
+        for rank in range(4):  # each rank's rows in time order, so by step
+            mine = [(r["start_ns"], r["step"]) for r in rows if r["rank"] == rank]
+            assert mine and mine == sorted(mine)
+    got = duckdb.connect().execute(f"SELECT count(*) FROM '{tmp_path}/tables/calls/*.parquet' "
+                                   "WHERE rank IN (1, 9)").fetchall()
+    assert got == [(n,)]
+    # exported again with fewer ranks, the directory holds only the new files
+    with open_bundle(bundle) as b:
+        export_parquet(b, tmp_path / "tables", ranks=[0, 1])
+    assert [f.name for f in (tmp_path / "tables" / "calls").iterdir()] == ["ranks-0-1.parquet"]
 
 
 def test_parquet_without_pyarrow_says_how_to_install(sim_bundle, tmp_path):
@@ -230,9 +264,17 @@ def test_exports_of_the_demo(make_demo, tmp_path):
         nodes = _read_et(tmp_path / "et" / f"demo.{r}.et")[2]
         assert sum(node["type"] in (5, 6, 7) for node in nodes) == n
         assert all(node["attrs"]["pg_name"][1] in groups for node in nodes if node["type"] == 7)
-    rows = duckdb.connect().execute(
-        f"SELECT rank, count(*) FROM '{tmp_path}/tables/calls.parquet' GROUP BY rank ORDER BY rank").fetchall()
+    db = duckdb.connect()
+    rows = db.execute(
+        f"SELECT rank, count(*) FROM '{tmp_path}/tables/calls/*.parquet' GROUP BY rank ORDER BY rank").fetchall()
     assert dict(rows) == calls
+    # The README's straggler query gives analyze's lateness: who held the others up, by how
+    # much, into how many calls, per step
+    late = db.execute(readme_sql("late_calls").replace("tables/", f"{tmp_path}/tables/")).fetchall()
+    analysed = json.loads(run_cli("analyze", bundle, "--json").stdout)
+    want = {(s["step"], int(r)): (v["late_ns"], v["late_calls"])
+            for s in analysed["steps"] for r, v in s["ranks"].items() if v["late_calls"]}
+    assert want and {(step, rank): (ns, n) for step, rank, ns, n in late} == want
     doc = json.loads(gzip.decompress((tmp_path / "demo.json.gz").read_bytes()))
     assert {e["pid"] for e in doc["traceEvents"]} == set(calls)
 
@@ -261,7 +303,7 @@ def test_exports_and_diff_of_imported_flight_recorder_dumps(tmp_path):
             assert all(n["type"] in (4, 7) for n in nodes)
     assert json.loads((tmp_path / "et" / "g.comm_groups.json").read_text()) == groups
     assert run_cli("export", tmp_path / "groups.prism", "--format", "parquet", "-o", tmp_path / "t").returncode == 0
-    rows = duckdb.connect().execute(f"SELECT count(*), count(DISTINCT \"group\") FROM '{tmp_path}/t/calls.parquet'").fetchall()
+    rows = duckdb.connect().execute(f"SELECT count(*), count(DISTINCT \"group\") FROM '{tmp_path}/t/calls/*.parquet'").fetchall()
     assert rows == [(total, len(groups))]  # the world, two rows and two columns of a 2x2 mesh
     same = run_cli("diff", tmp_path / "normal.prism", tmp_path / "normal.prism")
     assert same.returncode == 0 and "time: not compared" in same.stdout
