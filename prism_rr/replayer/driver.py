@@ -14,12 +14,18 @@ the replay's bundle and rank from its environment and, in the recorded order:
   recording's calls of at most 1 KiB), else seeded made-up data of the recorded shape and
   dtype, whose data is then not compared (`ReplaySession.inputs_made_up`);
 - holds the recorded compute between two actions (a host sleep: the replay scales it
-  with --compute-scale as any program's), and ends steps where they ended (`prism_rr.step()`).
+  with --compute-scale as any program's), less the replayer's own time in the calls
+  before it, and ends steps where they ended (`prism_rr.step()`);
+- holds the recorded memory (a ballast of the recorded allocated bytes at each call, and
+  a moment at the step's recorded peak);
+- on a group whose members are all real, times each call against its recording (the
+  card's transfer table, _transfers.py) and compares its outputs with the recorded ones
+  where every input was the recorded bytes: a backend that computes otherwise diverges;
+- ends as the recorded program ended where it failed: sys.exit's code, or its signal.
 
 It imports, runs and unpickles nothing a bundle names: an object collective's bytes are
-tensors here. Not made: calls on CUDA tensors (a GPU recording replays on CPU tensors),
-all_to_all_single with uneven splits (a recording keeps no split sizes), PREMUL_SUM, and
-the recorded memory (the card's peak is the driver's own).
+tensors here. Not made: calls on CUDA tensors (a GPU recording replays on CPU tensors,
+gloo), all_to_all_single with uneven splits (a recording keeps no split sizes), PREMUL_SUM.
 """
 
 from __future__ import annotations
@@ -193,8 +199,6 @@ class _Driver:
     def _inputs(self, shapes, dtypes, blobs, fresh: bool) -> tuple[list, bool]:
         """The call's inputs, and whether they are the recorded bytes; copies of kept tensors
         where the call writes into them (`fresh`)."""
-        from prism_rr.replayer._data import from_blob
-
         if blobs is not None and len(blobs) == len(shapes):
             try:
                 return [self._recorded(b, dt, s, fresh) for b, dt, s in zip(blobs, dtypes, shapes)], True
