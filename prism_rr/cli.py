@@ -336,7 +336,10 @@ def replay(
     Without the program (--from-bundle, no CMD): each real rank runs the bundle's record of
     it, its calls made through torch.distributed with its recorded compute between them,
     against the same virtual peers, checks and card (--ranks all: every rank real, the
-    recorded communication run by this machine's backend).
+    recorded communication run by this machine's backend; the card tables each kind of
+    call's time here against the recorded, and an output that differs from the recorded
+    one where every input was recorded bytes is a divergence, exit 3). A rank whose
+    program failed in the recording ends as it did (its exit code or signal).
     """
     from prism_rr import api
 
