@@ -360,14 +360,15 @@ def verify(bundle) -> VerifyReport:
 
 
 def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip: bool | None = None,
-           attempt: int | str | None = None) -> dict:
+           attempt: int | str | None = None, progress=None) -> dict:
     """Write `bundle` in format `fmt`, only `ranks` ("0,2,4-7") and `steps` ("A:B", B
     excluded) if given; returns what was written. chrome: a trace file for Perfetto
     ({events, ranks, flows}; gzipped if `gzip`, or if None when `output` ends in .gz).
     chakra: `output`.<rank>.et and `output`.comm_groups.json ({files, nodes, comp, comm,
     unmapped}). parquet: tables in the directory `output` (rows per table). `attempt`: of a
     restarted job's bundle, that attempt (default: its default one), or "all" (chrome: every
-    attempt on one timeline, a process per attempt and rank)."""
+    attempt on one timeline, a process per attempt and rank). `progress(done, total)`: called
+    as chakra and parquet write the ranks."""
     from prism_rr.analysis import export_chakra, export_chrome, export_parquet
     from prism_rr.format import open_bundle
 
@@ -394,7 +395,7 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
                 for o in others:
                     o.close()
         writer = export_chakra if fmt == "chakra" else export_parquet
-        return writer(b, output, ranks=rank_list, steps=window)
+        return writer(b, output, ranks=rank_list, steps=window, progress=progress)
 
 
 def replay(bundle, **options) -> ReplayResult:

@@ -597,7 +597,8 @@ def export(
     """
     from prism_rr import api
 
-    stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt)
+    stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt,
+                       progress=_progress("exporting ranks"))
     if fmt == "chrome":
         _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
              f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")

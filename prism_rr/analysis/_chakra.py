@@ -124,10 +124,12 @@ def export_chakra(
     *,
     ranks: list[int] | None = None,
     steps: tuple[int, int] | None = None,
+    progress=None,
 ) -> dict[str, int]:
     """Write PREFIX.<rank>.et for each recorded rank (or `ranks`; steps a..b) and
     PREFIX.comm_groups.json; returns counts: files, nodes, comp, comm, and `unmapped`
-    (calls of an op Chakra has no type for, written as compute nodes)."""
+    (calls of an op Chakra has no type for, written as compute nodes). `progress(done,
+    total)` is called as ranks are written."""
     prefix = str(prefix)
     recorded = bundle.recorded_ranks
     chosen = recorded if ranks is None else [r for r in ranks if r in set(recorded)]
@@ -137,9 +139,11 @@ def export_chakra(
     t0 = min(firsts) if firsts else 0
     counts = {"files": 0, "nodes": 0, "comp": 0, "comm": 0, "unmapped": 0}
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    for rank in chosen:
+    for i, rank in enumerate(chosen):
         _write_rank(bundle, rank, Path(f"{prefix}.{rank}.et"), offsets[rank] + t0, steps, counts)
         counts["files"] += 1
+        if progress is not None:
+            progress(i + 1, len(chosen))
     groups = {str(g["id"]): list(g["ranks"]) for g in bundle.groups}
     path = Path(f"{prefix}.comm_groups.json")
     tmp = path.with_name(path.name + ".partial")

@@ -109,9 +109,10 @@ def export_parquet(
     *,
     ranks: list[int] | None = None,
     steps: tuple[int, int] | None = None,
+    progress=None,
 ) -> dict[str, int]:
     """Write `bundle` (optionally some ranks, steps a..b) as Parquet tables into `out_dir`;
-    returns the rows written per table."""
+    returns the rows written per table. `progress(done, total)` is called as ranks are read."""
     pa, pq = _pyarrow()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +160,8 @@ def export_parquet(
                     step_rows.add(rank, r.step, start, end, dur, r.mem_peak)
             for step, first, _ in unended.open():  # the step it failed or hung in: never ended
                 step_rows.add(rank, step, first - zero, None, None, None)
+            if progress is not None:
+                progress(i + 1, len(chosen))
         for g in bundle.groups:
             tables["groups"].add(g["id"], g["name"], g["backend"], len(g["ranks"]), list(g["ranks"]))
     except BaseException:
