@@ -374,8 +374,13 @@ class StepTable(Mapping):
         self._cols = (rank, *cols)
 
     def __getitem__(self, step) -> StepRow:
+        return self.ROW(*self.arrays(step))
+
+    def arrays(self, step) -> tuple[np.ndarray, ...]:
+        """Step `step`'s rows as columns: the ranks ascending, then each of the row's
+        (int64, NIL where nil)."""
         lo, hi = self._at[step]
-        return self.ROW(*(c[lo:hi] for c in self._cols))
+        return tuple(c[lo:hi] for c in self._cols)
 
     def __contains__(self, step) -> bool:
         return step in self._at
@@ -426,6 +431,10 @@ class RankTable(Mapping):
 
     def __len__(self) -> int:
         return len(self._row)
+
+    def column(self, name: str) -> np.ndarray:
+        """One column (int64, NIL where nil), a row per rank in the order `iter` gives them."""
+        return self._cols[name]
 
     def total(self, name: str) -> int:
         """The sum of one count column over every rank (events, dropped, ...)."""

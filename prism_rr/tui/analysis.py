@@ -66,6 +66,7 @@ class CallRow:
     sigs: dict[int, int] = field(default_factory=dict)  # rank -> its signature (op, shapes, dtypes, ...), interned
     step: int | None = None  # the lowest step a member recorded it in
     steps: dict[int, int] = field(default_factory=dict)  # rank -> the step it recorded the call in
+    failed: dict[int, str] = field(default_factory=dict)  # rank -> the error the call failed with there
 
     @property
     def step_text(self) -> str:
@@ -103,6 +104,8 @@ class CallRow:
             out.append("shape/dtype mismatch")
         if self.hung:
             out.append(f"never completed on {named_ranks(self.hung)}")
+        if self.failed:
+            out.append(f"failed on {named_ranks(self.failed)}")
         if self.missing(expected):
             out.append(f"{named_ranks(self.missing(expected))} did not enter")
         if "-" in self.step_text:
@@ -143,7 +146,8 @@ def call_row(tm: TimelineModel, group: int, seq: int, ranks) -> CallRow:
 
 def _read_calls(tm: TimelineModel, ranks, group: int, seq: int | None, rows: dict[int, CallRow]) -> None:
     """Add the calls of `group` (only `seq`, if given) on `ranks` into `rows` (seq -> CallRow)."""
-    table = build_graph(tm.bundle, ranks=list(ranks), processes=1).table
+    graph = build_graph(tm.bundle, ranks=list(ranks), processes=1)
+    table = graph.table
     mine = table.group == group
     if seq is not None:
         mine &= table.seq == seq
@@ -162,6 +166,12 @@ def _read_calls(tm: TimelineModel, ranks, group: int, seq: int | None, rows: dic
         row.arrivals[rank] = start
         row.ends[rank] = FAR if open_ else end
         row.sigs[rank] = sig
+    for rank in ranks:  # a call that failed: its `call_failed` marker, as the diagnosis reads it
+        trace = graph.traces.get(rank)
+        for g, s, marker in trace.failed if trace is not None else ():
+            row = rows.get(s)
+            if g == group and (seq is None or s == seq) and row is not None and rank in row.arrivals:
+                row.failed[rank] = shown(marker.text or "failed")
 
 
 def compact_ranks(ranks, limit: int = 8) -> str:
@@ -193,7 +203,8 @@ class StepGrid:
 
     `time`: the step's duration; `late`: how long after the step's earliest start (across
     ranks, on rank 0's clock) the rank started it. Both in ns, NaN where the rank has no
-    finished step."""
+    finished step; the step a run failed or hung in, which a rank began and never ended,
+    from the end of its previous step to its last record (`TimelineModel.open_steps`)."""
 
     ranks: list[int]
     steps: list[int]
@@ -234,28 +245,12 @@ def step_grid(tm: TimelineModel) -> StepGrid:
         if rows:
             time_[rows, j] = ends
             start[rows, j] = starts
-    if steps:
-        for i, began, spent in _unended(tm, steps[-1]):
-            time_[i, -1], start[i, -1] = spent, began
+    col_of = {s: j for j, s in enumerate(steps)}
+    for s, began in tm.open_steps.items():  # where the run failed or hung: until its records end
+        for r, (t0, reach) in began.items():
+            time_[row_of[r], col_of[s]], start[row_of[r], col_of[s]] = reach - t0, t0 - offsets.get(r, 0)
     first = np.where(np.isnan(start), np.inf, start).min(axis=0, initial=np.inf)
     return StepGrid(ranks=list(ranks), steps=list(steps), time=time_, late=start - first)
-
-
-def _unended(tm: TimelineModel, step: int) -> list[tuple[int, int, int]]:
-    """Of the last step, where the run failed or hung, the ranks that did not end it:
-    (row, when it began: the end of its previous step, the time from there to its last
-    record). A rank gone before it (no record past its previous step) is left out."""
-    table, ranks = tm.summaries["steps"], tm.summaries["ranks"]
-    ended, before = table.get(step, {}), table.get(step - 1, {})
-    out = []
-    for r, v in before.items():
-        i = tm.row_of.get(r)
-        last = ranks.get(r, {}).get("t_last")
-        if i is None or v[1] is None or type(last) is not int or last <= v[1]:
-            continue
-        if r not in ended or ended[r][1] is None:
-            out.append((i, v[1] - tm.offsets.get(r, 0), last - v[1]))
-    return out
 
 
 # --- analyses in a child process -----------------------------------------------------------

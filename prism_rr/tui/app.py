@@ -211,6 +211,11 @@ class PrismApp(App):
 
         self.call_after_refresh(go)
 
+    async def show_end(self, rank: int) -> None:
+        """The timeline, on `rank` where its records end."""
+        await self.switch_mode("timeline")
+        self.call_after_refresh(self.screen.goto_end, rank)
+
     async def show_step(self, step: int) -> None:
         await self.switch_mode("timeline")
         self.call_after_refresh(self.screen.timeline.show_step, step)

@@ -12,8 +12,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from statistics import median
 
+import numpy as np
+
 from prism_rr.analysis import step_durations
 from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record, ops
+from prism_rr.format.summaries import NIL, RankTable, StepTable
 
 __all__ = [
     "FAR",
@@ -176,6 +179,47 @@ class RankSpans:
         return None
 
 
+def _int_or_nil(v) -> int:
+    return v if type(v) is int and NIL < v < (1 << 63) else NIL
+
+
+def _open_steps(summaries, steps: list[int], row_of) -> dict[int, dict[int, tuple[int, int]]]:
+    """Of each step a rank began and never ended (the step a run failed or hung in, as
+    `Bundle.steps` numbers it): {step: {rank: (when it began, the end of its previous step;
+    the time its records reach)}}, on the rank's own clock. A rank began it where its
+    records go on past the end of its previous step; one gone before (no record past
+    that end) never did."""
+    table, rank_table = summaries["steps"], summaries["ranks"]
+    ranks = np.fromiter(sorted(rank_table), np.int64, len(rank_table))
+    if isinstance(rank_table, RankTable):  # the columns: 8192 ranks' dicts would take 300 ms
+        reach = rank_table.column("t_last")
+    else:  # summaries made from the records (a bundle without its summary section)
+        reach = np.array([_int_or_nil(rank_table[r].get("t_last")) for r in ranks.tolist()], np.int64)
+    last = np.full(len(ranks), -1, np.int64)  # per rank, the last step it ended, and where
+    end = np.zeros(len(ranks), np.int64)
+    for s in steps:  # ascending: the last one a rank ended stays
+        if s not in table:
+            continue
+        if isinstance(table, StepTable):
+            r, _, e = table.arrays(s)[:3]
+        else:
+            row = table[s]
+            r = np.fromiter(row, np.int64, len(row))
+            e = np.array([_int_or_nil(row[x][1]) for x in r.tolist()], np.int64)
+        r, e = r[e != NIL], e[e != NIL]
+        at = np.minimum(np.searchsorted(ranks, r), max(len(ranks) - 1, 0))
+        known = ranks[at] == r if len(ranks) else np.zeros(0, bool)
+        last[at[known]], end[at[known]] = s, e[known]
+    # the step after its last ended one is in the bundle, and its records go on past that end
+    began = (last >= 0) & np.isin(last + 1, np.fromiter(steps, np.int64, len(steps))) & (reach != NIL) & (reach > end)
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    for i in np.flatnonzero(began).tolist():
+        r = int(ranks[i])
+        if r in row_of:
+            out.setdefault(int(last[i]) + 1, {})[r] = (int(end[i]), int(reach[i]))
+    return out
+
+
 class TimelineModel:
     """A bundle's ranks, steps and clocks, with each rank's spans loaded on demand.
 
@@ -197,6 +241,7 @@ class TimelineModel:
             off = clock.get("offset_ns") if type(clock) is dict else None
             self.offsets[r] = off if type(off) is int else 0
         self.steps: list[int] = bundle.steps
+        self.open_steps = _open_steps(self.summaries, self.steps, self.row_of)
         self.groups = {g["id"]: g for g in bundle.groups}
         t_first = [rs.get("t_first") for rs in self.summaries["ranks"].values()]
         t_last = [rs.get("t_last") for rs in self.summaries["ranks"].values()]
@@ -234,11 +279,23 @@ class TimelineModel:
     # --- steps ---------------------------------------------------------------------
 
     def step_span(self, step: int, rank: int) -> tuple[int, int | None] | None:
+        """`rank`'s start and end of `step` (None: it never ended it), or None where it has
+        no such step. The step a run failed or hung in, which no summary holds for a rank
+        that never ended it, begins at the end of its previous step (`open_steps`)."""
         v = self.summaries["steps"].get(step, {}).get(rank)
-        if v is None:
-            return None
         off = self.offsets.get(rank, 0)
+        if v is None:
+            began = self.open_steps.get(step, {}).get(rank)
+            return None if began is None else (began[0] - off, None)
         return v[0] - off, (None if v[1] is None else v[1] - off)
+
+    def step_extent(self, step: int, rank: int) -> tuple[int, int] | None:
+        """`step_span`, a step `rank` never ended reaching as far as its records."""
+        span = self.step_span(step, rank)
+        if span is None or span[1] is not None:
+            return span
+        began = self.open_steps.get(step, {}).get(rank)
+        return (span[0], began[1] - self.offsets.get(rank, 0)) if began else None
 
     def step_at(self, rank: int, t: int) -> int | None:
         """The step whose start is the last one at or before t on `rank`."""

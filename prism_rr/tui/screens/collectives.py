@@ -146,5 +146,6 @@ class CollectivesScreen(Screen):
         if row is None or not row.arrivals:
             self.app.bell()
             return
-        rank = row.hung[0] if row.hung else row.last
+        # the rank the status names first: where the call never completed, else where it failed
+        rank = row.hung[0] if row.hung else (min(row.failed) if row.failed else row.last)
         self.app.call_later(self.app.show_call, rank, self.group, seq)

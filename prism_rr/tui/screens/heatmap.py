@@ -118,6 +118,8 @@ class HeatmapScreen(Screen):
             text = f"{where} · step {step} · " + (
                 ("no finished step" if hm.metric == "time" else "no collective") if value is None else
                 f"{METRICS[hm.metric].split(' (')[0]} {format_ns(value)}" + (f" (rank {rank})" if a != b else ""))
+            if value is not None and hm.metric == "time" and rank in self.app.model.open_steps.get(step, {}):
+                text += " (never ended: the run failed or hung in it; to its last record)"
             text += " · enter: timeline · t: time/late · +/-: ranks a row"
         self.query_one("#heatmap-status", Static).update(text, layout=not self._described)
         self._described = True

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Input, Label, Sparkline, Static
 
 from prism_rr.errors import PrismError
 from prism_rr.format.text import shown
+from prism_rr.specs import named_ranks
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter
 
@@ -221,11 +222,15 @@ class OverviewScreen(Screen):
         steps = self.query_one("#steps", DataTable)
         steps.add_columns("step", "ranks", "min", "median", "max", "slowest", "spread")
         for s in tm.step_stats():
+            # the step a run failed or hung in: the ranks that began it and never ended it
+            unended = tm.open_steps.get(s["step"])
+            ranks = Text(f"{s['ranks']}; not ended by {named_ranks(unended)}", style="bold red") if unended \
+                else str(s["ranks"])
             if s["min"] is None:
-                steps.add_row(str(s["step"]), "0", "-", "-", "-", "-", "-", key=str(s["step"]))
+                steps.add_row(str(s["step"]), ranks, "-", "-", "-", "-", "-", key=str(s["step"]))
                 continue
             spread = (s["max"] - s["min"]) / s["median"] if s["median"] else 0
-            steps.add_row(str(s["step"]), str(s["ranks"]), format_ns(s["min"]), format_ns(s["median"]),
+            steps.add_row(str(s["step"]), ranks, format_ns(s["min"]), format_ns(s["median"]),
                           format_ns(s["max"]), str(s["slowest"]),
                           Text(f"{spread:.0%}", style="bold red" if spread > 0.2 else ""), key=str(s["step"]))
         self.grid = grid = step_grid(tm)
@@ -441,5 +446,8 @@ class OverviewScreen(Screen):
         if not 0 <= i < len(found):
             return
         f = found[i]
+        if f.ranks and f.group is None:  # no call (a crash outside one): where its records end
+            self.app.call_later(self.app.show_end, f.ranks[0])
+            return
         rank = f.ranks[0] if f.ranks else self.app.model.ranks[0]
         self.app.call_later(self.app.show_call, rank, f.group, f.seq, tuple(f.ranks))

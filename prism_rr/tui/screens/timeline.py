@@ -207,12 +207,37 @@ class TimelineScreen(Screen):
                     j = tm.load(other).find_call(group, seq if seq is not None else 0)
                     if j is not None:
                         self.notify(f"rank {rank} never entered call {seq} of group {group}; "
-                                    f"showing rank {other}'s", severity="warning")
+                                    f"rank {other}'s is selected", severity="warning")
                         self.timeline.show_span(other, j)
+                        self.timeline.set_cursor_row(self.timeline.row_of(rank))
                         return False
             self.notify(f"rank {rank} has no call {seq} in group {group}", severity="warning")
             self.timeline.select(rank, None)
             self.timeline.set_cursor_row(self.timeline.row_of(rank))
             return False
         self.timeline.show_span(rank, i)
+        return True
+
+    def goto_end(self, rank: int) -> bool:
+        """Show `rank` where its records end (a crash, a kill: what a finding that names no
+        call is about), the cursor there; False if the rank is not in the bundle."""
+        from prism_rr.tui import model as m
+
+        tl = self.timeline
+        tm = tl.model
+        if rank not in tm.row_of:
+            self.notify(f"rank {rank} is not in this bundle", severity="error")
+            return False
+        last = tm.summaries["ranks"].get(rank, {}).get("t_last")
+        if type(last) is int:
+            end = last - tm.offsets.get(rank, 0)
+        else:
+            spans = tm.load(rank)
+            end = max((s if e == m.FAR else e for s, e in zip(spans.starts, spans.ends)), default=None)
+        self.query_one(SpanDetail).add_class("hidden")  # no call is chosen: none is described
+        tl.select(rank, None)
+        tl.set_cursor_row(tl.row_of(rank))
+        if end is not None:
+            # just inside its last record: the cursor's step is the one its records end in
+            tl.center_on(end - 1 + tl.shift(rank))
         return True

@@ -452,7 +452,7 @@ class Timeline(ScrollView, can_focus=True):
     def show_step(self, step: int) -> bool:
         """Fit step `step` of the cursor rank in the view, the cursor at its start."""
         rank = self.cursor_rank
-        span = self.model.step_span(step, rank)
+        span = self.model.step_extent(step, rank)  # a step it never ended: to its last record
         if not span:
             return False
         if span[1] is not None:  # show the whole step
