@@ -183,6 +183,15 @@ def _int_or_nil(v) -> int:
     return v if type(v) is int and NIL < v < (1 << 63) else NIL
 
 
+def _column(rank_table, name: str) -> np.ndarray:
+    """A column of the summaries' rank table, a row per rank ascending, NIL where nil: the
+    table's own (8192 ranks' dicts would take 300 ms), or one made of summaries made from
+    the records (a bundle without its summary section)."""
+    if isinstance(rank_table, RankTable):
+        return rank_table.column(name)
+    return np.array([_int_or_nil(rank_table[r].get(name)) for r in sorted(rank_table)], np.int64)
+
+
 def _open_steps(summaries, steps: list[int], row_of) -> dict[int, dict[int, tuple[int, int]]]:
     """Of each step a rank began and never ended (the step a run failed or hung in, as
     `Bundle.steps` numbers it): {step: {rank: (when it began, the end of its previous step;
@@ -191,10 +200,7 @@ def _open_steps(summaries, steps: list[int], row_of) -> dict[int, dict[int, tupl
     that end) never did."""
     table, rank_table = summaries["steps"], summaries["ranks"]
     ranks = np.fromiter(sorted(rank_table), np.int64, len(rank_table))
-    if isinstance(rank_table, RankTable):  # the columns: 8192 ranks' dicts would take 300 ms
-        reach = rank_table.column("t_last")
-    else:  # summaries made from the records (a bundle without its summary section)
-        reach = np.array([_int_or_nil(rank_table[r].get("t_last")) for r in ranks.tolist()], np.int64)
+    reach = _column(rank_table, "t_last")
     last = np.full(len(ranks), -1, np.int64)  # per rank, the last step it ended, and where
     end = np.zeros(len(ranks), np.int64)
     for s in steps:  # ascending: the last one a rank ended stays
@@ -243,12 +249,11 @@ class TimelineModel:
         self.steps: list[int] = bundle.steps
         self.open_steps = _open_steps(self.summaries, self.steps, self.row_of)
         self.groups = {g["id"]: g for g in bundle.groups}
-        t_first = [rs.get("t_first") for rs in self.summaries["ranks"].values()]
-        t_last = [rs.get("t_last") for rs in self.summaries["ranks"].values()]
-        t_first = [t for t in t_first if type(t) is int]
-        t_last = [t for t in t_last if type(t) is int]
-        self.t_min = min(t_first, default=0)
-        self.t_max = max(t_last, default=self.t_min + 1_000_000)
+        rank_table = self.summaries["ranks"]
+        t_first, t_last = (_column(rank_table, name) for name in ("t_first", "t_last"))
+        t_first, t_last = t_first[t_first != NIL], t_last[t_last != NIL]
+        self.t_min = int(t_first.min()) if len(t_first) else 0
+        self.t_max = int(t_last.max()) if len(t_last) else self.t_min + 1_000_000
         if self.t_max <= self.t_min:
             self.t_max = self.t_min + 1_000_000
 
