@@ -12,6 +12,7 @@ shown, and rendered lines are kept in an LRU until the view changes.
 from __future__ import annotations
 
 import threading
+from time import monotonic
 
 from rich.segment import Segment
 from rich.style import Style
@@ -281,10 +282,12 @@ class Timeline(ScrollView, can_focus=True):
                 self._pending.clear()
                 if not todo:
                     break
+            shown = monotonic()
             for i, (rank, replayed) in enumerate(todo):
                 self._source(replayed).load(rank)
                 self.loads += 1
-                if i % 8 == 7 or i == len(todo) - 1:
+                if i == len(todo) - 1 or monotonic() - shown > 0.2:
+                    shown = monotonic()
                     self.app.call_from_thread(self.refresh)
         self._prefetch_neighbours()
 
