@@ -8,11 +8,11 @@ import signal
 from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
 from prism_rr.format.text import shown
+from prism_rr.replayer._environment import current_versions
 from prism_rr.replayer._hang import sentence
+from prism_rr.replayer._honesty import caveats, noise
 from prism_rr.replayer._replace import note_lines as replace_notes
 from prism_rr.replayer._replace import words as replace_words
-from prism_rr.replayer._environment import current_versions
-from prism_rr.replayer._honesty import caveats, noise
 from prism_rr.replayer._transfers import card_lines as program_lines
 from prism_rr.replayer._transfers import merged as program_facts
 
