@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prism_rr.format.facts import FATAL_SIGNALS
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective
 from prism_rr.analysis._calls import CallMap, CallTable, P2PMap, P2PTable
@@ -369,12 +370,6 @@ def _spread_waits(stats: dict[int, StepStats], t: CallTable) -> None:
 
 # --- crash files ------------------------------------------------------------------------
 
-# faulthandler's words for the signals it handles
-_FATAL = {
-    "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-    "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
-    "Illegal instruction": "SIGILL",
-}
 _THREAD = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]{1,16})(?: \[[^\]]*\])? \(most recent call first\):$")
 _FRAME = re.compile(r'  File "(.{1,1000})", line (\d{1,9}) in (.{1,200})$')
 _MAX_CRASH_TEXT = 64 << 10
@@ -425,5 +420,5 @@ def parse_crash(value) -> Crash | None:
         pick = next((frames for _, _, frames in threads if frames), [])
     frames = tuple(pick)
     stack = tuple(f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line} in {func}" for path, line, func in frames)
-    return Crash(signal=_FATAL.get(reason, "fatal error"), reason=reason or "unknown", stack=stack,
+    return Crash(signal=FATAL_SIGNALS.get(reason, "fatal error"), reason=reason or "unknown", stack=stack,
                  frames=frames, thread=which, text=text)

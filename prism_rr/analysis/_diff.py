@@ -28,11 +28,11 @@ import numpy as np
 from prism_rr.errors import UsageError
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, PointToPoint
-from prism_rr.format.summaries import NIL, StepTable
 from prism_rr.specs import format_ranks
 from prism_rr.analysis._columns import ColumnReader, _add_by_step
 from prism_rr.analysis._divergence import call_divergences, call_structure, data_checked, replay_data
 from prism_rr.analysis._build import signature
+from prism_rr.analysis._steps import step_durations
 from prism_rr.format.text import shown
 
 __all__ = ["BundleDiff", "GroupDifference", "NeverCompleted", "SequenceDifference", "StepTime", "call_facts",
@@ -294,7 +294,8 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     out.groups = [GroupDifference(group=g, a=ga[g], b=gb[g]) for g in sorted(ga.keys() & gb.keys())
                   if ga[g] != gb[g]]
     step_a, step_b = a.summaries["steps"], b.summaries["steps"]
-    time_a, time_b = _step_times(step_a), _step_times(step_b)
+    time_a = {s: step_durations(a, s, clock="host") for s in step_a}
+    time_b = {s: step_durations(b, s, clock="host") for s in step_b}
     wanted = _steps_compared(a, b, steps)
     out.unended = ([s for s in wanted if s not in step_a], [s for s in wanted if s not in step_b])
     calls_a = calls_b = 0
@@ -366,21 +367,6 @@ def _parted(x: Call, y: Call, data: bool, a_recorded: bool) -> bool:
         return call_structure(x) != call_structure(y)
     recorded, other = (x, y) if a_recorded else (y, x)
     return bool(call_divergences(recorded, other, data=True))
-
-
-def _step_times(table) -> dict[int, dict[int, int]]:
-    """{step: {rank: its Step record's end - start}} of a summaries' step table, the ranks
-    that never ended a step left out: read once, as columns where the table has them (one
-    look-up a rank and step took a fifth of an 8192-rank diff)."""
-    out = {}
-    for step in table:
-        if isinstance(table, StepTable):
-            ranks, start, end = table.arrays(step)[:3]
-            ok = (start != NIL) & (end != NIL)
-            out[step] = dict(zip(ranks[ok].tolist(), (end[ok] - start[ok]).tolist()))
-        else:
-            out[step] = {r: v[1] - v[0] for r, v in table[step].items() if v[0] is not None and v[1] is not None}
-    return out
 
 
 def diff_json(d: BundleDiff) -> dict:

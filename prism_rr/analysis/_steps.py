@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, Compute, PointToPoint, Step
+from prism_rr.format.summaries import NIL, StepTable
 from prism_rr.analysis._build import clock_offsets
 
 __all__ = ["CLOCKS", "CriticalPath", "OpenSteps", "Segment", "StepAnalysis", "StepDurations", "analyze_step",
@@ -75,7 +76,14 @@ def step_durations(bundle, step: int, clock: str | None = None) -> StepDurations
             return StepDurations(out, "device")
     elif clock == "device":
         return StepDurations((), "device")
-    per_rank = summaries["steps"].get(step, {})
+    table = summaries["steps"]
+    if isinstance(table, StepTable):  # its columns: a look-up per rank costs ms at 8192 ranks
+        if step not in table:
+            return StepDurations((), "host")
+        ranks, start, end = table.arrays(step)[:3]
+        ended = end != NIL
+        return StepDurations(zip(ranks[ended].tolist(), (end[ended] - start[ended]).tolist()), "host")
+    per_rank = table.get(step, {})
     return StepDurations({r: v[1] - v[0] for r, v in per_rank.items() if v[1] is not None}, "host")
 
 

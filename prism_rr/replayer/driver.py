@@ -40,6 +40,7 @@ from time import monotonic_ns
 
 from prism_rr.errors import PrismError
 from prism_rr.format import open_bundle, ops
+from prism_rr.format.facts import FATAL_SIGNALS
 from prism_rr.format.records import PointToPoint
 from prism_rr.format.text import shown
 from prism_rr.replayer import _divergence
@@ -64,18 +65,14 @@ _KEPT_BYTES = 64 << 20  # tensors made once and used again: made-up inputs, smal
 _KEPT_PAYLOAD = 64 << 10  # a recorded payload up to this size is kept by its id
 
 
-# faulthandler's words for the signals it reports (a crash file's), and the signals a
-# recorder saw stop a program (its `how`'s "SIGTERM", ...)
-_FAULTS = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS,
-           "Floating-point exception": signal.SIGFPE, "Floating point exception": signal.SIGFPE,
-           "Illegal instruction": signal.SIGILL}
+# the signals a recorded program may end by here: those a recorder saw stop it (its `how`'s
+# "SIGTERM", ...), and the fatal ones faulthandler names in words (format.facts.FATAL_SIGNALS)
 _STOPS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGUSR1",
           "SIGUSR2")
 
 
 def _signal(name) -> int | None:
-    if name in _FAULTS:
-        return _FAULTS[name]
+    name = FATAL_SIGNALS.get(name, name) if isinstance(name, str) else None
     return getattr(signal, name) if name in _STOPS else None
 
 
