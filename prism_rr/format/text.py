@@ -12,7 +12,7 @@ reading `--json` gets the bundle's values exact.
 
 from __future__ import annotations
 
-__all__ = ["LIMIT", "quoted", "shown"]
+__all__ = ["LIMIT", "human_bytes", "quoted", "shown"]
 
 LIMIT = 200  # characters of one value shown before it is cut
 
@@ -52,3 +52,13 @@ def _escaped(c: str) -> str:
     if n < 0x100:
         return {"\t": "\\t", "\n": "\\n", "\r": "\\r"}.get(c, f"\\x{n:02x}")
     return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def human_bytes(n) -> str:
+    """8388608 -> 8.0 MiB; small sizes in bytes."""
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

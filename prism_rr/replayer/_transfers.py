@@ -10,7 +10,9 @@ them. Torch-free.
 
 from __future__ import annotations
 
-from prism_rr.format.text import shown
+from statistics import median
+
+from prism_rr.format.text import human_bytes, shown
 
 __all__ = ["OUTPUT_FIELDS", "Transfers", "card_lines", "merged"]
 
@@ -45,14 +47,6 @@ class Transfers:
                 "outputs_checked": self.outputs_checked}
 
 
-def _median(values: list) -> float | None:
-    values = sorted(values)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 def _int(v) -> bool:
     return type(v) is int
 
@@ -77,20 +71,12 @@ def merged(stats: dict[int, dict]) -> dict | None:
             got[2] += [v for v in row[5] if _int(v)]
     rows = []
     for (op, size, nbytes), (calls, rec, rep) in kinds.items():
-        a, b = _median(rec), _median(rep)
+        a, b = (median(v) if v else None for v in (rec, rep))
         rows.append({"op": op, "group_size": size, "bytes": nbytes, "calls": calls,
                      "recorded_us": None if a is None else a / 1e3, "replayed_us": None if b is None else b / 1e3,
                      "ratio": None if not a or b is None else b / a})
     rows.sort(key=lambda r: -(r["replayed_us"] or 0) * r["calls"])
     return {"transfers": rows, "outputs_checked": checked}
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def card_lines(program: dict | None, divergence: dict | None) -> list[str]:
@@ -107,7 +93,7 @@ def card_lines(program: dict | None, divergence: dict | None) -> list[str]:
                      "replayed):")
         for r in rows[:_SHOWN]:
             ratio = f" (x{r['ratio']:.2f})" if r["ratio"] is not None else ""
-            lines.append(f"    {shown(r['op'])} on {r['group_size']} ranks, {_size(r['bytes'])}: "
+            lines.append(f"    {shown(r['op'])} on {r['group_size']} ranks, {human_bytes(r['bytes'])}: "
                          f"{r['recorded_us']:.0f} -> {r['replayed_us']:.0f} us{ratio}, {r['calls']} calls")
         if len(rows) > _SHOWN:
             lines.append(f"    ... and {len(rows) - _SHOWN} more kinds (the report's bundle_program.transfers)")

@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from prism_rr.format import Collective, Compute, Marker, PointToPoint, ops
-from prism_rr.format.text import shown
+from prism_rr.format.text import human_bytes, shown
 from prism_rr.tui.model import FAR, TimelineModel, format_ns
 
 __all__ = ["MAX_MEMBERS", "SpanDetail", "call_arrivals", "call_failure", "human_bytes", "tensors_text"]
@@ -23,16 +23,6 @@ MAX_MEMBERS = 256  # members read for one call; a larger group is sampled, and s
 
 def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
-
-
-def human_bytes(n) -> str:
-    """8388608 -> 8.0 MiB; small sizes in bytes."""
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def tensors_text(shapes, dtypes) -> str:
