@@ -44,75 +44,15 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
     from the recording signed; the error keys are kept, but they are that change's size,
     not an error (`predicted_keys` names them).
     """
-    replayed: dict[int, dict[int, list]] = {r: {s[0]: s for s in st.get("steps", ())} for r, st in stats.items()}
-    recorded_compute: dict[tuple[int, int], int] = {}
-    progress = {}
-    for r in ranks:
-        calls, last_step = 0, None
-        for rec in bundle.events(r):
-            if isinstance(rec, Compute) and rec.name is None and rec.end_ns is not None:
-                key = (r, rec.step)
-                recorded_compute[key] = recorded_compute.get(key, 0) + rec.end_ns - rec.start_ns
-            elif isinstance(rec, (Collective, PointToPoint)):
-                calls += 1
-                last_step = rec.step if last_step is None else max(last_step, rec.step)
-        progress[str(r)] = _progress(bundle.rank_info(r), stats.get(r), calls, last_step)
-    # The clock both sides are timed on: the device's where the recording has device step
-    # times and every real rank's replay timed its steps there too, else the host's.
+    recorded_compute, progress = _recorded_calls(bundle, ranks, stats)
     device_steps = {r: {s: b - a for s, a, b in st.get("device_steps") or ()} for r, st in stats.items()}
-    clock = "device" if (stats and all(device_steps.get(r) for r in stats)
-                         and any(step_durations(bundle, s, clock="device") for s in bundle.steps)) else "host"
-    steps = []
-    rec_peak = rep_peak = None
-    compute_by_step: dict[int, list[int]] = {}
-    compute_ratios: dict[int, list[float]] = {}  # real rank -> replayed / recorded compute, per step
-    for step in bundle.steps:
-        recorded = step_durations(bundle, step, clock=clock)
-        peaks = bundle.summaries["steps"].get(step, {})
-        rec_s, rep_s, own_s = [], [], []
-        step_rec_peak = step_rep_peak = None
-        for r in ranks:
-            if r not in recorded or step not in replayed.get(r, {}):
-                continue
-            row = replayed[r][step]
-            _, start, end, compute, peak = row[:5]
-            took = end - start if clock == "host" else device_steps[r].get(step)
-            if took is None:
-                continue
-            rec_s.append(recorded[r] / 1e9)
-            rep_s.append(took / 1e9)
-            own_s.append(row[5] / 1e9 if len(row) > 5 else 0.0)
-            compute_by_step.setdefault(step, [0, 0])
-            compute_by_step[step][0] += recorded_compute.get((r, step), 0)
-            compute_by_step[step][1] += compute
-            if recorded_compute.get((r, step)):
-                compute_ratios.setdefault(r, []).append((step, compute / recorded_compute[(r, step)]))
-            rp = peaks.get(r, (None, None, None))[2]
-            if rp is not None:
-                rec_peak = max(rec_peak or 0, rp)
-                step_rec_peak = max(step_rec_peak or 0, rp)
-            if peak is not None:
-                rep_peak = max(rep_peak or 0, peak)
-                step_rep_peak = max(step_rep_peak or 0, peak)
-        if rec_s:
-            steps.append({"step": step, "recorded_s": sum(rec_s) / len(rec_s), "replayed_s": sum(rep_s) / len(rep_s),
-                          "replayed_compute_s": compute_by_step[step][1] / len(rep_s) / 1e9,
-                          "replayer_s": sum(own_s) / len(own_s),
-                          "peak_recorded_bytes": step_rec_peak, "peak_replayed_bytes": step_rep_peak})
+    clock = _clock(bundle, stats, device_steps)
+    steps, rec_peak, rep_peak, compute_ratios = _step_rows(bundle, ranks, stats, device_steps, recorded_compute, clock)
     # The first step also holds start-up (imports, model build): leave it out when others exist.
     scored = steps[1:] if len(steps) > 1 else steps
-    errors = [_pct(s["recorded_s"], s["replayed_s"]) for s in scored]
-    errors = [e for e in errors if e is not None]
-    # Each real rank's compute against its own recorded compute, per scored step; the
-    # median of those: the same question with one real rank or many (a sum over ranks
-    # would compare rank totals, which a user reads against one step's time).
-    scored_steps = {s["step"] for s in scored}
-    by_rank = {r: _median([q for st, q in qs if st in scored_steps]) for r, qs in sorted(compute_ratios.items())}
-    divs = [d for r in sorted(stats) for d in stats[r].get("divergences", ())]
     rec_step = sum(s["recorded_s"] for s in scored) / len(scored) if scored else None
     rep_step = sum(s["replayed_s"] for s in scored) / len(scored) if scored else None
     prediction = _prediction(bundle, what_if, rec_step, rep_step, rec_peak, rep_peak)
-    warned = caveats(bundle, ranks, clock=clock) if steps else []
     return {
         # "fidelity": the replay of the recording as it ran; "prediction": of another run
         # (a scaled bundle, a what-if), whose `prediction` says what it predicts
@@ -128,6 +68,90 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         "steps": steps,
         "scored_steps": [s["step"] for s in scored],
         "recorded_steps": list(bundle.steps),
+        **_time_keys(bundle, ranks, stats, steps, scored, clock),
+        **_memory_keys(scored, rec_peak, rep_peak),
+        **_compute_keys(stats, scored, compute_ratios),
+        **_call_keys(bundle, ranks, stats, progress),
+    }
+
+
+def _recorded_calls(bundle, ranks, stats: dict[int, dict]) -> tuple[dict[tuple[int, int], int], dict]:
+    """One read of each real rank's records: its recorded compute by (rank, step), and how
+    far its replay got against the calls and steps it recorded (_progress, by str(rank))."""
+    recorded_compute: dict[tuple[int, int], int] = {}
+    progress = {}
+    for r in ranks:
+        calls, last_step = 0, None
+        for rec in bundle.events(r):
+            if isinstance(rec, Compute) and rec.name is None and rec.end_ns is not None:
+                key = (r, rec.step)
+                recorded_compute[key] = recorded_compute.get(key, 0) + rec.end_ns - rec.start_ns
+            elif isinstance(rec, (Collective, PointToPoint)):
+                calls += 1
+                last_step = rec.step if last_step is None else max(last_step, rec.step)
+        progress[str(r)] = _progress(bundle.rank_info(r), stats.get(r), calls, last_step)
+    return recorded_compute, progress
+
+
+def _clock(bundle, stats: dict[int, dict], device_steps: dict[int, dict]) -> str:
+    """The clock both sides are timed on: the device's where the recording has device step
+    times and every real rank's replay timed its steps there too, else the host's."""
+    return "device" if (stats and all(device_steps.get(r) for r in stats)
+                        and any(step_durations(bundle, s, clock="device") for s in bundle.steps)) else "host"
+
+
+def _step_rows(bundle, ranks, stats: dict[int, dict], device_steps: dict[int, dict],
+               recorded_compute: dict[tuple[int, int], int], clock: str) -> tuple[list[dict], int | None,
+                                                                                 int | None, dict[int, list]]:
+    """Each step that a real rank both recorded and replayed, as the report's row (means
+    over those ranks); the peak memory recorded and replayed over all of them; and per real
+    rank, its (step, replayed / recorded compute)."""
+    replayed: dict[int, dict[int, list]] = {r: {s[0]: s for s in st.get("steps", ())} for r, st in stats.items()}
+    steps = []
+    rec_peak = rep_peak = None
+    compute_ratios: dict[int, list] = {}
+    for step in bundle.steps:
+        recorded = step_durations(bundle, step, clock=clock)
+        peaks = bundle.summaries["steps"].get(step, {})
+        rec_s, rep_s, own_s = [], [], []
+        compute = 0
+        step_rec_peak = step_rep_peak = None
+        for r in ranks:
+            if r not in recorded or step not in replayed.get(r, {}):
+                continue
+            row = replayed[r][step]
+            _, start, end, used, peak = row[:5]
+            took = end - start if clock == "host" else device_steps[r].get(step)
+            if took is None:
+                continue
+            rec_s.append(recorded[r] / 1e9)
+            rep_s.append(took / 1e9)
+            own_s.append(row[5] / 1e9 if len(row) > 5 else 0.0)
+            compute += used
+            if recorded_compute.get((r, step)):
+                compute_ratios.setdefault(r, []).append((step, used / recorded_compute[(r, step)]))
+            rp = peaks.get(r, (None, None, None))[2]
+            if rp is not None:
+                rec_peak = max(rec_peak or 0, rp)
+                step_rec_peak = max(step_rec_peak or 0, rp)
+            if peak is not None:
+                rep_peak = max(rep_peak or 0, peak)
+                step_rep_peak = max(step_rep_peak or 0, peak)
+        if rec_s:
+            steps.append({"step": step, "recorded_s": sum(rec_s) / len(rec_s), "replayed_s": sum(rep_s) / len(rep_s),
+                          "replayed_compute_s": compute / len(rep_s) / 1e9,
+                          "replayer_s": sum(own_s) / len(own_s),
+                          "peak_recorded_bytes": step_rec_peak, "peak_replayed_bytes": step_rep_peak})
+    return steps, rec_peak, rep_peak, compute_ratios
+
+
+def _time_keys(bundle, ranks, stats: dict[int, dict], steps: list[dict], scored: list[dict], clock: str) -> dict:
+    """The report's step-time keys: the error, beside the recording's own noise, the clock,
+    how virtual peers waited, and why the error may not be a fidelity figure."""
+    errors = [_pct(s["recorded_s"], s["replayed_s"]) for s in scored]
+    errors = [e for e in errors if e is not None]
+    warned = caveats(bundle, ranks, clock=clock) if steps else []
+    return {
         "iteration_time_error_pct": sum(errors) / len(errors) if errors else None,
         # beside it, to tell fidelity from noise: the recording's own step-to-step spread
         # (std / mean, and the range) and the error of the mean step
@@ -143,6 +167,12 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # shared cores, another kind of device, host times of work on a GPU
         "caveats": warned,
         "fidelity_figure": not warned,
+    }
+
+
+def _memory_keys(scored: list[dict], rec_peak: int | None, rep_peak: int | None) -> dict:
+    """The report's peak memory keys: over the run, and per scored step."""
+    return {
         "peak_memory_recorded_bytes": rec_peak,
         "peak_memory_replayed_bytes": rep_peak,
         "peak_memory_error_pct": _pct(rec_peak, rep_peak),
@@ -150,6 +180,17 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # thread letting go of a buffer late while recording) does not stand for the run.
         "step_peak_memory_error_pct": _median([_pct(s["peak_recorded_bytes"], s["peak_replayed_bytes"])
                                                for s in scored]),
+    }
+
+
+def _compute_keys(stats: dict[int, dict], scored: list[dict], compute_ratios: dict[int, list]) -> dict:
+    """The report's keys on compute and on the replayer's own time: in set-up, in steps."""
+    # Each real rank's compute against its own recorded compute, per scored step; the
+    # median of those: the same question with one real rank or many (a sum over ranks
+    # would compare rank totals, which a user reads against one step's time).
+    scored_steps = {s["step"] for s in scored}
+    by_rank = {r: _median([q for st, q in qs if st in scored_steps]) for r, qs in sorted(compute_ratios.items())}
+    return {
         # per real rank, the median over scored steps of its replayed compute over its
         # recorded compute; `compute_ratio` is the median of those
         "compute_ratio": _median(by_rank.values()),
@@ -162,6 +203,14 @@ def fidelity_report(bundle, ranks, stats: dict[int, dict], *, timing: str, what_
         # outputs built; per step, mean over real ranks, and the largest such step
         "replayer_in_steps_s": max((s["replayer_s"] for s in scored), default=None),
         "compute_ratio_by_rank": {str(r): q for r, q in by_rank.items()} or None,
+    }
+
+
+def _call_keys(bundle, ranks, stats: dict[int, dict], progress: dict) -> dict:
+    """The report's keys on the calls the real ranks made: divergences, made-up and
+    predicted data, calibration, how far each got, and a bundle program's transfers."""
+    divs = [d for r in sorted(stats) for d in stats[r].get("divergences", ())]
+    return {
         "diverged": bool(divs),
         "first_divergence": divs[0] if divs else None,
         "divergences": len(divs),
@@ -365,22 +414,7 @@ def card(report: dict) -> str:
     ]
     early = report.get("stopped_early") or []
     if not report["steps"] and early:
-        lines += _attempt_lines(report)
-        # Nothing to score: say who ended, where, and what it printed last.
-        first = (report.get("recorded_steps") or [None])[0]
-        for e in early:
-            before = f"before the end of step {first}, the recording's first" if first is not None else \
-                "before the end of any step"
-            lines.append(f"  stopped early: rank {e.get('rank')} {_ended(e)} {before} ({_made(e)}){_recorded(e)}")
-            tail = e.get("output_tail")
-            if tail:
-                lines.append(f"  the last lines rank {e.get('rank')} wrote:")
-                lines.extend(f"    | {line}" for line in tail)
-            elif tail is None:
-                lines.append(f"  (rank {e.get('rank')}'s output is above)")
-        if report.get("reproduced"):
-            lines.append("  reproduced: each rank that failed failed as it did in the recording")
-        return "\n".join(lines)
+        return "\n".join(lines + _attempt_lines(report) + _unscored_lines(report, early))
     lines += _attempt_lines(report)
     if report.get("imported") and not report["steps"]:
         lines.append("  calls checked against Flight Recorder dumps, which hold no steps to score and no data "
@@ -395,16 +429,49 @@ def card(report: dict) -> str:
     if own:
         lines.append(f"  the replayer's own work on payloads: at most {own * 1e3:.1f} ms in a scored step "
                      "(included in the step times)")
-    lines += [
-        f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
-        if not report.get("inputs_made_up_calls") else
-        f"  numerics {'synthetic' if report['synthetic_numerics'] else 'made up'}: the bundle's program made up the "
-        f"inputs of {report['inputs_made_up_calls']} calls (no bytes recorded for them: their data is not checked)"
-        + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "
-           f"({report.get('predicted_shape_mismatches', 0)} differ from the live ones)"
-           if report.get("predicted_shape_calls") else ""),
-    ]
+    lines.append(_numerics_line(report))
     lines += program_lines(report.get("bundle_program"), report["first_divergence"])
+    lines += _ending_lines(report, early)
+    return "\n".join(lines)
+
+
+def _unscored_lines(report: dict, early: list[dict]) -> list[str]:
+    """Nothing to score (every real rank stopped before a step's end): who ended, where,
+    and what it printed last."""
+    lines = []
+    first = (report.get("recorded_steps") or [None])[0]
+    for e in early:
+        before = f"before the end of step {first}, the recording's first" if first is not None else \
+            "before the end of any step"
+        lines.append(f"  stopped early: rank {e.get('rank')} {_ended(e)} {before} ({_made(e)}){_recorded(e)}")
+        tail = e.get("output_tail")
+        if tail:
+            lines.append(f"  the last lines rank {e.get('rank')} wrote:")
+            lines.extend(f"    | {line}" for line in tail)
+        elif tail is None:
+            lines.append(f"  (rank {e.get('rank')}'s output is above)")
+    if report.get("reproduced"):
+        lines.append("  reproduced: each rank that failed failed as it did in the recording")
+    return lines
+
+
+def _numerics_line(report: dict) -> str:
+    """Whether the numerics are the recording's, synthetic (no payloads) or made up by the
+    bundle's program, and the calls whose shapes `scale` predicted."""
+    if not report.get("inputs_made_up_calls"):
+        return f"  numerics {'synthetic (no payloads)' if report['synthetic_numerics'] else 'as recorded'}"
+    return (f"  numerics {'synthetic' if report['synthetic_numerics'] else 'made up'}: the bundle's program made up "
+            f"the inputs of {report['inputs_made_up_calls']} calls (no bytes recorded for them: their data is not "
+            "checked)"
+            + (f" · shapes predicted by `scale` on {report['predicted_shape_calls']} calls, not checked "
+               f"({report.get('predicted_shape_mismatches', 0)} differ from the live ones)"
+               if report.get("predicted_shape_calls") else ""))
+
+
+def _ending_lines(report: dict, early: list[dict]) -> list[str]:
+    """How the replay ended: its first divergence (or none), the recorded hangs it resolved
+    or reached, the ranks that failed or stopped early, and the ranks with no results."""
+    lines = []
     d = report["first_divergence"]
     if d is not None:
         at = f" at {shown(d['stack'][0])}" if d.get("stack") else ""
@@ -422,7 +489,7 @@ def card(report: dict) -> str:
         lines.append("  no divergence in the calls made")
     if report.get("unreported"):
         lines.append(f"  no results from rank(s) {report['unreported']} (another node's replay has them)")
-    return "\n".join(lines)
+    return lines
 
 
 def _attempt_lines(report: dict) -> list[str]:
