@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from prism_rr.errors import UsageError
@@ -20,9 +20,12 @@ DEFAULT_PAYLOAD, FLIGHT_PAYLOAD = "digest", "small"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecordOptions:
-    """One recording's settings, the same on every rank."""
+    """One recording's settings, the same on every rank: the one definition of what the
+    command line's `record`, `prism_rr.api.record` and the launcher carry to each rank
+    (as JSON in ENV_VAR). Specs are taken as users write them ("1:4", "0,2-3") and kept
+    parsed; the launcher places the options (`placed`) before a rank sees them."""
 
-    spool_dir: str
+    spool_dir: str | None = None  # where the ranks write; None: not placed yet (see `placed`)
     payload: str | None = None  # None: DEFAULT_PAYLOAD, or FLIGHT_PAYLOAD in flight mode
     steps: tuple[int | None, int | None] | None = None  # [lo, hi) window; None: every step
     ranks: tuple[int, ...] | None = None  # None: every rank
@@ -43,32 +46,52 @@ class RecordOptions:
     extra: dict = field(default_factory=dict)  # unknown keys from a newer launcher
 
     def __post_init__(self):
-        if self.payload is None:
-            object.__setattr__(self, "payload", FLIGHT_PAYLOAD if self.flight is not None else DEFAULT_PAYLOAD)
+        self._normalise()
         if self.payload not in PAYLOADS:
             raise UsageError(f"payload must be one of {', '.join(PAYLOADS)}, not {self.payload!r}")
         if self.slice not in (None, "roles"):
             raise UsageError(f"slice must be roles, not {self.slice!r}")
         if self.flight is not None:
-            if self.flight < 1:
-                raise UsageError(f"--flight takes the number of steps to keep (1 or more), not {self.flight}")
-            if self.steps is not None:
-                raise UsageError("--flight keeps the last steps whenever a trigger fires: give it or --steps, not both")
-            if not self.flight_hang > 0:
-                raise UsageError(f"--flight-hang must be a number of seconds above 0, not {self.flight_hang}")
-            if self.flight_slow is not None and not self.flight_slow > 1:
-                raise UsageError(f"--flight-slow must be a factor above 1, not {self.flight_slow}")
-            if self.flight_budget < (1 << 20):
-                raise UsageError(f"--flight-budget must be at least 1 MiB, not {self.flight_budget} bytes")
+            self._check_flight()
         if not (1 << 16) <= self.ring_size <= (1 << 36):
             raise UsageError(f"the call log's ring must be 64 KiB to 64 GiB, not {self.ring_size} bytes")
 
+    def _normalise(self) -> None:
+        """Each field as its type says, whether it came from a user's spec or from JSON."""
+        put = object.__setattr__
+        if self.spool_dir is not None:
+            put(self, "spool_dir", str(self.spool_dir))
+        put(self, "steps", parse_steps(self.steps))
+        put(self, "ranks", parse_ranks(self.ranks))
+        for name, kind in _TYPES.items():
+            value = getattr(self, name)
+            if value is not None:
+                put(self, name, kind(value))
+        if self.payload is None:
+            put(self, "payload", FLIGHT_PAYLOAD if self.flight is not None else DEFAULT_PAYLOAD)
+
+    def _check_flight(self) -> None:
+        if self.flight < 1:
+            raise UsageError(f"--flight takes the number of steps to keep (1 or more), not {self.flight}")
+        if self.steps is not None:
+            raise UsageError("--flight keeps the last steps whenever a trigger fires: give it or --steps, not both")
+        if not self.flight_hang > 0:
+            raise UsageError(f"--flight-hang must be a number of seconds above 0, not {self.flight_hang}")
+        if self.flight_slow is not None and not self.flight_slow > 1:
+            raise UsageError(f"--flight-slow must be a factor above 1, not {self.flight_slow}")
+        if self.flight_budget < (1 << 20):
+            raise UsageError(f"--flight-budget must be at least 1 MiB, not {self.flight_budget} bytes")
+
     @classmethod
-    def make(cls, spool_dir, *, payload=None, steps=None, ranks=None, ops=False, memory=False, **extra):
-        return cls(
-            spool_dir=str(spool_dir), payload=payload, steps=parse_steps(steps),
-            ranks=parse_ranks(ranks), ops=bool(ops), memory=bool(memory), **extra,
-        )
+    def make(cls, spool_dir=None, **fields) -> RecordOptions:
+        """The options of `fields` (specs as users write them), written into `spool_dir`."""
+        return cls(spool_dir=spool_dir, **fields)
+
+    def placed(self, spool_dir, output) -> RecordOptions:
+        """These options for ranks writing into `spool_dir`, for the bundle `output` (where
+        rank 0 packs a flight dump)."""
+        flight_output = str(Path(output).resolve()) if self.flight is not None else self.output
+        return replace(self, spool_dir=str(spool_dir), output=flight_output)
 
     @property
     def slice_later(self) -> bool:
@@ -102,28 +125,13 @@ class RecordOptions:
         d = json.loads(text)
         if not isinstance(d, dict) or "spool_dir" not in d:
             raise UsageError(f"{ENV_VAR} must be a JSON object with a spool_dir")
-        known = {"spool_dir", "payload", "steps", "ranks", "ops", "memory", "stack_depth", "slice", "mesh",
-                 "flight", "flight_hang", "flight_slow", "flight_budget", "flight_at_exit", "output", "ring_size"}
-        extra = {k: v for k, v in d.items() if k not in known}
-        return cls(
-            spool_dir=str(d["spool_dir"]),
-            payload=d.get("payload"),
-            steps=parse_steps(d.get("steps")),
-            ranks=parse_ranks(d.get("ranks")),
-            ops=bool(d.get("ops", False)),
-            memory=bool(d.get("memory", False)),
-            stack_depth=int(d.get("stack_depth", 4)),
-            slice=d.get("slice"),
-            mesh=d.get("mesh"),
-            flight=None if d.get("flight") is None else int(d["flight"]),
-            flight_hang=float(d.get("flight_hang", 30.0)),
-            flight_slow=None if d.get("flight_slow") is None else float(d["flight_slow"]),
-            flight_budget=int(d.get("flight_budget", 32 << 20)),
-            flight_at_exit=bool(d.get("flight_at_exit", False)),
-            output=d.get("output"),
-            ring_size=int(d.get("ring_size", 32 << 20)),
-            extra=extra,
-        )
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in d.items() if k in known}, extra={k: v for k, v in d.items() if k not in known})
+
+
+# The fields that JSON or a command line may give as another type (a count as a float).
+_TYPES = {"ops": bool, "memory": bool, "stack_depth": int, "flight": int, "flight_hang": float,
+          "flight_slow": float, "flight_budget": int, "flight_at_exit": bool, "ring_size": int}
 
 
 def spool_dir_for(out) -> Path:

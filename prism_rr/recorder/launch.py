@@ -24,15 +24,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.recorder._options import ENV_VAR, RecordOptions, spool_dir_for
 
-__all__ = ["HOOK_DIR", "hook_env", "launch_node", "node_spool_dir", "record_command", "spool_dir_for"]
+__all__ = ["HOOK_DIR", "RecordRequest", "hook_env", "launch_node", "node_spool_dir", "record_command", "spool_dir_for"]
 
 HOOK_DIR = Path(__file__).resolve().parents[1] / "_hook"  # shared with the replayer
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -151,25 +153,62 @@ def _write_run(spool_dir: Path, facts: dict) -> None:
         raise
 
 
-def record_command(
-    cmd: list[str],
-    out: Path,
-    *,
-    steps=None,
-    ranks=None,
-    payload: str | None = None,
-    ops: bool = False,
-    memory: bool = False,
-    slice: str | None = None,
-    mesh: str | None = None,
-    timeout: float | None = None,
-    node: str | None = None,
-    interrupted: Callable[[dict], None] | None = None,
-    **options,
-) -> int:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordRequest:
+    """One recording as the launcher runs it: the command, the bundle it is for, this
+    node's name among many, and the options every rank records with, placed in this
+    node's spool directory. `make` builds it; the launcher serialises its options."""
+
+    cmd: tuple[str, ...]  # as run: with --nproc, localrun's command around the user's
+    output: Path
+    options: RecordOptions  # placed: spool_dir is this node's directory, resolved
+    node: str | None = None  # this node's name in a multi-node job; None: a single node
+    timeout: float | None = None  # seconds before the command is stopped
+
+    @classmethod
+    def make(cls, cmd, output, options: RecordOptions | None = None, *, nproc: int = 0, node: str | None = None,
+             timeout: float | None = None, **fields) -> RecordRequest:
+        """The recording of `cmd` into `output` with `options` (or RecordOptions of
+        `fields`, specs as users write them). `nproc` > 0 starts that many local ranks
+        with torchrun's environment around `cmd`. The node and its spool directory are
+        found here, once (`launch_node`, `node_spool_dir`)."""
+        if not cmd:
+            raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
+        if nproc < 0:
+            raise UsageError("--nproc must be 0 or more")
+        if options is None:
+            options = RecordOptions(**fields)
+        elif fields:
+            raise TypeError(f"give the options or their fields, not both: {sorted(fields)}")
+        if options.slice is not None and nproc:
+            from prism_rr.topology.roles import parse_mesh
+
+            parse_mesh(options.mesh or "", nproc)  # a wrong layout fails now, not in every rank
+        cmd = list(cmd)
+        if nproc:
+            cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
+        output = Path(output)
+        name = launch_node(cmd, node)
+        placed = options.placed(node_spool_dir(output, name).resolve(), output)
+        return cls(cmd=tuple(cmd), output=output, options=placed, node=name, timeout=timeout)
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where this node's ranks write, as the user named the output (for messages)."""
+        return node_spool_dir(self.output, self.node)
+
+    @property
+    def flight(self) -> bool:
+        return self.options.flight is not None
+
+
+def record_command(cmd, out, *, request: RecordRequest | None = None,
+                   interrupted: Callable[[dict], None] | None = None, **fields) -> int:
     """Run `cmd` recording into `<out>.d/` (one node of many: `<out>.d/node-<name>/`, see
-    `launch_node`); return its exit code (128+N if killed by signal N). `options` are
-    more of `RecordOptions.make`'s, passed on to every rank.
+    `launch_node`); return its exit code (128+N if killed by signal N). `request` is the
+    recording as `RecordRequest.make` built it (of this `cmd` and `out`); without it, one
+    is made here of `fields` (RecordRequest.make's: nproc, node, timeout, and
+    RecordOptions' fields).
 
     SIGINT and SIGTERM sent to this process are passed on to the command's process
     group, as a terminal passes Ctrl-C to a job; the command then has
@@ -177,31 +216,19 @@ def record_command(
     (ranks flush their spools, calls still open included), then SIGKILL. run.json notes
     the first such signal (`interrupted`), and `interrupted(facts)` hears of it at once.
     """
-    from prism_rr import __version__
-
-    out = Path(out)
-    name = launch_node(cmd, node)
-    spool_dir = node_spool_dir(out, name)
+    if request is None:
+        request = RecordRequest.make(cmd, out, **fields)
+    elif fields:
+        raise TypeError(f"give the request or its fields, not both: {sorted(fields)}")
+    spool_dir = Path(request.options.spool_dir)
     spool_dir.mkdir(parents=True, exist_ok=True)
     _clear_old_spools(spool_dir)
-    options = RecordOptions.make(spool_dir.resolve(), payload=payload, steps=steps, ranks=ranks,
-                                 ops=ops, memory=memory, slice=slice, mesh=mesh, **options)
     env = dict(os.environ)
-    env.update(hook_env(options, env))
-    facts = {
-        "command": list(cmd),
-        "cwd": os.getcwd(),
-        "hostname": socket.gethostname(),
-        "options": json.loads(options.to_json()),
-        "prism_rr_version": __version__,
-        "started_wall_ns": time.time_ns(),
-    }
-    if name is not None:
-        facts["node"] = name
+    env.update(hook_env(request.options, env))
+    facts = _run_facts(request)
     _write_run(spool_dir, facts)
-
-    code, timed_out = _run(cmd, env, timeout, facts, interrupted)
-    if options.flight is None:
+    code, timed_out = _run(list(request.cmd), env, request.timeout, facts, interrupted)
+    if not request.flight:
         # A rank that died left its call log: what it holds joins its spool now.
         from prism_rr.format.compactor import recover_logs
 
@@ -214,6 +241,23 @@ def record_command(
         # what the caller must see (packing, which needs room too, says what went wrong).
         pass
     return code
+
+
+def _run_facts(request: RecordRequest) -> dict:
+    """What run.json says of a recording as it starts (the command, where, the options)."""
+    from prism_rr import __version__
+
+    facts = {
+        "command": list(request.cmd),
+        "cwd": os.getcwd(),
+        "hostname": socket.gethostname(),
+        "options": json.loads(request.options.to_json()),
+        "prism_rr_version": __version__,
+        "started_wall_ns": time.time_ns(),
+    }
+    if request.node is not None:
+        facts["node"] = request.node
+    return facts
 
 
 def _run(cmd: list[str], env: dict, timeout: float | None, facts: dict, interrupted) -> tuple[int, bool]:
