@@ -1,4 +1,4 @@
-"""Reading a bundle needs neither torch nor a terminal UI (README.md, "Layout"): the
+"""Reading a bundle needs neither torch nor a terminal UI (docs/layout.md): the
 package, the format and `info`, imported in a fresh interpreter. The rules between
 subpackages are tests/test_layering.py's."""
 

@@ -1,9 +1,10 @@
-"""Every `prism-rr ...` command the README shows runs, as a new user would run it.
+"""Every `prism-rr ...` command the README and its reference pages show runs, as a new
+user would run it.
 
-The commands are read from README.md when the tests are collected: each line of a ```sh
-block that starts with `prism-rr` or `make`, and each inline `prism-rr ...` span of the
-prose. They run in README order in one working directory, as a user following the README
-would, so a command finds what earlier ones wrote (run.prism, run.prism.d, slice.prism,
+The commands are read from README.md and the pages of docs/ it links (PAGES) when the tests
+are collected: each line of a ```sh block that starts with `prism-rr` or `make`, and each
+inline `prism-rr ...` span of the prose. They run in PAGES order in one working directory,
+as a user following the README, then the reference, would, so a command finds what earlier ones wrote (run.prism, run.prism.d, slice.prism,
 big.prism). What the README takes for granted is made here, named explicitly:
 
 - PLACEHOLDERS: files the README names but no README command makes (train.py, ...),
@@ -44,6 +45,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The README, then the reference pages it links, in the order a reader follows them: a
+# page's commands may use what an earlier page's made (run.prism, slice.prism).
+PAGES = [README, *(ROOT / "docs" / f"{name}.md" for name in
+                   ("cli", "recording", "multinode", "replay", "analysis", "formats", "gpu", "layout"))]
+README_LINES = 100  # at most: the README is read in five minutes; the rest is the reference's
 BIN = Path(sys.executable).parent
 TIMEOUT = 240  # seconds for one command (the default demo is the longest)
 
@@ -145,17 +151,23 @@ EXIT = re.compile(r"\(exit (\d+)( if any)?\)")
 
 @dataclass
 class Command:
-    line: int  # 1-based line in README.md
+    line: int  # 1-based line in its page
     text: str  # the command, without its comment
     comment: str = ""
+    page: str = "README.md"  # relative to the repository
+    order: int = 0  # its place among every page's commands (PAGES order)
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
     @property
     def id(self) -> str:
-        return f"L{self.line}:{self.text[:60]}"
+        return f"{self.page}:L{self.line}:{self.text[:60]}"
 
 
-def readme_commands(text: str | None = None) -> list[Command]:
-    """Every command the README shows, in README order."""
+def readme_commands(text: str | None = None, page: str = "README.md") -> list[Command]:
+    """Every command one page shows (the README's by default), in its order."""
     text = README.read_text() if text is None else text
     out: list[Command] = []
     block = None
@@ -169,15 +181,23 @@ def readme_commands(text: str | None = None) -> list[Command]:
                 code, _, comment = line.partition(" #")
                 code = code.strip().removeprefix("$ ")
                 if code.startswith(("prism-rr", "make ")) or code == "make":
-                    out.append(Command(n, " ".join(code.split()), comment.strip()))
+                    out.append(Command(n, " ".join(code.split()), comment.strip(), page))
             continue
         for span in re.findall(r"`([^`]+)`", line):
             if span.startswith("prism-rr ") and not span.strip().endswith("..."):
-                out.append(Command(n, " ".join(span.split())))
+                out.append(Command(n, " ".join(span.split()), page=page))
     return out
 
 
-COMMANDS = readme_commands()
+def all_commands() -> list[Command]:
+    """Every page's commands, numbered in PAGES order."""
+    out = [c for path in PAGES for c in readme_commands(path.read_text(), str(path.relative_to(ROOT)))]
+    for i, c in enumerate(out):
+        c.order = i
+    return out
+
+
+COMMANDS = all_commands()
 
 
 @dataclass
@@ -238,7 +258,7 @@ def _made_by_readme(name: str, cmd: Command) -> bool:
     """Does a README command before `cmd` write `name` (an -o output, or the spools that
     `record --keep-spools` keeps beside it: without it, a record leaves one file)?"""
     for c in COMMANDS:
-        if c.line >= cmd.line:
+        if c.order >= cmd.order:
             break
         words = c.text.replace("[", " ").replace("]", " ").split()
         kept = c.text.startswith("prism-rr record") and "--keep-spools" in words
@@ -300,12 +320,12 @@ class Walkthrough:
 
     def __init__(self, work: Path, demo_runs):
         self.work = work
-        self.results: dict[tuple, subprocess.CompletedProcess | None] = {}
+        self.results: dict[int, subprocess.CompletedProcess | None] = {}  # by Command.order
         self.env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                         OMP_NUM_THREADS="1", PET_MASTER_PORT=str(_free_port()))
         self.env.pop("PRISM_RR_REPLAY_TRACE", None)
         self.demo_runs = demo_runs
-        self.demos = {(c.line, c.text): demo_runs.start(*plan(c).argv[len(PRISM) + 1:]).future
+        self.demos = {c.order: demo_runs.start(*plan(c).argv[len(PRISM) + 1:]).future
                       for c in COMMANDS if _is_demo(c)}
         # A placeholder command that reads no bundle (dp2.prism: a record of train.py) is
         # made from the start too, on a thread of its own, beside the rest.
@@ -353,7 +373,7 @@ class Walkthrough:
 
     def result(self, cmd: Command) -> subprocess.CompletedProcess | None:
         """Run every README command up to `cmd` not yet run (what `cmd` may need), then `cmd`."""
-        key = (cmd.line, cmd.text)
+        key = cmd.order
         if key in self.demos:
             # Meanwhile, the rest of the README: what the demo's thread is there for.
             for c in COMMANDS:
@@ -363,13 +383,13 @@ class Walkthrough:
                     pass  # reported by that command's own test
             return self.demos[key].result()
         for c in COMMANDS:
-            if (c.line, c.text) == key or c.line > cmd.line:
+            if c.order >= key:
                 break
             self._once(c)
         return self._once(cmd)
 
     def _once(self, cmd: Command):
-        key = (cmd.line, cmd.text)
+        key = cmd.order
         if key in self.demos:
             return None  # on its own thread
         if key not in self.results:
@@ -403,6 +423,25 @@ def walkthrough(tmp_path_factory, demo_runs):
     walk.close()
 
 
+def test_the_readme_is_short_and_links_every_page():
+    """The README is read in five minutes: what it is, the two commands, the tour, then
+    links; every page of docs/ is one of PAGES (so its commands run here), linked from the
+    README, and every relative link of a page leads to a file."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_LINES, f"README.md has {len(text.splitlines())} lines"
+    heads = re.findall(r"(?m)^## (.*)$", text)
+    assert heads[:2] == ["Two commands", "A tour, on the demo's bundle"], heads
+    tour = {c.text.split()[1] for c in COMMANDS if c.page == "README.md" and c.text.startswith("prism-rr ")}
+    assert {"record", "replay", "diagnose", "tui", "info"} <= tour, tour
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert sorted(PAGES[1:]) == pages, "every page of docs/ is in PAGES, in reading order"
+    for page in pages:
+        assert f"(docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}, which is not there"
+
+
 def test_readme_commands_are_found():
     texts = [c.text for c in COMMANDS]
     for expected in ("make demo", "prism-rr demo --pp 2 --world 2", "prism-rr --help"):
@@ -420,8 +459,8 @@ def test_readme_commands_are_found():
 
 
 def readme_python(text: str | None = None) -> list[str]:
-    """The README's ```python blocks (its "From Python" section), in order."""
-    text = README.read_text() if text is None else text
+    """The ```python blocks of every page (docs/cli.md's "From Python"), in order."""
+    text = "\n".join(p.read_text() for p in PAGES) if text is None else text
     return re.findall(r"(?ms)^```python\n(.*?)^```", text)
 
 
@@ -476,13 +515,13 @@ def test_readme_command(walkthrough, cmd):
     try:
         p = plan(cmd)
     except Uncovered as exc:
-        pytest.fail(f"README line {cmd.line}: {exc}. Add how to run it to tests/test_readme.py, "
+        pytest.fail(f"{cmd.where}: {exc}. Add how to run it to tests/test_readme.py, "
                     f"or list it in SKIPPED with the reason.")
     if p.skip:
-        pytest.skip(f"README line {cmd.line}: {p.skip}")
+        pytest.skip(f"{cmd.where}: {p.skip}")
     out = walkthrough.result(cmd)
     assert out is not None
-    shown = f"README line {cmd.line}: `{cmd.text}` ran as {p.argv}\nstdout:\n{out.stdout[-2000:]}\nstderr:\n{out.stderr[-4000:]}"
+    shown = f"{cmd.where}: `{cmd.text}` ran as {p.argv}\nstdout:\n{out.stdout[-2000:]}\nstderr:\n{out.stderr[-4000:]}"
     assert out.returncode in p.codes, shown
     assert "Traceback" not in out.stderr or out.returncode != 0, shown
     if "--json" in p.argv:

@@ -17,15 +17,15 @@ from cli_helpers import run_cli
 from graph_sim import SimRun
 from prism_rr.format import Collective, Compute, PointToPoint, open_bundle
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FORMATS = Path(__file__).resolve().parents[2] / "docs" / "formats.md"  # the README's reference on exports
 
 
 def readme_sql(naming: str) -> str:
-    """The README's ```sql block that names `naming`: its DuckDB queries over `prism-rr
-    export run.prism --format parquet -o tables`."""
-    blocks = re.findall(r"```sql\n(.*?)```", README.read_text(), re.S)
+    """The ```sql block of docs/formats.md that names `naming`: its DuckDB queries over
+    `prism-rr export run.prism --format parquet -o tables`."""
+    blocks = re.findall(r"```sql\n(.*?)```", FORMATS.read_text(), re.S)
     found = [b for b in blocks if naming in b]
-    assert found, f"the README has no sql block naming {naming}"
+    assert found, f"docs/formats.md has no sql block naming {naming}"
     return found[0]
 
 
