@@ -8,11 +8,13 @@
  * read from torch (CallState reads tensors' `shape` and `dtype` as any attribute).
  *
  * Cursor: the writing position of a call log's ring and its two hot entries, ENTER and
- * DONE (layouts: FORMAT.md, "Call log"; format/calllog.py). Each method runs whole with
- * the GIL held, so no other Python thread writes in between. When the entry needs the
- * slow path (padding to the ring's end, room made by dropping old entries, a compactor
- * reading: `busy`), the method writes nothing and calls `slow_enter` or `slow_done` with
- * its own arguments (the Python path, which takes the log's lock), or returns -2.
+ * DONE, laid out as format/calllog.py lays them out: the layout is read from there (its
+ * public structs and constants) where the first Cursor is made, never spelled here
+ * (FORMAT.md, "Call log"). Each method runs whole with the GIL held, so no other Python
+ * thread writes in between. When the entry needs the slow path (padding to the ring's end,
+ * room made by dropping old entries, a compactor reading: `busy`; a value its field cannot
+ * hold), the method writes nothing and calls `slow_enter` or `slow_done` with its own
+ * arguments (the Python path, which takes the log's lock), or returns -2.
  *
  * stack: caller_stack's walk over the caller's frames, from its caches only (and caches of
  * its own in front of them); False on any miss (the Python walk fills the caches). On
@@ -21,8 +23,11 @@
  * CallState: the base of recorder/_calls.py's CallRecorder, holding its hot attributes,
  * and `fast_blocking`, its blocking call path (enter, run, wait, complete) for the common
  * case, written with the two above; anything else it hands to the Python path
- * (CallRecorder._blocking_py) before it writes anything. Same entries either way
- * (tests/recorder/test_blocking_path.py).
+ * (CallRecorder._blocking_py) before it writes anything. `bind`, called once by
+ * _calls.py, gives it intercept/group.py's Call (a prototype of it: a Call made here is
+ * Call(...) as its __init__ leaves it) and enter's arguments by name. Everything it reads
+ * of other modules is given to it (bind, CallState's members), by their public names. The
+ * same tests run on both paths (tests/recorder/test_call_path.py, test_blocking_path.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,25 +46,6 @@
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
-#endif
-
-#define SEQ_KEY 0x5052524C4F470000ULL
-#define ALIGN 16
-#define T_ENTER 1
-#define T_DONE 2
-#define ENTER_SIZE 96
-#define ENTER_BODY 88
-#define DONE_SIZE 64
-#define DONE_BODY 48
-#define AUX_PAYLOAD 1
-#define ONE_BYTES 12
-#define E_P2P 2 /* an ENTER's flags (format/calllog.py) */
-#define E_RECV 4
-#define E_SAME_OUT 8
-#define PAYLOAD_FULL 3 /* intercept/payload.py's FULL */
-
-#if PY_BIG_ENDIAN
-#error "prism_rr._speedups writes little-endian entries: build without it (the pure-Python path)"
 #endif
 
 typedef struct {
@@ -89,12 +75,292 @@ static inline void put_i32(char *p, int32_t v) { memcpy(p, &v, 4); }
 static inline void put_i64(char *p, int64_t v) { memcpy(p, &v, 8); }
 static inline void put_u64(char *p, uint64_t v) { memcpy(p, &v, 8); }
 
+#if PY_BIG_ENDIAN
+#error "prism_rr._speedups writes little-endian entries: build without it (the pure-Python path)"
+#endif
+
+/* --- the call log's entry layout, taken from format/calllog.py ------------------------
+ *
+ * Nothing of an entry's layout is spelled here: the first Cursor (or `entry_layout`) reads
+ * it from format/calllog.py's public names: the structs HEAD, ENTER_BODY, ENTER, DONE_BODY,
+ * DONE, PAYLOAD_HEAD and ONE_BYTES, CID_AT, SEQ_KEY, ALIGN, the entry types and the ENTER
+ * flags the blocking path sets. An ENTER's fields after the head are enter's arguments
+ * after `flags`, in order, the call id (at CID_AT) left out: the rule CallLog._enter packs
+ * by. A DONE's are done's (call id, end, issued, peer, a zero, call seq), their widths from
+ * DONE_BODY. What this code cannot write (a code other than an integer's, a head or a
+ * payload head of another shape, a DONE of other fields) is refused by name, as an error
+ * where the layout is read: a layout and a writer that disagree never meet. */
+#define MAX_FIELDS 32
+
+typedef struct {
+    int off;   /* in the entry */
+    char code; /* struct's: b B h H i I q Q */
+} Field;
+
+typedef struct {
+    uint64_t seq_key;
+    long long align;
+    int t_enter, t_done, aux_payload, e_p2p, e_recv, e_same_out;
+    long long one_bytes;                /* ONE_BYTES.size: a payload of one tensor's bytes, before them */
+    int enter_n, enter_cid;             /* an ENTER's fields after the head; which one is the call id */
+    int enter_pads, done_pads;          /* zeros between fields ('x'): the body is zeroed first */
+    Field enter[MAX_FIELDS];
+    long long enter_body, enter_size;   /* ENTER_BODY.size, ENTER.size */
+    Field done[6];                      /* call id, end, issued, peer, (zero), call seq */
+    long long done_body, done_size;
+} Layout;
+
+static Layout L;
+static int layout_loaded = 0;
+#define ENTER_ARGS (L.enter_n) /* enter's arguments but the payload: flags, then the fields but the call id */
+
+static int
+layout_error(const char *what)
+{
+    PyErr_Format(PyExc_ValueError, "prism_rr._speedups cannot write this call log layout (format/calllog.py): %s", what);
+    return -1;
+}
+
+/* The fields of a little-endian struct format after its 4-field head ("<IBBH"): 0, or -1. */
+static int
+parse_fields(const char *fmt, Field *out, int max, int *n, long long *size, int *pads)
+{
+    if (fmt[0] != '<' || strncmp(fmt + 1, "IBBH", 4) != 0)
+        return layout_error("an entry's struct does not begin \"<IBBH\" (length, type, flags, aux)");
+    long long off = 8;
+    int k = 0;
+    *pads = 0;
+    for (const char *p = fmt + 5; *p; p++) {
+        long long count = 1;
+        if (*p >= '0' && *p <= '9') {
+            count = 0;
+            while (*p >= '0' && *p <= '9')
+                count = count * 10 + (*p++ - '0');
+            if (*p == 0)
+                return layout_error("a count with no code in an entry's struct");
+        }
+        int width;
+        switch (*p) {
+        case 'x': off += count; *pads = 1; continue; /* padding: zeros */
+        case 'b': case 'B': width = 1; break;
+        case 'h': case 'H': width = 2; break;
+        case 'i': case 'I': width = 4; break;
+        case 'q': case 'Q': width = 8; break;
+        default:
+            PyErr_Format(PyExc_ValueError, "prism_rr._speedups cannot write this call log layout (format/calllog.py): "
+                         "code '%c' in %s", *p, fmt);
+            return -1;
+        }
+        for (long long i = 0; i < count; i++) {
+            if (k == max)
+                return layout_error("an entry of too many fields");
+            out[k].off = (int)off;
+            out[k].code = *p;
+            off += width;
+            k++;
+        }
+    }
+    *n = k;
+    *size = off;
+    return 0;
+}
+
+static int
+get_ll(PyObject *ns, const char *name, long long *v)
+{
+    PyObject *o = PyObject_GetAttrString(ns, name);
+    if (o == NULL)
+        return -1;
+    *v = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* A struct's format (a new reference to a str) and size. */
+static PyObject *
+get_struct(PyObject *ns, const char *name, long long *size)
+{
+    PyObject *s = PyObject_GetAttrString(ns, name);
+    if (s == NULL)
+        return NULL;
+    PyObject *fmt = PyObject_GetAttrString(s, "format");
+    int ok = fmt != NULL && PyUnicode_Check(fmt) && get_ll(s, "size", size) == 0;
+    Py_DECREF(s);
+    if (!ok) {
+        Py_XDECREF(fmt);
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s: a struct.Struct", name);
+        return NULL;
+    }
+    return fmt;
+}
+
+static int
+same_format(PyObject *ns, const char *name, const char *want)
+{
+    long long size;
+    PyObject *fmt = get_struct(ns, name, &size);
+    if (fmt == NULL)
+        return -1;
+    int same = PyUnicode_CompareWithASCIIString(fmt, want) == 0;
+    Py_DECREF(fmt);
+    if (!same) {
+        PyErr_Format(PyExc_ValueError, "prism_rr._speedups cannot write this call log layout (format/calllog.py): "
+                     "%s is not \"%s\", as the payloads written here are", name, want);
+        return -1;
+    }
+    return 0;
+}
+
+/* Read the layout from `ns` (format/calllog.py, or anything with its names) into `out`. */
+static int
+read_layout(PyObject *ns, Layout *out)
+{
+    Layout l;
+    long long v, size;
+    memset(&l, 0, sizeof l);
+#define NUM(name, field)                  \
+    if (get_ll(ns, name, &v) < 0)         \
+        return -1;                        \
+    l.field = v;
+    NUM("ALIGN", align) NUM("T_ENTER", t_enter) NUM("T_DONE", t_done) NUM("AUX_PAYLOAD", aux_payload)
+    NUM("E_P2P", e_p2p) NUM("E_RECV", e_recv) NUM("E_SAME_OUT", e_same_out)
+#undef NUM
+    PyObject *key = PyObject_GetAttrString(ns, "SEQ_KEY");
+    if (key == NULL)
+        return -1;
+    l.seq_key = PyLong_AsUnsignedLongLong(key);
+    Py_DECREF(key);
+    if (PyErr_Occurred())
+        return -1;
+    if (l.align < 16 || (l.align & (l.align - 1)))
+        return layout_error("ALIGN is not a power of two of at least 16");
+    if (same_format(ns, "HEAD", "<IBBH") < 0 || same_format(ns, "PAYLOAD_HEAD", "<HBBI") < 0
+        || same_format(ns, "ONE_BYTES", "<HBBII") < 0)
+        return -1;
+    l.one_bytes = 12;
+    /* ENTER: its fields, and the call id's among them */
+    PyObject *fmt = get_struct(ns, "ENTER_BODY", &size);
+    if (fmt == NULL)
+        return -1;
+    const char *text = PyUnicode_AsUTF8(fmt);
+    int rc = text == NULL ? -1 : parse_fields(text, l.enter, MAX_FIELDS, &l.enter_n, &l.enter_body, &l.enter_pads);
+    Py_DECREF(fmt);
+    if (rc < 0)
+        return -1;
+    if (l.enter_body != size)
+        return layout_error("ENTER_BODY's size is not its fields'");
+    long long cid_at;
+    if (get_ll(ns, "CID_AT", &cid_at) < 0)
+        return -1;
+    l.enter_cid = -1;
+    for (int i = 0; i < l.enter_n; i++)
+        if (l.enter[i].off == cid_at)
+            l.enter_cid = i;
+    if (l.enter_cid < 0 || l.enter[l.enter_cid].code != 'Q')
+        return layout_error("CID_AT is not where a u64 field of ENTER_BODY lies");
+    if ((fmt = get_struct(ns, "ENTER", &l.enter_size)) == NULL)
+        return -1;
+    Py_DECREF(fmt);
+    if (l.enter_size != ((l.enter_body + 8 + l.align - 1) & ~(l.align - 1)))
+        return layout_error("ENTER is not ENTER_BODY, then zeros to the ALIGN before its last 8 bytes (the seq)");
+    /* DONE: six fields */
+    Field done[MAX_FIELDS];
+    int done_n;
+    if ((fmt = get_struct(ns, "DONE_BODY", &size)) == NULL)
+        return -1;
+    text = PyUnicode_AsUTF8(fmt);
+    rc = text == NULL ? -1 : parse_fields(text, done, MAX_FIELDS, &done_n, &l.done_body, &l.done_pads);
+    Py_DECREF(fmt);
+    if (rc < 0)
+        return -1;
+    if (done_n != 6 || l.done_body != size || done[0].code != 'Q')
+        return layout_error("DONE_BODY's fields are not (call id u64, end, issued, peer, a zero, call seq)");
+    memcpy(l.done, done, sizeof l.done);
+    if ((fmt = get_struct(ns, "DONE", &l.done_size)) == NULL)
+        return -1;
+    Py_DECREF(fmt);
+    if (l.done_size != ((l.done_body + 8 + l.align - 1) & ~(l.align - 1)))
+        return layout_error("DONE is not DONE_BODY, then zeros to the ALIGN before its last 8 bytes (the seq)");
+    *out = l;
+    return 0;
+}
+
+/* The layout of format/calllog.py, read once (by the first Cursor: its module is whole by then). */
+static int
+ensure_layout(void)
+{
+    if (layout_loaded)
+        return 0;
+    PyObject *m = PyImport_ImportModule("prism_rr.format.calllog");
+    if (m == NULL)
+        return -1;
+    int rc = read_layout(m, &L);
+    Py_DECREF(m);
+    if (rc == 0)
+        layout_loaded = 1;
+    return rc;
+}
+
+/* entry_layout([ns]): the layout as this module writes it, read from `ns` (format/calllog.py
+ * by default) without taking it: {"enter": [(offset, code), ...], "cid": index, "done":
+ * [...], sizes}. Raises where it cannot write it. */
+static PyObject *
+entry_layout(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Layout l;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "entry_layout([namespace])");
+        return NULL;
+    }
+    if (nargs == 0) {
+        if (ensure_layout() < 0)
+            return NULL;
+        l = L;
+    } else if (read_layout(args[0], &l) < 0) {
+        return NULL;
+    }
+    PyObject *enter = PyList_New(l.enter_n), *done = PyList_New(6);
+    for (int i = 0; enter != NULL && done != NULL && i < l.enter_n; i++)
+        PyList_SET_ITEM(enter, i, Py_BuildValue("(iC)", l.enter[i].off, l.enter[i].code));
+    for (int i = 0; enter != NULL && done != NULL && i < 6; i++)
+        PyList_SET_ITEM(done, i, Py_BuildValue("(iC)", l.done[i].off, l.done[i].code));
+    if (enter == NULL || done == NULL || PyErr_Occurred()) {
+        Py_XDECREF(enter);
+        Py_XDECREF(done);
+        return NULL;
+    }
+    return Py_BuildValue("{sNsisNsLsLsLsL}", "enter", enter, "cid", l.enter_cid, "done", done, "enter_body",
+                         l.enter_body, "enter_size", l.enter_size, "done_body", l.done_body, "done_size", l.done_size);
+}
+
+/* Store x as field f's code says: 1, or 0 where it does not fit (struct.pack_into would raise:
+ * the slow path, Python's, raises as it does). */
+static inline int
+put_field(char *e, const Field *f, long long x)
+{
+    char *p = e + f->off;
+    switch (f->code) {
+    case 'q': put_i64(p, x); return 1;
+    case 'Q': if (x < 0) return 0; put_u64(p, (uint64_t)x); return 1;
+    case 'i': if (x < INT32_MIN || x > INT32_MAX) return 0; put_i32(p, (int32_t)x); return 1;
+    case 'I': if (x < 0 || x > UINT32_MAX) return 0; put_u32(p, (uint32_t)x); return 1;
+    case 'h': if (x < INT16_MIN || x > INT16_MAX) return 0; put_u16(p, (uint16_t)(int16_t)x); return 1;
+    case 'H': if (x < 0 || x > UINT16_MAX) return 0; put_u16(p, (uint16_t)x); return 1;
+    case 'b': if (x < INT8_MIN || x > INT8_MAX) return 0; *p = (char)(int8_t)x; return 1;
+    case 'B': if (x < 0 || x > UINT8_MAX) return 0; *p = (char)(uint8_t)x; return 1;
+    }
+    return 0;
+}
+
 static int
 Cursor_init(Cursor *self, PyObject *args, PyObject *kwds)
 {
     PyObject *buffer, *open;
     long long ring_at, ring_size;
     if (!PyArg_ParseTuple(args, "OLLO", &buffer, &ring_at, &ring_size, &open))
+        return -1;
+    if (ensure_layout() < 0)
         return -1;
     if (open != Py_None && !PyDict_Check(open)) {
         PyErr_SetString(PyExc_TypeError, "open: a dict, or None");
@@ -238,7 +504,7 @@ payload_parse(PyObject *payload, Payload *p, long long *len)
             PyErr_SetString(PyExc_ValueError, "a tensor's bytes: bad address or length");
             return -1;
         }
-        *len = ONE_BYTES + p->nbytes;
+        *len = L.one_bytes + p->nbytes;
         return 0;
     }
     if (PyObject_GetBuffer(payload, &p->buf, PyBUF_SIMPLE) < 0)
@@ -278,7 +544,7 @@ payload_write(char *dst, Payload *p)
     put_u32(dst + 4, (uint32_t)p->nbytes);
     put_u32(dst + 8, (uint32_t)p->nbytes);
     if (p->nbytes)
-        memcpy(dst + ONE_BYTES, p->ptr, (size_t)p->nbytes);
+        memcpy(dst + L.one_bytes, p->ptr, (size_t)p->nbytes);
 }
 
 static void
@@ -294,7 +560,7 @@ commit(char *e, long long n, long long used, uint64_t seq)
 {
     if (n - 8 > used)
         memset(e + used, 0, (size_t)(n - 8 - used));
-    put_u64(e + n - 8, seq ^ SEQ_KEY);
+    put_u64(e + n - 8, seq ^ L.seq_key);
 }
 
 static int
@@ -367,12 +633,9 @@ as_ll(PyObject *v)
 
 #define ARG_LL(i, var) long long var = as_ll(args[i])
 
-/* An ENTER's fields, as enter takes them (v[0..14]): flags, start, prev, step, group,
- * call_seq, peer, tag, in_desc, out_desc, stack, op, reduce_op, mem_alloc, mem_peak. */
-#define ENTER_FIELDS 15
-
-/* Write an ENTER here: its call id; -1 where it needs the slow path (no room, or busy);
- * -3 on an error. `payload`: as enter's. */
+/* Write an ENTER here: its call id; -1 where it needs the slow path (no room, busy, or a
+ * value its field cannot hold); -3 on an error. `v`: enter's arguments but the payload
+ * (flags, then the fields but the call id, in order); `payload`: as enter's. */
 static long long
 write_enter(Cursor *self, const long long *v, PyObject *payload)
 {
@@ -380,36 +643,32 @@ write_enter(Cursor *self, const long long *v, PyObject *payload)
     long long plen;
     if (payload_parse(payload, &p, &plen) < 0)
         return -3;
-    long long n = plen < 0 ? ENTER_SIZE : ((ENTER_BODY + plen + 8 + ALIGN - 1) & ~(long long)(ALIGN - 1));
+    long long n = plen < 0 ? L.enter_size : ((L.enter_body + plen + 8 + L.align - 1) & ~(L.align - 1));
     long long at = room(self, n);
-    if (at < 0) {
+    if (at < 0 || v[0] < 0 || v[0] > UINT8_MAX) {
         payload_done(&p);
         return -1;
     }
     long long pos = self->head, seq = self->seq + 1;
     char *e = self->ring + at;
+    if (L.enter_pads)
+        memset(e + 8, 0, (size_t)(L.enter_body - 8));
     put_u32(e, (uint32_t)n);
-    e[4] = T_ENTER;
+    e[4] = (char)L.t_enter;
     e[5] = (char)v[0];
-    put_u16(e + 6, plen < 0 ? 0 : AUX_PAYLOAD);
-    put_i64(e + 8, v[1]);
-    put_i64(e + 16, v[2]);
-    put_u64(e + 24, (uint64_t)seq);
-    put_i32(e + 32, (int32_t)v[3]);
-    put_i32(e + 36, (int32_t)v[4]);
-    put_i64(e + 40, v[5]);
-    put_i32(e + 48, (int32_t)v[6]);
-    put_i32(e + 52, (int32_t)v[7]);
-    put_u32(e + 56, (uint32_t)v[8]);
-    put_u32(e + 60, (uint32_t)v[9]);
-    put_u32(e + 64, (uint32_t)v[10]);
-    put_u16(e + 68, (uint16_t)v[11]);
-    put_u16(e + 70, (uint16_t)v[12]);
-    put_i64(e + 72, v[13]);
-    put_i64(e + 80, v[14]);
-    long long used = ENTER_BODY;
+    put_u16(e + 6, plen < 0 ? 0 : (uint16_t)L.aux_payload);
+    const long long *arg = v + 1;
+    for (int i = 0; i < L.enter_n; i++) {
+        if (i == L.enter_cid) {
+            put_u64(e + L.enter[i].off, (uint64_t)seq);
+        } else if (!put_field(e, &L.enter[i], *arg++)) {
+            payload_done(&p);
+            return -1; /* nothing is committed: the slow path raises as struct does */
+        }
+    }
+    long long used = L.enter_body;
     if (plen >= 0) {
-        payload_write(e + ENTER_BODY, &p);
+        payload_write(e + L.enter_body, &p);
         used += plen;
     }
     payload_done(&p);
@@ -421,7 +680,7 @@ write_enter(Cursor *self, const long long *v, PyObject *payload)
     return seq;
 }
 
-/* Write a DONE here: 0; -1 where it needs the slow path; -3 on an error. */
+/* Write a DONE here: 0; -1 where it needs the slow path (as write_enter's); -3 on an error. */
 static int
 write_done(Cursor *self, long long cid, long long end, long long issued, long long flags, long long peer,
            long long call_seq, PyObject *payload)
@@ -430,27 +689,30 @@ write_done(Cursor *self, long long cid, long long end, long long issued, long lo
     long long plen;
     if (payload_parse(payload, &p, &plen) < 0)
         return -3;
-    long long n = plen < 0 ? DONE_SIZE : ((DONE_BODY + plen + 8 + ALIGN - 1) & ~(long long)(ALIGN - 1));
+    long long n = plen < 0 ? L.done_size : ((L.done_body + plen + 8 + L.align - 1) & ~(L.align - 1));
     long long at = cid < 0 ? -1 : room(self, n); /* a call whose ENTER was dropped: the slow path counts it */
-    if (at < 0) {
+    if (at < 0 || flags < 0 || flags > UINT8_MAX) {
         payload_done(&p);
         return -1;
     }
     long long seq = self->seq + 1;
     char *e = self->ring + at;
+    if (L.done_pads)
+        memset(e + 8, 0, (size_t)(L.done_body - 8));
     put_u32(e, (uint32_t)n);
-    e[4] = T_DONE;
+    e[4] = (char)L.t_done;
     e[5] = (char)flags;
-    put_u16(e + 6, plen < 0 ? 0 : AUX_PAYLOAD);
-    put_u64(e + 8, (uint64_t)cid);
-    put_i64(e + 16, end);
-    put_i64(e + 24, issued);
-    put_i32(e + 32, (int32_t)peer);
-    put_i32(e + 36, 0);
-    put_i64(e + 40, call_seq);
-    long long used = DONE_BODY;
+    put_u16(e + 6, plen < 0 ? 0 : (uint16_t)L.aux_payload);
+    const long long v[6] = {cid, end, issued, peer, 0, call_seq};
+    for (int i = 0; i < 6; i++) {
+        if (!put_field(e, &L.done[i], v[i])) {
+            payload_done(&p);
+            return -1;
+        }
+    }
+    long long used = L.done_body;
     if (plen >= 0) {
-        payload_write(e + DONE_BODY, &p);
+        payload_write(e + L.done_body, &p);
         used += plen;
     }
     payload_done(&p);
@@ -462,22 +724,24 @@ write_done(Cursor *self, long long cid, long long end, long long issued, long lo
     return 0;
 }
 
-/* enter(flags, start, prev, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
- *       reduce_op, mem_alloc, mem_peak[, payload]) -> call id. payload: None, bytes, or
- *       (address, nbytes, what): one tensor's bytes to copy from memory. */
+/* enter(flags, <the ENTER's fields but the call id, in order>[, payload]) -> call id (as
+ * CallLog._enter: flags, start, prev, step, group, call_seq, peer, tag, in_desc, out_desc,
+ * stack, op, reduce_op, mem_alloc, mem_peak, as format/calllog.py lays them out today).
+ * payload: None, bytes, or (address, nbytes, what): one tensor's bytes to copy from memory. */
 static PyObject *
 Cursor_enter(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != ENTER_FIELDS && nargs != ENTER_FIELDS + 1) {
-        PyErr_SetString(PyExc_TypeError, "enter takes 15 or 16 arguments");
+    if (nargs != ENTER_ARGS && nargs != ENTER_ARGS + 1) {
+        PyErr_Format(PyExc_TypeError, "enter takes %d or %d arguments (the call log's ENTER)", ENTER_ARGS,
+                     ENTER_ARGS + 1);
         return NULL;
     }
-    long long v[ENTER_FIELDS];
-    for (int i = 0; i < ENTER_FIELDS; i++)
+    long long v[MAX_FIELDS];
+    for (int i = 0; i < ENTER_ARGS; i++)
         v[i] = as_ll(args[i]);
     if (PyErr_Occurred())
         return NULL;
-    long long cid = write_enter(self, v, nargs > ENTER_FIELDS ? args[ENTER_FIELDS] : NULL);
+    long long cid = write_enter(self, v, nargs > ENTER_ARGS ? args[ENTER_ARGS] : NULL);
     if (cid == -3)
         return NULL;
     if (cid == -1) {
@@ -824,14 +1088,32 @@ stack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * else goes to the Python path (`_blocking_py`), before anything is written; the entries
  * written are the same, field for field, written by the same Cursor code. */
 
-/* Where the slots of intercept/group.py's Call lie (call_layout). */
+/* --- what the blocking path is bound to (`bind`, once, by recorder/_calls.py) ---------
+ *
+ * Call (intercept/group.py): the slots this code reads or sets, found by name; and every
+ * slot of a prototype, Call(...) as its __init__ leaves it, which a Call made here starts
+ * from (fast_collective), so a slot Call gains, or a default it changes, needs nothing here.
+ * enter's arguments (CallLog._enter's, by name): where each value the blocking path
+ * writes goes among them. A slot or an argument this code needs and does not find, or an
+ * argument it has no value for, is refused by name where it is bound. */
 enum { C_OP, C_GID, C_SEQ, C_INS, C_OUTS, C_FN, C_ARGS, C_REDUCE_OP, C_ROOT, C_PEER, C_TAG, C_ASYNC, C_P2P,
-       C_RECEIVES, C_CID, C_START, C_STEP, C_ISSUED, C_DONE, C_FUTURE, C_OUT_LATER, C_ERROR, C_SLOTS };
+       C_RECEIVES, C_CID, C_START, C_STEP, C_ISSUED, C_DONE, C_SLOTS };
 static const char *call_slot_names[C_SLOTS] = {
     "op", "gid", "seq", "ins", "outs", "fn", "args", "reduce_op", "root", "peer", "tag", "async_op", "p2p",
-    "receives", "cid", "start", "step", "issued", "done", "future", "out_later", "error"};
+    "receives", "cid", "start", "step", "issued", "done"};
 static PyTypeObject *call_type = NULL;
 static Py_ssize_t call_offsets[C_SLOTS];
+static PyObject *call_proto = NULL;      /* Call(...) as __init__ leaves it */
+static Py_ssize_t proto_offsets[64];     /* every slot of Call */
+static int proto_n = 0;
+
+enum { A_FLAGS, A_START, A_PREV, A_STEP, A_GROUP, A_CALL_SEQ, A_PEER, A_TAG, A_IN_DESC, A_OUT_DESC, A_STACK, A_OP,
+       A_REDUCE_OP, A_MEM_ALLOC, A_MEM_PEAK, A_N };
+static const char *arg_names[A_N] = {
+    "flags", "start", "prev", "step", "group", "call_seq", "peer", "tag", "in_desc", "out_desc", "stack", "op",
+    "reduce_op", "mem_alloc", "mem_peak"};
+static int arg_at[A_N];                  /* where each is among enter's arguments */
+static int full_mode = -1;               /* intercept/payload.py's FULL: the Python path's */
 
 #define SLOT(obj, i) (*(PyObject **)((char *)(obj) + call_offsets[i]))
 
@@ -844,30 +1126,101 @@ slot_set(PyObject *obj, int i, PyObject *value) /* steals `value` */
     Py_XDECREF(old);
 }
 
-/* call_layout(Call): learn where Call's slots lie (member descriptors of object slots). */
-static PyObject *
-call_layout(PyObject *module, PyObject *cls)
+static int
+bind_error(const char *fmt, const char *name)
 {
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "call_layout(Call): a class");
-        return NULL;
-    }
+    PyErr_Format(PyExc_ValueError, fmt, name);
+    return -1;
+}
+
+static int
+bind_call(PyTypeObject *cls, PyObject *proto)
+{
+    if (cls->tp_base != &PyBaseObject_Type || cls->tp_dictoffset != 0 || cls->tp_members == NULL)
+        return bind_error("bind: %s is not a class of slots only, on object", cls->tp_name);
+    if (Py_TYPE(proto) != cls)
+        return bind_error("bind: the prototype is not a %s", cls->tp_name);
     Py_ssize_t offsets[C_SLOTS];
     for (int i = 0; i < C_SLOTS; i++) {
-        PyObject *d = PyDict_GetItemString(((PyTypeObject *)cls)->tp_dict, call_slot_names[i]);
-        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "call_layout: %s is not a slot", call_slot_names[i]);
-            return NULL;
-        }
+        PyObject *d = PyDict_GetItemString(cls->tp_dict, call_slot_names[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return bind_error("bind: Call has no slot %s, which the blocking path in C sets or reads "
+                              "(prism_rr/_speedups.c, call_slot_names)", call_slot_names[i]);
         PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-            PyErr_Format(PyExc_TypeError, "call_layout: %s is not an object slot", call_slot_names[i]);
-            return NULL;
-        }
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            return bind_error("bind: %s is not an object slot", call_slot_names[i]);
         offsets[i] = m->offset;
     }
+    int n = 0;
+    for (PyMemberDef *m = cls->tp_members; m->name != NULL; m++) {
+        if (m->type != T_OBJECT_EX || n == 64)
+            return bind_error("bind: Call's slot %s is not an object slot (or one of too many)", m->name);
+        proto_offsets[n++] = m->offset;
+    }
     memcpy(call_offsets, offsets, sizeof offsets);
-    Py_XSETREF(call_type, (PyTypeObject *)Py_NewRef(cls));
+    proto_n = n;
+    Py_XSETREF(call_proto, Py_NewRef(proto));
+    Py_XSETREF(call_type, (PyTypeObject *)Py_NewRef((PyObject *)cls));
+    return 0;
+}
+
+static int
+bind_args(PyObject *names)
+{
+    PyObject *seq = PySequence_Fast(names, "bind: enter's arguments, a sequence of names");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int at[A_N], rc = -1;
+    for (int i = 0; i < A_N; i++)
+        at[i] = -1;
+    if (n != ENTER_ARGS) {
+        PyErr_Format(PyExc_ValueError, "bind: enter takes %zd arguments but the call log's ENTER has %d "
+                     "(format/calllog.py: flags, then ENTER_BODY's fields but the call id)", n, ENTER_ARGS);
+        goto out;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const char *name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, k));
+        if (name == NULL)
+            goto out;
+        int i = 0;
+        while (i < A_N && strcmp(arg_names[i], name) != 0)
+            i++;
+        if (i == A_N) {
+            bind_error("bind: the call log's ENTER has a field %s that the blocking path in C has no value for "
+                       "(prism_rr/_speedups.c, arg_names and blocking_held)", name);
+            goto out;
+        }
+        at[i] = (int)k;
+    }
+    for (int i = 0; i < A_N; i++)
+        if (at[i] < 0) {
+            bind_error("bind: the call log's ENTER has no field %s, which the blocking path in C writes "
+                       "(prism_rr/_speedups.c, arg_names)", arg_names[i]);
+            goto out;
+        }
+    memcpy(arg_at, at, sizeof at);
+    rc = 0;
+out:
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* bind(Call, prototype, enter_args, full): see above; `full` is the payload mode that the
+ * Python path keeps for itself. */
+static PyObject *
+bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "bind(Call, prototype, enter_args, full)");
+        return NULL;
+    }
+    long full = PyLong_AsLong(args[3]);
+    if (full == -1 && PyErr_Occurred())
+        return NULL;
+    if (ensure_layout() < 0 || bind_args(args[2]) < 0 || bind_call((PyTypeObject *)args[0], args[1]) < 0)
+        return NULL;
+    full_mode = (int)full;
     Py_RETURN_NONE;
 }
 
@@ -879,8 +1232,8 @@ typedef struct {
     PyObject *stack_caches; /* (is_user, texts, stacks) of intercept/stack.py, or None */
     PyObject *log_payload;  /* intercept/payload.log_payload */
     PyObject *done_work;    /* () -> the completed Work a blocking send or recv returns */
-    PyObject *op_names;     /* intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name */
-    PyObject *op_name;      /* ... and _op_name, for any other */
+    PyObject *op_names;     /* intercept/group.op_names()'s: hash(a ReduceOp) -> its name */
+    PyObject *op_name;      /* ... and its function naming any other */
     PyObject *reduce_op_type; /* torch's ReduceOp */
     PyObject *tensor_type;  /* torch.Tensor, for log_payload's small plain tensors (small_payload) */
     PyObject *strided;      /* torch.strided */
@@ -1166,18 +1519,18 @@ fallback(CallState *self, PyObject *call)
 static long long
 slow_enter(Cursor *cur, const long long *v, PyObject *payload)
 {
-    PyObject *args[ENTER_FIELDS + 1];
+    PyObject *args[MAX_FIELDS + 1];
     int made = 0;
     long long cid = -3;
-    for (; made < ENTER_FIELDS; made++)
+    for (; made < ENTER_ARGS; made++)
         if ((args[made] = PyLong_FromLongLong(v[made])) == NULL)
             goto out;
     if (cur->slow_enter == NULL || cur->slow_enter == Py_None) {
         cid = -2; /* as Cursor.enter: nowhere to write it */
         goto out;
     }
-    args[ENTER_FIELDS] = payload != NULL ? payload : Py_None;
-    PyObject *r = PyObject_Vectorcall(cur->slow_enter, args, ENTER_FIELDS + 1, NULL);
+    args[ENTER_ARGS] = payload != NULL ? payload : Py_None;
+    PyObject *r = PyObject_Vectorcall(cur->slow_enter, args, ENTER_ARGS + 1, NULL);
     if (r != NULL) {
         cid = as_ll(r);
         Py_DECREF(r);
@@ -1414,7 +1767,7 @@ static PyObject *
 blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
 {
     Cursor *cur = (Cursor *)h->cursor;
-    long long v[ENTER_FIELDS];
+    long long v[MAX_FIELDS];
     PyObject *payload = NULL, *frames = NULL;
     if (p2p) { /* _in_backward: a pass not seen yet is the Python path's to note */
         PyObject *task = Py_NewRef(self->graph_task);
@@ -1434,7 +1787,7 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
     if (in_desc <= 0)
         goto not_entered;
     if (p2p) {
-        flags = receives ? E_P2P | E_RECV : E_P2P;
+        flags = receives ? L.e_p2p | L.e_recv : L.e_p2p;
         PyObject *o = SLOT(call, C_PEER);
         peer = is_none(o) ? -1 : as_ll(o);
         if (PyErr_Occurred())
@@ -1445,7 +1798,7 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
         if (PyErr_Occurred())
             goto not_entered;
         if (h->outs == h->ins) {
-            flags = E_SAME_OUT;
+            flags = L.e_same_out;
         } else {
             flags = 0;
             out_desc = desc_id(self, h->outs);
@@ -1483,20 +1836,21 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
         goto not_entered;
     PyObject *prev = self->last_return;
     int prev_true = is_none(prev) ? 0 : PyObject_IsTrue(prev);
-    v[0] = flags;
-    v[1] = start;
-    v[2] = prev_true > 0 ? as_ll(prev) : 0;
-    v[3] = as_ll(self->step);
-    v[4] = as_ll(SLOT(call, C_GID));
-    v[5] = as_ll(SLOT(call, C_SEQ));
-    v[6] = peer;
-    v[7] = as_ll(SLOT(call, C_TAG));
-    v[8] = in_desc;
-    v[9] = out_desc;
-    v[10] = stack_id;
-    v[11] = op;
-    v[12] = reduce_op;
-    v[13] = v[14] = -1;
+    /* enter's arguments, each where `bind` found its name */
+    v[arg_at[A_FLAGS]] = flags;
+    v[arg_at[A_START]] = start;
+    v[arg_at[A_PREV]] = prev_true > 0 ? as_ll(prev) : 0;
+    v[arg_at[A_STEP]] = as_ll(self->step);
+    v[arg_at[A_GROUP]] = as_ll(SLOT(call, C_GID));
+    v[arg_at[A_CALL_SEQ]] = as_ll(SLOT(call, C_SEQ));
+    v[arg_at[A_PEER]] = peer;
+    v[arg_at[A_TAG]] = as_ll(SLOT(call, C_TAG));
+    v[arg_at[A_IN_DESC]] = in_desc;
+    v[arg_at[A_OUT_DESC]] = out_desc;
+    v[arg_at[A_STACK]] = stack_id;
+    v[arg_at[A_OP]] = op;
+    v[arg_at[A_REDUCE_OP]] = reduce_op;
+    v[arg_at[A_MEM_ALLOC]] = v[arg_at[A_MEM_PEAK]] = -1;
     if (PyErr_Occurred())
         goto not_entered;
     long long cid = write_enter(cur, v, payload);
@@ -1528,7 +1882,7 @@ CallState_fast_blocking(CallState *self, PyObject *call)
 {
     if (call_type == NULL || Py_TYPE(call) != call_type || is_none(self->cursor)
         || !Py_IS_TYPE(self->cursor, &CursorType) || !is_none(self->later) || !is_none(self->memory)
-        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == PAYLOAD_FULL
+        || !is_none(self->tracker) || !is_none(self->ops_mode) || !is_none(self->device) || self->mode == full_mode
         || self->open == NULL || !PyDict_CheckExact(self->open) || PyDict_GET_SIZE(self->open)
         || self->finished == NULL || !PyDict_Check(self->finished) || PyDict_GET_SIZE(self->finished)
         || self->descs == NULL || !PyDict_Check(self->descs) || self->names == NULL || !PyDict_Check(self->names)
@@ -1553,7 +1907,7 @@ CallState_fast_blocking(CallState *self, PyObject *call)
     return result;
 }
 
-/* The name of a reduce op (intercept/group.py's _op_name): a new reference, NULL on an error. */
+/* The name of a reduce op (as intercept/group.op_names()'s function names it): a new reference, NULL on an error. */
 static PyObject *
 reduce_op_name(CallState *self, PyObject *op)
 {
@@ -1575,13 +1929,13 @@ reduce_op_name(CallState *self, PyObject *op)
             return NULL;
     }
     if (self->op_name == NULL)
-        return PyErr_Format(PyExc_TypeError, "no _op_name"), NULL;
+        return PyErr_Format(PyExc_TypeError, "no _op_name (intercept/group.op_names())"), NULL;
     return PyObject_CallOneArg(self->op_name, op);
 }
 
 /* fast_collective(op, gid, seq, ins, outs, fn, args, reduce_op, root): the group's blocking
- * collective as one Call (intercept/group.py's, made here as its __init__ makes it, the
- * reduce op named as _op_name names it), through fast_blocking. */
+ * collective as one Call (intercept/group.py's: bind's prototype, then what it is given, the
+ * reduce op named as op_names() names it), through fast_blocking. */
 static PyObject *
 CallState_fast_collective(CallState *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1590,7 +1944,7 @@ CallState_fast_collective(CallState *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     if (call_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "fast_collective: call_layout(Call) was not called");
+        PyErr_SetString(PyExc_RuntimeError, "fast_collective: bind(Call, ...) was not called");
         return NULL;
     }
     PyObject *name = reduce_op_name(self, args[7]);
@@ -1601,15 +1955,11 @@ CallState_fast_collective(CallState *self, PyObject *const *args, Py_ssize_t nar
         Py_DECREF(name);
         return NULL;
     }
-    PyObject *cid = PyLong_FromLong(-1), *tag = PyLong_FromLong(0);
-    if (cid == NULL || tag == NULL) {
-        Py_XDECREF(cid);
-        Py_XDECREF(tag);
-        Py_DECREF(name);
-        Py_DECREF(call);
-        return NULL;
+    /* Call(...) as its __init__ leaves it (the prototype's slots), then what it was given */
+    for (int i = 0; i < proto_n; i++) {
+        PyObject *v = *(PyObject **)((char *)call_proto + proto_offsets[i]);
+        *(PyObject **)((char *)call + proto_offsets[i]) = Py_XNewRef(v);
     }
-    /* Call.__init__'s assignments, in its order of fields */
     slot_set(call, C_OP, Py_NewRef(args[0]));
     slot_set(call, C_GID, Py_NewRef(args[1]));
     slot_set(call, C_SEQ, Py_NewRef(args[2]));
@@ -1619,16 +1969,6 @@ CallState_fast_collective(CallState *self, PyObject *const *args, Py_ssize_t nar
     slot_set(call, C_ARGS, Py_NewRef(args[6]));
     slot_set(call, C_REDUCE_OP, name);
     slot_set(call, C_ROOT, Py_NewRef(args[8]));
-    slot_set(call, C_PEER, Py_NewRef(Py_None));
-    slot_set(call, C_TAG, tag);
-    slot_set(call, C_ASYNC, Py_NewRef(Py_False));
-    slot_set(call, C_P2P, Py_NewRef(Py_False));
-    slot_set(call, C_RECEIVES, Py_NewRef(Py_False));
-    slot_set(call, C_CID, cid);
-    slot_set(call, C_DONE, Py_NewRef(Py_False));
-    slot_set(call, C_FUTURE, Py_NewRef(Py_None));
-    slot_set(call, C_OUT_LATER, Py_NewRef(Py_False));
-    slot_set(call, C_ERROR, Py_NewRef(Py_None));
     PyObject *result = CallState_fast_blocking(self, call);
     Py_DECREF(call);
     return result;
@@ -1664,8 +2004,8 @@ static PyMemberDef CallState_members[] = {
     OBJ_MEMBER("_stack_caches", stack_caches, "intercept/stack.py's (is_user, texts, stacks), or None"),
     OBJ_MEMBER("_log_payload", log_payload, "intercept/payload.log_payload"),
     OBJ_MEMBER("_done_work", done_work, "() -> a completed Work"),
-    OBJ_MEMBER("_op_names", op_names, "intercept/group.py's _BY_HASH: hash(a ReduceOp) -> its name"),
-    OBJ_MEMBER("_op_name", op_name, "intercept/group.py's _op_name"),
+    OBJ_MEMBER("_op_names", op_names, "intercept/group.op_names()'s: hash(a ReduceOp) -> its name"),
+    OBJ_MEMBER("_op_name", op_name, "intercept/group.op_names()'s: a reduce op's name"),
     OBJ_MEMBER("_reduce_op_type", reduce_op_type, "torch's ReduceOp"),
     OBJ_MEMBER("_tensor_type", tensor_type, "torch.Tensor (small_payload: log_payload's small plain tensors in C), or None"),
     OBJ_MEMBER("_strided", strided, "torch.strided"),
@@ -1694,7 +2034,10 @@ static PyTypeObject CallStateType = {
 
 static PyMethodDef module_methods[] = {
     {"stack", (PyCFunction)(void (*)(void))stack, METH_FASTCALL, "caller_stack from its caches, or False."},
-    {"call_layout", (PyCFunction)call_layout, METH_O, "call_layout(Call): where its slots lie, for CallState."},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(Call, prototype, enter_args, full): what CallState's blocking path makes and writes."},
+    {"entry_layout", (PyCFunction)(void (*)(void))entry_layout, METH_FASTCALL,
+     "entry_layout([namespace]): the call log's layout as written here, read from format/calllog.py (or namespace)."},
     {NULL}
 };
 

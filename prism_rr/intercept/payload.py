@@ -21,8 +21,8 @@ import torch
 from prism_rr.format.blobs import KEEP_SMALL, BlobWriter
 from prism_rr.format.calllog import P_BLOBS, P_BYTES, P_DIGEST_BYTES, P_DIGESTS, ONE_BYTES, payload_tail
 
-__all__ = ["FULL", "KEEP_SMALL", "MODES", "NONE", "SMALL", "alive", "blobs", "describe", "digests", "host_bytes",
-           "log_payload", "small"]
+__all__ = ["FULL", "KEEP_SMALL", "MODES", "NONE", "PLAIN_LAYOUT", "PLAIN_TENSOR", "SMALL", "alive", "blobs", "describe",
+           "digests", "host_bytes", "log_payload", "small", "small_bytes_what"]
 
 # Payload modes (`--payload`), as numbers for the recorder's path.
 NONE, SMALL, DIGEST, FULL = 0, 1, 2, 3
@@ -122,8 +122,10 @@ def _small_bytes(t: torch.Tensor) -> bytes:
 
 
 _string_at = ctypes.string_at
-_Tensor = torch.Tensor
-_strided = torch.strided
+# A tensor whose bytes log_payload has the call log copy from memory is of exactly this type
+# and layout, on the CPU and contiguous (the C path tests it as log_payload does).
+PLAIN_TENSOR = torch.Tensor
+PLAIN_LAYOUT = torch.strided
 _one_bytes = ONE_BYTES.pack
 
 
@@ -145,7 +147,7 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
     if len(tensors) == 1:
         t = tensors[0]
         # a plain contiguous CPU tensor: its address, for the call log to copy its bytes
-        if not checked and type(t) is _Tensor and t.layout is _strided and t.is_cpu and t.is_contiguous():
+        if not checked and type(t) is PLAIN_TENSOR and t.layout is PLAIN_LAYOUT and t.is_cpu and t.is_contiguous():
             n = t.nbytes
             if n <= KEEP_SMALL:
                 return t.data_ptr(), n, small_bytes_what(mode)
@@ -161,7 +163,7 @@ def log_payload(tensors, mode: int, writer: BlobWriter | None = None, checked: b
         spec = [small_bytes_what(mode)]
         total = 0
         for t in tensors:
-            if type(t) is not _Tensor or t.layout is not _strided or not t.is_cpu or not t.is_contiguous():
+            if type(t) is not PLAIN_TENSOR or t.layout is not PLAIN_LAYOUT or not t.is_cpu or not t.is_contiguous():
                 break
             k = t.nbytes
             total += k

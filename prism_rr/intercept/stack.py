@@ -6,14 +6,17 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["blocking_p2p", "caller_stack", "frame_stack", "user_code"]
+__all__ = ["WALK_CACHES", "blocking_p2p", "caller_stack", "fast_walk", "frame_stack", "user_code"]
 
-try:  # the walk below in C, from the same caches (prism_rr/_speedups.c); optional
+# The walk below in C, from the same caches (prism_rr/_speedups.c), or None: optional.
+# fast_walk(depth, skip, *WALK_CACHES) is caller_stack from `skip` frames above its caller,
+# or False where a frame or a line was not seen yet (the Python walk learns it).
+try:
     if os.environ.get("PRISM_RR_PURE_PYTHON"):
         raise ImportError("PRISM_RR_PURE_PYTHON is set")
-    from prism_rr._speedups import stack as _fast_stack
+    from prism_rr._speedups import stack as fast_walk
 except ImportError:
-    _fast_stack = None
+    fast_walk = None
 
 _LIB_DIRS: tuple[str, ...] = ()
 # Keyed by id(code), not by the code object: a code object's hash is worked out anew at
@@ -62,8 +65,8 @@ def caller_stack(depth: int, skip: int = 2) -> tuple[str, ...] | None:
     """Innermost-first "file:line function" of up to `depth` user frames."""
     if depth <= 0:
         return None
-    if _fast_stack is not None:
-        got = _fast_stack(depth, skip, _is_user, _text, _stacks)
+    if fast_walk is not None:
+        got = fast_walk(depth, skip, _is_user, _text, _stacks)
         if got is not False:  # False: a frame or a line not seen before; the walk below learns it
             return got or None
     try:
@@ -111,6 +114,9 @@ def frame_stack(frame, depth: int, hops: int = 64) -> tuple[str, ...] | None:
 
 
 _stacks: dict[tuple[str, ...], tuple[str, ...]] = {}
+# What the C walk reads (and the Python walk fills): is it user code, a frame's text, the
+# stacks seen. Filled and cleared in place, never replaced: a reference stays good.
+WALK_CACHES = (_is_user, _text, _stacks)
 
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
 _blocking: frozenset | None = None  # ids of the code of torch.distributed's send and recv (alive with torch)

@@ -15,11 +15,20 @@ each as one `Call`):
 
 Shapes and dtypes, stacks and names are written once to the log's dictionary and named by
 id after. Nothing here encodes or compresses: the compactor does, off the program's path.
+
+Two twins, as CPython's accelerated modules have (PEP 399): `PyCallRecorder`, the path in
+Python, and, where the C speedups were built, the same on their CallState, whose
+`fast_blocking` runs a blocking call's common case in C (prism_rr/_speedups.c). `bind`
+gives it, once, the Call it makes and enter's arguments by name, from their one
+definition (intercept/group.py's Call, format/calllog.py's CallLog._enter), and refuses
+by name what it could not write. `CallRecorder` is the one a recording uses; the tests
+run on both (tests/recorder/test_call_path.py).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from time import monotonic_ns
 
@@ -28,37 +37,30 @@ from prism_rr.format.calllog import (D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, 
 from prism_rr.format.records import Marker
 from prism_rr.intercept import dispatch
 from prism_rr.intercept import payload as _payload
-from prism_rr.intercept import stack as _stack
-from prism_rr.intercept.stack import caller_stack
+from prism_rr.intercept.stack import WALK_CACHES, fast_walk, frame_stack
 
 _log_payload = _payload.log_payload
 
 try:  # blocking()'s common case in C, on the same state (prism_rr/_speedups.c); optional
     if os.environ.get("PRISM_RR_PURE_PYTHON"):
         raise ImportError("PRISM_RR_PURE_PYTHON is set")
-    from prism_rr._speedups import CallState as _State
-    from prism_rr._speedups import call_layout as _call_layout
+    from prism_rr import _speedups
 except ImportError:
-    _State = object
-else:
-    from prism_rr.intercept.group import Call
+    _speedups = None
 
-    _call_layout(Call)
-
-__all__ = ["CallRecorder"]
+__all__ = ["CallRecorder", "PyCallRecorder"]
 
 
 class DictionaryFull(RuntimeError):
     pass
 
 
-class CallRecorder(_State):
+class PyCallRecorder:
     """Writes one rank's calls into its call log. `rec` is the Recording (its step, its
-    memory readings, its per-operator mode, its off switch).
+    memory readings, its per-operator mode, its off switch). All in Python: CallRecorder
+    is this on the C speedups' state, where they were built."""
 
-    Where the C speedups were built, its hot attributes live in their CallState (the base
-    class; `object` elsewhere) and `blocking` runs there for the common case; the Python
-    code reads and writes them as any attribute."""
+    _walk = None  # the stack walk in C (intercept/stack.fast_walk), where a class takes it
 
     def __init__(self, rec, log: CallLog, payload: str, stack_depth: int):
         self.rec = rec
@@ -92,20 +94,6 @@ class CallRecorder(_State):
         self._task_seen = -1  # the last backward pass that got an end-of-backward reap
         self._log_enter = log.enter
         self._log_done = log.done
-        # what the C path of `blocking` writes with, where it runs
-        self._cursor = log.cur if log.accelerated else None
-        fast = _stack._fast_stack is not None
-        self._stack_caches = (_stack._is_user, _stack._text, _stack._stacks) if fast else None
-        self._log_payload = _log_payload
-        self._done_work = _done_work
-        if _State is not object:
-            from prism_rr.intercept.group import op_names
-
-            self._op_names, self._op_name, self._reduce_op_type = op_names()
-            # log_payload's cases of small plain CPU tensors, tested in C as it tests them
-            self._tensor_type, self._strided = _payload._Tensor, _payload._strided
-            self._keep_small = _payload.KEEP_SMALL
-            self._small_what = _payload.small_bytes_what(self.mode)
 
     # --- the dictionary -------------------------------------------------------------
 
@@ -181,11 +169,11 @@ class CallRecorder(_State):
             stack = 0
             depth = self.stack_depth
             if depth:
-                fast = _stack._fast_stack
+                walk = self._walk
                 # the C walk from here, its caches hit (`skip` frames out: the group's method)
-                frames = False if fast is None else fast(depth, skip, _stack._is_user, _stack._text, _stack._stacks)
+                frames = False if walk is None else walk(depth, skip, _IS_USER, _TEXTS, _STACKS)
                 if frames is False:
-                    frames = caller_stack(depth, skip + 1)
+                    frames = frame_stack(sys._getframe(skip), depth)
                 if frames:
                     stack = self._stacks.get(frames) or self._define(self._stacks, frames, frames)
             names = self._names
@@ -281,14 +269,6 @@ class CallRecorder(_State):
         else:
             call.ins = call.outs = call.fn = call.args = None
         return _done_work() if call.p2p else work
-
-    if _State is not object:
-        # the C path (CallState.fast_blocking): the same entries, field for field; what it
-        # does not handle (p2p in a new backward pass, memory readings, device clock,
-        # payloads read later, full payloads, open calls, a name or shape or stack not seen
-        # yet) it hands to this Python path before writing anything
-        _blocking_py = blocking
-        blocking = _State.fast_blocking
 
     def issued(self, call) -> None:
         t = monotonic_ns()
@@ -492,6 +472,50 @@ class CallRecorder(_State):
             calls = [(c.start, c.op, c.gid, c.seq, c.step, id(c)) for c in self.open.values() if not c.done]
         calls.sort()
         return calls
+
+
+_IS_USER, _TEXTS, _STACKS = WALK_CACHES
+
+if _speedups is None:
+    CallRecorder = PyCallRecorder
+else:
+    from prism_rr.intercept.group import Call, op_names
+
+    def _enter_args() -> tuple[str, ...]:
+        """enter's arguments but the payload, by name: the Python writer's (CallLog._enter)."""
+        code = CallLog._enter.__code__
+        names = code.co_varnames[1 : code.co_argcount]
+        if names[-1:] != ("payload",):
+            raise TypeError(f"CallLog._enter's last argument is not the payload: {names}")
+        return names[:-1]
+
+    # A mismatch is an error here, at import, naming what does not agree.
+    _speedups.bind(Call, Call("", 0, 0, (), (), None, ()), _enter_args(), _payload.FULL)
+
+    class CallRecorder(_speedups.CallState, PyCallRecorder):
+        """PyCallRecorder on the C speedups' CallState: its hot attributes are CallState's
+        members (the Python code reads and writes them as any attribute), and `blocking`
+        runs there for the common case. The same entries, field for field; what it does
+        not handle (p2p in a new backward pass, memory readings, device clock, payloads
+        read later, full payloads, open calls, a name or shape or stack not seen yet) it
+        hands to the Python path (`_blocking_py`) before writing anything."""
+
+        _walk = fast_walk
+        blocking = _speedups.CallState.fast_blocking
+        _blocking_py = PyCallRecorder.blocking
+
+        def __init__(self, rec, log: CallLog, payload: str, stack_depth: int):
+            super().__init__(rec, log, payload, stack_depth)
+            # what fast_blocking writes with and reads from
+            self._cursor = log.cur if log.accelerated else None
+            self._stack_caches = WALK_CACHES if fast_walk is not None else None
+            self._log_payload = _log_payload
+            self._done_work = _done_work
+            self._op_names, self._op_name, self._reduce_op_type = op_names()
+            # log_payload's cases of small plain CPU tensors, tested in C as it tests them
+            self._tensor_type, self._strided = _payload.PLAIN_TENSOR, _payload.PLAIN_LAYOUT
+            self._keep_small = _payload.KEEP_SMALL
+            self._small_what = _payload.small_bytes_what(self.mode)
 
 
 _DONE: list = []

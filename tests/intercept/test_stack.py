@@ -5,13 +5,13 @@ import pytest
 
 from prism_rr.intercept import stack
 
-pytestmark = pytest.mark.skipif(stack._fast_stack is None, reason="the C speedups were not built here")
+pytestmark = pytest.mark.skipif(stack.fast_walk is None, reason="the C speedups were not built here")
 
 
 def _walks(depth: int, skip: int, monkeypatch) -> tuple:
     """(the Python walk's stack, the C walk's) of the caller's frames, asked as the
     recorder asks, all from one line of this function."""
-    real = stack._fast_stack
+    real = stack.fast_walk
     got = []
 
     def c_walk(depth, skip, *caches):  # one frame more than caller_stack's own call
@@ -21,7 +21,7 @@ def _walks(depth: int, skip: int, monkeypatch) -> tuple:
     out = {}
     for walk in ("python", "learn", "c"):  # the C walk after the Python one learnt the frames
         with monkeypatch.context() as m:
-            m.setattr(stack, "_fast_stack", None if walk == "python" else c_walk)
+            m.setattr(stack, "fast_walk", None if walk == "python" else c_walk)
             out[walk] = stack.caller_stack(depth, skip + 1)
     assert got[-1] is not False  # the C walk answered itself
     return out["python"], out["c"]

@@ -42,7 +42,7 @@ def _run(tmp_path, pure: bool, payload: str, rounds: int = 4, ring: int | None =
                                                    ("none", 45, 1 << 16), ("digest", 30, 1 << 16)],
                          ids=["digest", "none", "small", "none-ring-64k", "digest-ring-64k"])
 def test_the_c_and_python_paths_record_the_same_calls(tmp_path, payload, rounds, ring):
-    assert _calls._State is not object  # built: CallRecorder runs on CallState
+    assert _calls.CallRecorder is not _calls.PyCallRecorder  # built: CallRecorder runs on CallState
     c_calls, c_paths, c_kinds = _run(tmp_path / "c", False, payload, rounds, ring)
     py_calls, py_paths, py_kinds = _run(tmp_path / "py", True, payload, rounds, ring)
     assert all(p["c_path"] for p in c_paths) and not any(p["c_path"] for p in py_paths)
