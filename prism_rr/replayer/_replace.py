@@ -29,6 +29,8 @@ rank that was not recorded by its role's representative's records and rank info.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prism_rr.errors import UsageError
 from prism_rr.format.ops import lookup, shard_side
 from prism_rr.format.records import Collective, PointToPoint
@@ -134,9 +136,50 @@ def replacement_cost(bundle, rank: int, step: int, model: CostModel | None = Non
     notes: list[str] = []
     info = bundle.rank_info(src)
     info = info if isinstance(info, dict) else {}
-    clock = info.get("clock") if isinstance(info.get("clock"), dict) else {}
-    first = first_s = prev_s = None  # the first call; the first from `step`; the call before that
-    mem = None  # (start, allocated bytes) of the earliest memory sample of `step`
+    calls = _calls_at(bundle, src, step)
+    if calls.first_s is None:
+        notes.append(f"rank {rank} makes no call from step {step} on: no peer waits for it")
+    start_up_ns, start_from = _start_up(info, src, calls, notes)
+    world = bundle.world_size
+    rejoin, rejoin_as = _rejoin(model, world, notes)
+    state_bytes, state_from = _state_bytes(calls, src, step, notes)
+    state_ns, bandwidth, by = _transfer(model, state_bytes)
+    if bandwidth is None and state_bytes:
+        notes.append("state transfer counted as 0 s: the recording does not tell the bandwidth (its transfer "
+                     "times do not grow clearly with their bytes); give the downtime with --replace-downtime, or "
+                     "scale with --bandwidth")
+    parts = {
+        "start_up_s": start_up_ns / 1e9,
+        "start_up_from": start_from,
+        "start_up_rank": src,
+        "rejoin_s": rejoin / 1e9,
+        "rejoin_world": world,
+        "rejoin_as": rejoin_as,
+        "state_bytes": state_bytes,
+        "state_from": state_from,
+        "bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_from": by,
+        "state_s": state_ns / 1e9,
+    }
+    downtime = (start_up_ns + rejoin + state_ns) / 1e9
+    return {"rank": rank, "step": step, "downtime_s": downtime, "estimated": True, "parts": parts, "notes": notes}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Calls:
+    """What the estimate reads of a rank's records around the step it is replaced at."""
+
+    first: Collective | PointToPoint | None = None  # its first call
+    first_s: Collective | PointToPoint | None = None  # its first call from the step on
+    prev_s: Collective | PointToPoint | None = None  # its call before that
+    mem: tuple[int, int] | None = None  # (start, allocated bytes) of the step's earliest memory sample
+    grads: int = 0  # the bytes of the gradients it reduced in the step
+
+
+def _calls_at(bundle, src: int, step: int) -> _Calls:
+    """Rank `src`'s first call, its first from `step` on and the one before that, its
+    earliest memory sample in `step`, and the gradients it reduced in `step`."""
+    first = first_s = prev_s = mem = None
     grads = 0
     for rec in bundle.events(src):
         alloc = getattr(rec, "mem_alloc", None)
@@ -161,35 +204,40 @@ def replacement_cost(bundle, rank: int, step: int, model: CostModel | None = Non
             if isinstance(rec, (Collective, PointToPoint)) and rec.start_ns < first_s.start_ns and \
                     (prev_s is None or rec.start_ns > prev_s.start_ns):
                 prev_s = rec
-    else:
-        notes.append(f"rank {rank} makes no call from step {step} on: no peer waits for it")
+    return _Calls(first=first, first_s=first_s, prev_s=prev_s, mem=mem, grads=grads)
 
-    # start-up
+
+def _start_up(info: dict, src: int, calls: _Calls, notes: list[str]) -> tuple[int, str]:
+    """The new process's start-up, ns, and where it is counted from (the module's doc)."""
+    clock = info.get("clock") if isinstance(info.get("clock"), dict) else {}
     started, start_from = _int(clock.get("process_start_ns")), "process start"
     if started is None:
         started, start_from = _int(clock.get("monotonic_ns")), "init_process_group"
         if started is not None:
             notes.append("start-up counts from init_process_group: the recording does not say when the process "
                          "started (imports not counted)")
-    windowed = info.get("steps") is not None
     start_up_ns = 0
     if started is None:
         notes.append(f"start-up counted as 0 s: rank {src}'s rank info has no clock")
-    elif windowed:
+    elif info.get("steps") is not None:  # a recording of some steps (windowed)
         init = _int(clock.get("monotonic_ns"))
         start_up_ns = max(0, init - started) if init is not None else 0
         start_from = f"{start_from} to init_process_group"
         notes.append("a recording of some steps holds no first call of the program: start-up ends at "
                      "init_process_group (model build and a cold first step not counted)")
-    elif first is not None:
-        start_up_ns = max(0, first.start_ns - started)
+    elif calls.first is not None:
+        start_up_ns = max(0, calls.first.start_ns - started)
+        prev_s, first_s = calls.prev_s, calls.first_s
         if prev_s is not None and first_s is not None:
             resume = prev_s.issued_ns if prev_s.async_op and type(prev_s.issued_ns) is int else prev_s.end_ns
             if resume is not None:
                 start_up_ns = max(0, start_up_ns - max(0, first_s.start_ns - resume))
+    return start_up_ns, start_from
 
-    # rejoin: a rendezvous of the world
-    world = bundle.world_size
+
+def _rejoin(model: CostModel, world: int, notes: list[str]) -> tuple[float, str | None]:
+    """The rendezvous of the world, ns, and what it is priced as (a barrier, else an empty
+    all_reduce, else 0 and None)."""
     rejoin = model.predict_ns("barrier", 0, world)
     rejoin_as = "barrier"
     if rejoin is None:
@@ -199,34 +247,17 @@ def replacement_cost(bundle, rank: int, step: int, model: CostModel | None = Non
     if rejoin is None:
         rejoin, rejoin_as = 0.0, None
         notes.append("rejoin counted as 0 s: the recording has no barrier or all_reduce to price a rendezvous by")
+    return rejoin, rejoin_as
 
-    # state
-    if mem is not None:
-        state_bytes, state_from = mem[1], "allocated memory"
-    else:
-        state_bytes, state_from = grads, "gradients"
-        notes.append(f"state: no memory recorded for rank {src} in step {step}; its gradients reduced in the step "
-                     f"stand for it, a floor (no optimizer state)")
-    state_ns, bandwidth, by = _transfer(model, state_bytes)
-    if bandwidth is None and state_bytes:
-        notes.append("state transfer counted as 0 s: the recording does not tell the bandwidth (its transfer "
-                     "times do not grow clearly with their bytes); give the downtime with --replace-downtime, or "
-                     "scale with --bandwidth")
-    parts = {
-        "start_up_s": start_up_ns / 1e9,
-        "start_up_from": start_from,
-        "start_up_rank": src,
-        "rejoin_s": rejoin / 1e9,
-        "rejoin_world": world,
-        "rejoin_as": rejoin_as,
-        "state_bytes": state_bytes,
-        "state_from": state_from,
-        "bandwidth_bytes_per_s": bandwidth,
-        "bandwidth_from": by,
-        "state_s": state_ns / 1e9,
-    }
-    downtime = (start_up_ns + rejoin + state_ns) / 1e9
-    return {"rank": rank, "step": step, "downtime_s": downtime, "estimated": True, "parts": parts, "notes": notes}
+
+def _state_bytes(calls: _Calls, src: int, step: int, notes: list[str]) -> tuple[int, str]:
+    """The bytes the new process must receive, and what stands for them: its allocated
+    memory at the step's start, else (a floor) the gradients it reduced in the step."""
+    if calls.mem is not None:
+        return calls.mem[1], "allocated memory"
+    notes.append(f"state: no memory recorded for rank {src} in step {step}; its gradients reduced in the step "
+                 f"stand for it, a floor (no optimizer state)")
+    return calls.grads, "gradients"
 
 
 def _transfer(model: CostModel, nbytes: int) -> tuple[float, float | None, str | None]:
