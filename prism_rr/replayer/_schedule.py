@@ -19,6 +19,18 @@ def direction(op: str) -> str:
     return "recv" if ops.receives(op) else "send"
 
 
+def _predicted(bundle) -> tuple[frozenset, frozenset]:
+    """A bundle made by `prism-rr scale` predicts the shapes of some calls on the groups it
+    resized (FSDP pads each shard its own way); there the live shapes are taken: those
+    calls' ops, and the groups' ids."""
+    scale = bundle.manifest.get("scale") if isinstance(bundle.manifest.get("scale"), dict) else {}
+    groups = frozenset(
+        gid for g in scale.get("resized_groups", ()) if isinstance(g, dict)
+        for gid in range(int(g.get("first_id", 0)), int(g.get("first_id", 0)) + int(g.get("count", 0)))
+    )
+    return frozenset(scale.get("predicted_shape_ops", ())), groups
+
+
 class Schedule:
     """Recorded communication calls of some ranks of a bundle, indexed for lookup."""
 
@@ -46,46 +58,48 @@ class Schedule:
         self.p2p_recorded: set[int] = set()  # ranks with a point-to-point call in the recording
         self.clock_offset: dict[int, int] = {}
         self.step_ends: dict[int, dict[int, int]] = {}  # rank -> step -> its Step record's end
-        # A bundle made by `prism-rr scale` predicts the shapes of some calls on the groups
-        # it resized (FSDP pads each shard its own way); there the live shapes are taken.
-        scale = bundle.manifest.get("scale") if isinstance(bundle.manifest.get("scale"), dict) else {}
-        self.predicted_ops = frozenset(scale.get("predicted_shape_ops", ()))
-        self.predicted_groups = frozenset(
-            gid for g in scale.get("resized_groups", ()) if isinstance(g, dict)
-            for gid in range(int(g.get("first_id", 0)), int(g.get("first_id", 0)) + int(g.get("count", 0)))
-        )
+        self.predicted_ops, self.predicted_groups = _predicted(bundle)  # shapes `scale` predicted
         reference_host = bundle.rank_info(0).get("hostname")
         for rank in sorted(set(ranks) & self.recorded):
-            info = bundle.rank_info(rank)
-            self.windowed[rank] = info.get("steps") is not None
-            clock = info.get("clock_offset")
-            offset = int(clock.get("offset_ns", 0)) if isinstance(clock, dict) else 0
-            if reference_host is not None and info.get("hostname") == reference_host:
-                # One host has one monotonic clock: the measured offset is only its error
-                # (milliseconds on a loaded machine).
-                offset = 0
-            self.clock_offset[rank] = offset
-            how = recorded_exit(info)
-            if how is not None:
-                self.exits[rank] = how
-            ends = self.step_ends[rank] = {}
-            key = None  # the last call's
-            for rec in bundle.events(rank):
-                if isinstance(rec, Collective):
-                    key = (rank, rec.group, rec.seq)
-                    self._calls[key] = rec
-                    self._note(rank, rec, (rank, rec.group))
-                    self.first_seq[rec.group] = min(rec.seq, self.first_seq.get(rec.group, rec.seq))
-                elif isinstance(rec, PointToPoint):
-                    key = (rank, rec.group, direction(rec.op), rec.peer, rec.seq)
-                    self._calls[key] = rec
-                    self._note(rank, rec, (rank, rec.group, direction(rec.op), rec.peer))
-                    self.p2p_recorded.add(rank)
-                elif (isinstance(rec, Marker) and rec.name == "call_failed" and key is not None
-                      and rec.value == key[-1]):
-                    self.failed[key] = rec.text or ""
-                elif isinstance(rec, Step) and rec.end_ns is not None:
-                    ends[rec.step] = rec.end_ns
+            self._load_info(rank, bundle.rank_info(rank), reference_host)
+            self._load_calls(rank, bundle.events(rank))
+
+    def _load_info(self, rank: int, info: dict, reference_host) -> None:
+        """What the schedule keeps of a rank's rank info: whether it recorded some steps
+        only, its clock's offset, and how its program ended."""
+        self.windowed[rank] = info.get("steps") is not None
+        clock = info.get("clock_offset")
+        offset = int(clock.get("offset_ns", 0)) if isinstance(clock, dict) else 0
+        if reference_host is not None and info.get("hostname") == reference_host:
+            # One host has one monotonic clock: the measured offset is only its error
+            # (milliseconds on a loaded machine).
+            offset = 0
+        self.clock_offset[rank] = offset
+        how = recorded_exit(info)
+        if how is not None:
+            self.exits[rank] = how
+
+    def _load_calls(self, rank: int, events) -> None:
+        """Index a rank's calls by their keys, with the failures recorded right after them,
+        and keep its steps' ends."""
+        ends = self.step_ends[rank] = {}
+        key = None  # the last call's
+        for rec in events:
+            if isinstance(rec, Collective):
+                key = (rank, rec.group, rec.seq)
+                self._calls[key] = rec
+                self._note(rank, rec, (rank, rec.group))
+                self.first_seq[rec.group] = min(rec.seq, self.first_seq.get(rec.group, rec.seq))
+            elif isinstance(rec, PointToPoint):
+                key = (rank, rec.group, direction(rec.op), rec.peer, rec.seq)
+                self._calls[key] = rec
+                self._note(rank, rec, (rank, rec.group, direction(rec.op), rec.peer))
+                self.p2p_recorded.add(rank)
+            elif (isinstance(rec, Marker) and rec.name == "call_failed" and key is not None
+                  and rec.value == key[-1]):
+                self.failed[key] = rec.text or ""
+            elif isinstance(rec, Step) and rec.end_ns is not None:
+                ends[rec.step] = rec.end_ns
 
     def _note(self, rank: int, rec, key: tuple) -> None:
         """Keep what the end of the recording needs of a call: whether it is the rank's
