@@ -1165,7 +1165,7 @@ bind_call(PyTypeObject *cls, PyObject *proto)
 }
 
 static int
-bind_args(PyObject *names)
+bind_args(PyObject *names, int *out)
 {
     PyObject *seq = PySequence_Fast(names, "bind: enter's arguments, a sequence of names");
     if (seq == NULL)
@@ -1199,7 +1199,7 @@ bind_args(PyObject *names)
                        "(prism_rr/_speedups.c, arg_names)", arg_names[i]);
             goto out;
         }
-    memcpy(arg_at, at, sizeof at);
+    memcpy(out, at, sizeof at);
     rc = 0;
 out:
     Py_DECREF(seq);
@@ -1218,8 +1218,10 @@ bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     long full = PyLong_AsLong(args[3]);
     if (full == -1 && PyErr_Occurred())
         return NULL;
-    if (ensure_layout() < 0 || bind_args(args[2]) < 0 || bind_call((PyTypeObject *)args[0], args[1]) < 0)
-        return NULL;
+    int at[A_N];
+    if (ensure_layout() < 0 || bind_args(args[2], at) < 0 || bind_call((PyTypeObject *)args[0], args[1]) < 0)
+        return NULL; /* nothing taken: bind_call takes the Call last, once all is checked */
+    memcpy(arg_at, at, sizeof at);
     full_mode = (int)full;
     Py_RETURN_NONE;
 }
