@@ -129,6 +129,32 @@ class ReplaySession:
         self.setup_ns: int | None = None  # ... and how long making this session took
         self.options = options
         self.rank = rank
+        self._open(options, rank, world_size)
+        self._init_endings(options)
+        self._init_clock(options, rank)
+        self._init_checks()
+        self._init_steps()
+        self.program = None  # a program that is the bundle: its _transfers.Transfers
+        self._steps = OptimizerSteps(self.mark_step)
+        self.policies: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
+        self.exiting = False
+        self._memory_mode = None
+        self._written = False
+        self.exchange = None  # under a launcher: the real ranks' results through its store
+        self.gathers = False  # ... and this worker writes the other nodes' into its work dir
+        info = self.bundle.rank_info(rank)
+        self._init_memory(info)
+        self._init_device_clock(info)
+        self._init_device_waits()
+        self._init_device_reads()
+        self._steps.start()
+        # A divergence ends the process with exit code 3 once the program has unwound
+        # (and torch's excepthook has printed the traceback): see _at_exit.
+        atexit.register(self._at_exit)
+
+    def _open(self, options: ReplayOptions, rank: int, world_size: int) -> None:
+        """The bundle, checked against the world the program made; its roles and the
+        schedule of the recorded calls this rank's replay needs."""
         self.bundle = open_bundle(options.bundle, attempt=options.attempt)
         if world_size != self.bundle.world_size:
             raise ReplayError(f"the program made a world of {world_size}; the recording has {self.bundle.world_size}")
@@ -146,6 +172,10 @@ class ReplaySession:
         self.scaled = isinstance(self.bundle.manifest.get("scale"), dict)
         self.schedule = Schedule.for_real_ranks(self.bundle, self.real, self.roles)
         self.ends = RecordingEnd(self.schedule)
+
+    def _init_endings(self, options: ReplayOptions) -> None:
+        """The calls made on each group, and how the recording ended: its hangs, drifts
+        and mismatches, as this rank's calls reach or resolve them."""
         self.made: dict[tuple, int] = {}  # next seq per group (and per group, direction, peer for messages)
         self.hang: dict | None = None  # the end of a recorded hang this rank stopped at
         self.resolved: list[dict] = []  # recorded hangs this rank's calls resolved
@@ -155,6 +185,10 @@ class ReplaySession:
         for e in options.endings:
             self.endings.setdefault(int(e["group"]), []).append(e)
         self.drift_fixed: dict[int, dict] = {}
+
+    def _init_clock(self, options: ReplayOptions, rank: int) -> None:
+        """The virtual peers' clock, the timing asked for, and the alarm that completes
+        their calls."""
         self.clock = PeerClock(rank, self.schedule.clock_offset, compute_scale=options.compute_scale,
                                slow_rank=options.slow_rank_map(), comm_scale=options.comm_scale,
                                pure_transfer=self.scaled, replaced=options.replaced_map())
@@ -168,6 +202,10 @@ class ReplaySession:
         self.calibration: float | None = None
         self.trace: list | None = [] if os.environ.get("PRISM_RR_REPLAY_TRACE") else None
         self.alarm = _Alarm()
+
+    def _init_checks(self) -> None:
+        """What the checks against the recording found: divergences, and the calls whose
+        data was made up or whose shapes `scale` predicted."""
         self.divergences: list[Divergence] = []
         self.waited_for: dict | None = None  # at the program's end: peers waiting for this rank
         self.stopped: Divergence | None = None
@@ -181,6 +219,10 @@ class ReplaySession:
         self.predicted_shape_calls = 0  # calls whose recorded shapes were predicted by `scale`
         self.predicted_shape_mismatches = 0  # ... and whose live shapes differ from the prediction
         self.predicted_shape_examples: list[dict] = []  # the first few of those
+
+    def _init_steps(self) -> None:
+        """The calls and steps made so far, and the clocks' marks the current step is
+        timed from."""
         self.calls = 0
         self.step = 0
         t0 = monotonic_ns()
@@ -197,15 +239,11 @@ class ReplaySession:
         # (driver.py) tells the replayer's own time in a call from a wait with them
         self.returned_ns = 0
         self.blocked_ns = 0
-        self.program = None  # a program that is the bundle: its _transfers.Transfers
-        self._steps = OptimizerSteps(self.mark_step)
-        self.policies: list = []  # weakrefs to the ReplayPolicy of each of this process's groups
-        self.exiting = False
-        self._memory_mode = None
-        self._written = False
-        self.exchange = None  # under a launcher: the real ranks' results through its store
-        self.gathers = False  # ... and this worker writes the other nodes' into its work dir
-        info = self.bundle.rank_info(rank)
+
+    def _init_memory(self, info: dict) -> None:
+        """The memory tracker the recording's device asks for (CPU: a dispatch-mode
+        tracker; CUDA: the allocator's peaks), the program's device here, and the calls'
+        footprints."""
         if info.get("memory") and info.get("device", "cpu") == "cpu":
             from prism_rr.intercept.memory import CpuMemoryTracker
 
@@ -221,9 +259,11 @@ class ReplaySession:
         self._device = "cuda" if str(info.get("device", "")).startswith("cuda") and _cuda_here() else "cpu"
         self._footprints: dict | None = None  # a call's kind (_kind) -> bytes: footprint()
         self.footprint_due = 0  # the footprint of the call in progress, made once it returns
-        # The steps on the device's clock, where the recording has them there (issue 27): a
-        # mark on the program's stream at each step boundary (key: the step it ends, -1 the
-        # start), resolved when the results are written; the card then scores device times.
+
+    def _init_device_clock(self, info: dict) -> None:
+        """The steps on the device's clock, where the recording has them there (issue 27): a
+        mark on the program's stream at each step boundary (key: the step it ends, -1 the
+        start), resolved when the results are written; the card then scores device times."""
         self._dclock = None
         self._dmarks: dict[int, int] = {}
         if info.get("device_time"):
@@ -236,31 +276,31 @@ class ReplaySession:
             except Exception as exc:
                 log.warning("prism-rr: the replay's steps are timed on the host only: %s", exc)
                 self._dclock = None
-        # Virtual peers' waits through a waiter (_device_wait) where asked, with live
-        # timing: on CUDA they occupy the program's stream instead of blocking the host.
-        # Made at the first step boundary, once the program has chosen its device; the
-        # calls of step 0 wait on the host.
+
+    def _init_device_waits(self) -> None:
+        """Virtual peers' waits through a waiter (_device_wait) where asked, with live
+        timing: on CUDA they occupy the program's stream instead of blocking the host.
+        Made at the first step boundary, once the program has chosen its device; the
+        calls of step 0 wait on the host."""
         self.waiter = None
         self._wait_args: list[tuple[int, int]] = []  # (offset, transfer) ns of the first waits
         # (wait's index, step, offset, transfer) of the last waits, as many as their ends' slots
         self._wait_trace: deque = deque(maxlen=TRACE_SLOTS)
         mech = os.environ.get(WAITS_VAR, "").strip().lower()
         self._waits = mech if self.live and mech not in ("", "0", "off", "none") else None
-        # A call's inputs checked against the recorded digests without a host
-        # synchronization: on CUDA read once the device has passed them (DeviceReads),
-        # compared then (at the next call, step boundary or the end); "cpu" runs the same
-        # path on CPU tensors (tests), "0" reads them at once.
-        # With --continue-on-divergence at once: a call's outputs are built from its live
-        # inputs when they differ, which must be known before they are built.
+
+    def _init_device_reads(self) -> None:
+        """A call's inputs checked against the recorded digests without a host
+        synchronization: on CUDA read once the device has passed them (DeviceReads),
+        compared then (at the next call, step boundary or the end); "cpu" runs the same
+        path on CPU tensors (tests), "0" reads them at once.
+        With --continue-on-divergence at once: a call's outputs are built from its live
+        inputs when they differ, which must be known before they are built."""
         checks = os.environ.get(CHECKS_VAR, "").strip().lower()
         off = checks in ("0", "off", "no", "none", "false") or self.options.continue_on_divergence
         self._reads_device = None if off else (checks if checks in ("cpu", "cpu-late") else "cuda")
         self.reads = None  # the DeviceReads, made at the first call whose inputs it takes
         self.inputs_checked_later = 0  # calls whose inputs were compared so
-        self._steps.start()
-        # A divergence ends the process with exit code 3 once the program has unwound
-        # (and torch's excepthook has printed the traceback): see _at_exit.
-        atexit.register(self._at_exit)
 
     def source(self, rank: int) -> int:
         """The rank whose records `rank` replays: itself when recorded, else its role's
