@@ -17,6 +17,41 @@ Across nodes, a launcher starts the real ranks instead (`cmd` is torchrun):
                     "train.py"])
 
 on every node, the same but for the node rank; see `replay` and _torchrun.py.
+
+`launcher` (default: whether `cmd` is `torchrun ...` or `python -m torch.distributed.run
+...`): run `cmd` once, as a launcher that starts one worker per real rank, perhaps on
+several nodes, instead of starting the ranks here. Run the same replay (same bundle,
+ranks and command but for torchrun's --node-rank) on every node; torchrun's rendezvous
+makes the real ranks' world, and its worker RANK i replays recorded rank ranks[i],
+whichever node it runs on (see _torchrun.py for the environment it sees). The real
+ranks meet on torchrun's store; through it every node gathers every real rank's results,
+so each node's report covers them all (those that did not arrive within a bounded wait
+are in the report's `unreported`). A node's workers have one exit code, torchrun's.
+
+`attempt`: which attempt of a restarted job to replay (default: the bundle's default
+one, the last that failed, else the last); each real rank runs as that attempt's did
+(its TorchElastic restart count), and the report says which (`attempt`). A rank that
+failed in the recording and fails again keeps its exit code; the report says how it
+ended in the recording (`stopped_early[].recorded_exit`).
+
+A recording of a hang (`import fr` of Flight Recorder dumps, flight mode's dump on a
+hang, a windowed recording) ends in the report's `hang` (exit 7): a real rank made a
+call that a virtual peer never joined in the recording, or its program ended while a
+virtual peer waits in a call with it that it never made. A call that completes one
+every virtual peer waits in resolves it (`resolved`), and the replay goes on.
+
+A recording that ended in a failure (a rank's program failed, crashed or was killed)
+ends its replay the same way (exit 7, the report's `hang`; _hang.py lists the kinds):
+at the first mispaired call of a drift, at a mismatch's call (diagnose's findings,
+`_recorded_endings`), at a call that ended in an error (raised again) or never
+completed, past where the rank's program stopped; a real rank that fails as it did is
+the failure reproduced (`reproduced`).
+
+`from_bundle`: no program of the user's: each real rank runs the driver
+(`python -m prism_rr.replayer.driver`, driver.py), which makes that rank's recorded
+calls through torch.distributed, with its recorded compute between them. Every real
+rank's recording is read as a program first (_program.py): one that no program could
+be is refused (FormatError) before any rank starts. `ranks="all"`: every rank real.
 """
 
 from __future__ import annotations
@@ -31,7 +66,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prism_rr.errors import UsageError
@@ -41,13 +76,13 @@ from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report, same_end
 from prism_rr.replayer._hang import failed, recorded_exit
-from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, stats_path
+from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, ReplayRequest, stats_path
 from prism_rr.replayer._replace import plan_replacements
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
 from prism_rr.specs import format_ranks, parse_ranks, parse_slow_rank
 
-__all__ = ["HOOK_DIR", "INCOMPLETE", "TIMINGS", "ReplayResult", "parse_slow_rank", "rank_command",
-           "recorded_commands", "replay"]
+__all__ = ["HOOK_DIR", "INCOMPLETE", "TIMINGS", "ReplayRequest", "ReplayResult", "parse_slow_rank",
+           "rank_command", "recorded_commands", "replay"]
 
 log = logging.getLogger("prism_rr.replayer")
 
@@ -221,31 +256,9 @@ def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> 
     return out
 
 
-def replay(
-    bundle_path,
-    *,
-    ranks=(0,),
-    cmd: list[str] | None = None,
-    report=None,
-    output=None,
-    output_payload: str | None = None,
-    timing: str = "live",
-    comm_scale: float = 1.0,
-    compute_scale: float = 1.0,
-    slow_rank=None,
-    replace_rank=None,
-    replace_downtime: float | None = None,
-    continue_on_divergence: bool = False,
-    timeout: float | None = None,
-    cwd=None,
-    log_dir=None,
-    env: dict | None = None,
-    run_recorded_command: bool = False,
-    launcher: bool | None = None,
-    attempt: int | None = None,
-    from_bundle: bool = False,
-) -> ReplayResult:
-    """Replay `bundle_path` with `ranks` real; return how it went (never raises on divergence).
+def replay(request, /, **asks) -> ReplayResult:
+    """Replay a bundle as `request` asks (a ReplayRequest, or the bundle's path and the
+    request's fields as keywords); return how it went (never raises on divergence).
 
     Each real rank runs `cmd`; the command and working directory the bundle names run only
     with `run_recorded_command=True` (a bundle may come from a stranger: show them first,
@@ -262,255 +275,330 @@ def replay(
     what_if.replace_rank gives each estimate and its parts). Raises UsageError where the
     replay cannot run here.
 
-    `launcher` (default: whether `cmd` is `torchrun ...` or `python -m torch.distributed.run
-    ...`): run `cmd` once, as a launcher that starts one worker per real rank, perhaps on
-    several nodes, instead of starting the ranks here. Run the same replay (same bundle,
-    ranks and command but for torchrun's --node-rank) on every node; torchrun's rendezvous
-    makes the real ranks' world, and its worker RANK i replays recorded rank ranks[i],
-    whichever node it runs on (see _torchrun.py for the environment it sees). The real
-    ranks meet on torchrun's store; through it every node gathers every real rank's results,
-    so each node's report covers them all (those that did not arrive within a bounded wait
-    are in the report's `unreported`). A node's workers have one exit code, torchrun's.
-
-    `attempt`: which attempt of a restarted job to replay (default: the bundle's default
-    one, the last that failed, else the last); each real rank runs as that attempt's did
-    (its TorchElastic restart count), and the report says which (`attempt`). A rank that
-    failed in the recording and fails again keeps its exit code; the report says how it
-    ended in the recording (`stopped_early[].recorded_exit`).
-
-    A recording of a hang (`import fr` of Flight Recorder dumps, flight mode's dump on a
-    hang, a windowed recording) ends in the report's `hang` (exit 7): a real rank made a
-    call that a virtual peer never joined in the recording, or its program ended while a
-    virtual peer waits in a call with it that it never made. A call that completes one
-    every virtual peer waits in resolves it (`resolved`), and the replay goes on.
-
-    A recording that ended in a failure (a rank's program failed, crashed or was killed)
-    ends its replay the same way (exit 7, the report's `hang`; _hang.py lists the kinds):
-    at the first mispaired call of a drift, at a mismatch's call (diagnose's findings,
-    `_recorded_endings`), at a call that ended in an error (raised again) or never
-    completed, past where the rank's program stopped; a real rank that fails as it did is
-    the failure reproduced (`reproduced`).
-
-    `from_bundle`: no program of the user's: each real rank runs the driver
-    (`python -m prism_rr.replayer.driver`, driver.py), which makes that rank's recorded
-    calls through torch.distributed, with its recorded compute between them. Every real
-    rank's recording is read as a program first (_program.py): one that no program could
-    be is refused (FormatError) before any rank starts. `ranks="all"`: every rank real.
+    The launcher, attempts, recorded hangs and failures, and the bundle as the program:
+    see the module's docstring.
     """
-    from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
+    request = ReplayRequest.of(request, asks)
+    bundle_path, real = _real_ranks(request)
+    first = _first_look(request, bundle_path, real)
+    if first.missing and isinstance(first.roles, dict):
+        return _replay_as_roles(request, bundle_path, real, first)
+    plan = _plan(request, bundle_path, real, first)
+    warnings = check_environment(plan.infos, timing=request.timing, dump=plan.dump)
+    for w in warnings:
+        log.warning("prism-rr: %s", w)
+    output, spool_dir, payload = _replay_output(request, plan)
+    work = Path(tempfile.mkdtemp(prefix="prism-rr-replay-"))
+    options = _rank_options(request, plan, work, spool_dir, payload)
+    run = _Run(logs=Path(request.log_dir) if request.log_dir is not None else None)
+    try:
+        _start(run, request, plan, options)
+        _wait_for(run, work)
+        rep = _gather(run, plan, work, options)
+    finally:
+        run.close(work)
+    _settle(rep, run, plan, warnings)
+    rep["what_if"] = _what_if(options, plan.replacements)
+    if spool_dir is not None:
+        _pack_replay(spool_dir, output, bundle_path, options, run.commands, run.stats)
+        rep["output"] = str(output)
+    if request.report is not None:
+        Path(request.report).write_text(json.dumps(rep, indent=2) + "\n")
+    return ReplayResult(exit_code=rep["exit_code"], rank_codes=run.codes, report=rep, card=card(rep),
+                        timed_out=run.timed_out, log_dir=run.logs, commands=run.commands, warnings=tuple(warnings),
+                        output=output if spool_dir is not None else None)
 
-    bundle_path = Path(bundle_path).resolve()
+
+def _real_ranks(request: ReplayRequest) -> tuple[Path, tuple[int, ...]]:
+    """The bundle's resolved path and the real ranks ("all": every rank of the world); a
+    command the bundle names runs only when asked."""
+    bundle_path = Path(request.bundle).resolve()
+    ranks = request.ranks
     if isinstance(ranks, str) and ranks.strip().lower() == "all":
-        with open_bundle(bundle_path, attempt=attempt) as bundle:
+        with open_bundle(bundle_path, attempt=request.attempt) as bundle:
             ranks = tuple(range(bundle.world_size))
-    real = parse_ranks(ranks) or ()
-    if from_bundle:
-        if cmd or run_recorded_command or launcher:
-            raise UsageError("a replay whose program is the bundle (--from-bundle) runs no command: give neither "
-                             "a command nor --run-recorded-command nor --launcher")
-        cmd, launcher = [sys.executable, "-m", "prism_rr.replayer.driver"], False
-    if cmd and run_recorded_command:
-        raise UsageError("give either a command or run_recorded_command, not both")
-    if not cmd and not run_recorded_command:
+    if request.names_no_program and not request.run_recorded_command:
         raise UsageError(f"{bundle_path.name}: the command a bundle names runs only when asked: "
                          f"give the command to run, or run_recorded_command=True")
-    with open_bundle(bundle_path, attempt=attempt) as bundle:
-        world = bundle.world_size
-        missing = [r for r in real if r not in bundle.recorded_ranks]
-        roles_entry = bundle.manifest.get("roles")
-        attempt, default_attempt = bundle.attempt, bundle.default_attempt
-        # once, before any work: a scaled bundle is priced at its own world size
-        replacements = plan_replacements(bundle, replace_rank, real=real, downtime=replace_downtime)
-    if missing and isinstance(roles_entry, dict):
-        if attempt != default_attempt:
-            raise UsageError(f"{bundle_path.name}: ranks {missing} were not recorded in attempt {attempt}; a rank "
-                             f"is replayed as its role's only in the default attempt ({default_attempt})")
-        # A sliced or scaled bundle: a rank that was not recorded does its role's work.
-        # Write its representative's records mapped onto it (its groups, peers, roots)
-        # and replay that.
-        args = dict(ranks=real, cmd=None if from_bundle else cmd, report=report, output=output, output_payload=output_payload,
-                    timing=timing, comm_scale=comm_scale, compute_scale=compute_scale, slow_rank=slow_rank,
-                    replace_rank=replacements, continue_on_divergence=continue_on_divergence, timeout=timeout,
-                    cwd=cwd, log_dir=log_dir,
-                    env=env, run_recorded_command=run_recorded_command, launcher=launcher, from_bundle=from_bundle)
-        with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
-            derived = _as_ranks(bundle_path, roles_entry, real, Path(d))
-            return replay(derived, **args)
-    with open_bundle(bundle_path, attempt=attempt) as bundle:
-        if missing:
-            raise UsageError(f"ranks {missing} were not recorded; recorded: {bundle.recorded_ranks}")
-        infos = {r: bundle.rank_info(r) for r in real}
-        endings = _recorded_endings(bundle)
-        attempts = [e["attempt"] for e in bundle.attempts]
-        dump = isinstance(bundle.manifest.get("imported"), dict)
-        outside = [r for r in parse_slow_rank(slow_rank) if not 0 <= r[0] < world]
+    return bundle_path, parse_ranks(ranks) or ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FirstLook:
+    """The bundle's world, the real ranks it did not record, its roles entry, the attempt
+    replayed and the replaced ranks' plan (priced once, at the bundle's own world size)."""
+
+    world: int
+    missing: list[int]
+    roles: object
+    attempt: int
+    default_attempt: int
+    replacements: list[dict]
+
+
+def _first_look(request: ReplayRequest, bundle_path: Path, real: tuple) -> _FirstLook:
+    with open_bundle(bundle_path, attempt=request.attempt) as bundle:
+        return _FirstLook(
+            world=bundle.world_size, missing=[r for r in real if r not in bundle.recorded_ranks],
+            roles=bundle.manifest.get("roles"), attempt=bundle.attempt, default_attempt=bundle.default_attempt,
+            replacements=plan_replacements(bundle, request.replace_rank, real=real,
+                                           downtime=request.replace_downtime))
+
+
+def _replay_as_roles(request: ReplayRequest, bundle_path: Path, real: tuple, first: _FirstLook) -> ReplayResult:
+    """A sliced or scaled bundle: a rank that was not recorded does its role's work. Its
+    representative's records are written mapped onto it (its groups, peers, roots), and
+    that bundle is replayed."""
+    if first.attempt != first.default_attempt:
+        raise UsageError(f"{bundle_path.name}: ranks {first.missing} were not recorded in attempt {first.attempt}; "
+                         f"a rank is replayed as its role's only in the default attempt ({first.default_attempt})")
+    with tempfile.TemporaryDirectory(prefix="prism-rr-as-") as d:
+        derived = _as_ranks(bundle_path, first.roles, real, Path(d))
+        return replay(replace(request, bundle=derived, ranks=real, attempt=None,
+                              replace_rank=first.replacements, replace_downtime=None))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Plan:
+    """What the bundle says of this replay, read before any rank starts."""
+
+    bundle: Path
+    real: tuple[int, ...]
+    world: int
+    attempt: int
+    default_attempt: int
+    attempts: list[int]
+    infos: dict[int, dict]  # each real rank's recorded facts
+    endings: tuple[dict, ...]  # how the recording failed (_recorded_endings)
+    replacements: list[dict]
+    dump: bool  # imported from Flight Recorder dumps
+    cmd: list[str] | None  # what each real rank runs; None: its recorded command
+    launcher: bool
+
+
+def _plan(request: ReplayRequest, bundle_path: Path, real: tuple, first: _FirstLook) -> _Plan:
+    """Read what the replay needs of the bundle, and refuse what it cannot replay, before
+    any rank starts: ranks not recorded, slowed ranks outside the world, a recording no
+    program could be (from_bundle), a launcher command that does not fit the real ranks."""
+    cmd = [sys.executable, "-m", "prism_rr.replayer.driver"] if request.from_bundle else request.cmd
+    cmd = list(cmd) if cmd else None
+    with open_bundle(bundle_path, attempt=first.attempt) as bundle:
+        if first.missing:
+            raise UsageError(f"ranks {first.missing} were not recorded; recorded: {bundle.recorded_ranks}")
+        outside = [r for r, _ in request.slow_rank if not 0 <= r < first.world]
         if outside:
-            raise UsageError(f"slow_rank {outside[0][0]} is not a rank of the recorded world of {world}")
-        if from_bundle:
+            raise UsageError(f"slow_rank {outside[0]} is not a rank of the recorded world of {first.world}")
+        if request.from_bundle:
             from prism_rr.replayer._program import program_of
 
             for r in real:  # each real rank's program read (and refused) before any starts
                 program_of(bundle, r)
-    if launcher is None:
-        launcher = is_launcher(cmd)
-    if launcher:
-        _check_launcher(cmd, real, output)
-    warnings = check_environment(infos, timing=timing, dump=dump)
-    for w in warnings:
-        log.warning("prism-rr: %s", w)
-    spool_dir = None
-    if output is not None:
-        output = Path(output).resolve()
-        if output == bundle_path:
-            raise UsageError("the replay's recording (-o) must not overwrite the bundle it replays")
-        spool_dir = spool_dir_for(output)
-        spool_dir.mkdir(parents=True, exist_ok=True)
-        for old in spool_dir.glob("rank-*.spool*"):
-            old.unlink()
-        if output_payload is None:
-            output_payload = str(infos[real[0]].get("payload") or "digest")
-    work = Path(tempfile.mkdtemp(prefix="prism-rr-replay-"))
-    options = ReplayOptions(bundle=str(bundle_path), attempt=attempt, ranks=real, work_dir=str(work), timing=timing,
-                            continue_on_divergence=continue_on_divergence, launcher=launcher, world_size=world,
-                            real_port=free_port() if len(real) > 1 and not launcher else 0,
-                            comm_scale=float(comm_scale), compute_scale=float(compute_scale),
-                            slow_rank=parse_slow_rank(slow_rank),
-                            replace_rank=tuple((e["rank"], e["step"], round(e["downtime_s"] * 1e9))
-                                               for e in replacements),
-                            output=None if spool_dir is None else str(spool_dir),
-                            payload=output_payload or "none", endings=endings)
-    logs = Path(log_dir) if log_dir is not None else None
-    if logs is not None:
-        logs.mkdir(parents=True, exist_ok=True)
-    procs, files, commands = {}, [], {}
-    timed_out = False
-    unreported: list[int] = []
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        if launcher:
-            child = _child_env(infos[real[0]], options, env)
-            for name in LAUNCHER_VARS:  # only the workers it starts have a rank
-                child.pop(name, None)
-            where = cwd or os.getcwd()
-            commands = {r: list(cmd) for r in real}
-            out = err = None
-            if logs is not None:
-                out = open(logs / "launcher.stdout", "wb")
-                err = open(logs / "launcher.stderr", "wb")
-                files += [out, err]
-            procs[-1] = subprocess.Popen(list(cmd), env=child, cwd=where, stdout=out, stderr=err,
-                                         start_new_session=True)
-        else:
-            master_port, run_id = free_port(), f"prism-replay-{uuid.uuid4().hex[:12]}"
-            for r in real:
-                argv = list(cmd) if cmd else rank_command(infos[r])
-                commands[r] = argv
-                where = cwd or (os.getcwd() if cmd else _recorded_cwd(infos[r]))
-                if not os.path.isdir(where):
-                    where = os.getcwd()
-                child = _child_env(infos[r], options, env, rank_env(r, world, master_port, run_id))
-                out = err = None
-                if logs is not None:
-                    out = open(logs / f"rank{r}.stdout", "wb")
-                    err = open(logs / f"rank{r}.stderr", "wb")
-                    files += [out, err]
-                procs[r] = subprocess.Popen(argv, env=child, cwd=where, stdout=out, stderr=err,
-                                            start_new_session=True)
-        while True:
-            codes = {r: p.poll() for r, p in procs.items()}
-            if all(c is not None for c in codes.values()):
-                break
-            if any(c not in (None, 0) and not _torn_down(_read_stats(work, r), c) for r, c in codes.items()):
-                kill_ranks(list(procs.values()))  # the others would wait for it forever
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                kill_ranks(list(procs.values()))
-                break
-            time.sleep(_POLL_S)
-        codes = {r: p.wait() for r, p in procs.items()}
-        stats = {r: st for r in real if (st := _read_stats(work, r)) is not None}
-        if launcher:  # a refusal names torchrun's rank where the recorded one is not known
-            extra = (_read_stats(work, int(f.stem.split("-")[1])) for f in work.glob("rank-*.json"))
-            stats_all = [st for st in extra if st is not None]
-        else:
-            stats_all = list(stats.values())
-        refused = [st["error"] for st in stats_all if isinstance(st.get("error"), str)]
-        if refused:  # the program asked for what the recording cannot give (another world size)
-            raise UsageError(refused[0])
-        if launcher:
-            # One exit code for all of this node's workers: torchrun's; results from
-            # every real rank, gathered through torchrun's store (_gather.py).
-            code = codes.pop(-1)
-            unreported = [r for r in real if r not in stats]
-            codes = {r: code for r in real if r in stats}
-        with open_bundle(bundle_path, attempt=attempt) as bundle:
-            rep = fidelity_report(bundle, real, stats, timing=timing, what_if=_what_if(options, replacements))
-        traces = {str(r): st["trace"] for r, st in stats.items() if st.get("trace")}
-        if traces:  # PRISM_RR_REPLAY_TRACE: each call's entries and completion, for debugging the model
-            rep["trace"] = traces
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                kill_ranks(list(procs.values()))
-                break
-        for f in files:
+        plan = _Plan(bundle=bundle_path, real=real, world=first.world, attempt=first.attempt,
+                     default_attempt=first.default_attempt, attempts=[e["attempt"] for e in bundle.attempts],
+                     infos={r: bundle.rank_info(r) for r in real}, endings=_recorded_endings(bundle),
+                     replacements=first.replacements, dump=isinstance(bundle.manifest.get("imported"), dict),
+                     cmd=cmd,
+                     launcher=False if request.from_bundle else
+                     (is_launcher(cmd) if request.launcher is None else request.launcher))
+    if plan.launcher:
+        _check_launcher(plan.cmd, real, request.output)
+    return plan
+
+
+def _replay_output(request: ReplayRequest, plan: _Plan) -> tuple[Path | None, Path | None, str]:
+    """Where the replay records itself (-o): the bundle, its emptied spool directory, and
+    the payload mode (default: what the recording kept); (None, None, "none") without -o."""
+    if request.output is None:
+        return None, None, "none"
+    output = Path(request.output).resolve()
+    if output == plan.bundle:
+        raise UsageError("the replay's recording (-o) must not overwrite the bundle it replays")
+    spool_dir = spool_dir_for(output)
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    for old in spool_dir.glob("rank-*.spool*"):
+        old.unlink()
+    payload = request.output_payload or str(plan.infos[plan.real[0]].get("payload") or "digest")
+    return output, spool_dir, payload
+
+
+def _rank_options(request: ReplayRequest, plan: _Plan, work: Path, spool_dir: Path | None,
+                  payload: str) -> ReplayOptions:
+    """What every real rank is told (ENV_VAR)."""
+    from prism_rr.localrun import free_port
+
+    return ReplayOptions(
+        bundle=str(plan.bundle), attempt=plan.attempt, ranks=plan.real, work_dir=str(work), timing=request.timing,
+        continue_on_divergence=request.continue_on_divergence, launcher=plan.launcher, world_size=plan.world,
+        real_port=free_port() if len(plan.real) > 1 and not plan.launcher else 0,
+        comm_scale=float(request.comm_scale), compute_scale=float(request.compute_scale),
+        slow_rank=request.slow_rank,
+        replace_rank=tuple((e["rank"], e["step"], round(e["downtime_s"] * 1e9)) for e in plan.replacements),
+        output=None if spool_dir is None else str(spool_dir), payload=payload, endings=plan.endings)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Run:
+    """The replay's processes while they run, and what they left."""
+
+    logs: Path | None
+    procs: dict[int, subprocess.Popen] = field(default_factory=dict)  # rank (-1: the launcher) -> process
+    files: list = field(default_factory=list)  # their output files, when logged
+    commands: dict[int, list[str]] = field(default_factory=dict)
+    deadline: float | None = None
+    timed_out: bool = False
+    codes: dict[int, int] = field(default_factory=dict)
+    stats: dict[int, dict] = field(default_factory=dict)
+    unreported: list[int] = field(default_factory=list)
+    launcher_code: int | None = None
+
+    def output_files(self, name: str):
+        """(stdout, stderr) of a process: files named `name`.* in the log directory, or None."""
+        if self.logs is None:
+            return None, None
+        out, err = open(self.logs / f"{name}.stdout", "wb"), open(self.logs / f"{name}.stderr", "wb")
+        self.files += [out, err]
+        return out, err
+
+    def close(self, work: Path) -> None:
+        """Stop what still runs, close the output files, remove the work directory."""
+        from prism_rr.localrun import kill_ranks
+
+        if any(p.poll() is None for p in self.procs.values()):
+            kill_ranks(list(self.procs.values()))
+        for f in self.files:
             f.close()
         shutil.rmtree(work, ignore_errors=True)
-    if launcher:
-        rep["launcher_exit_code"] = code
-        rep["unreported"] = unreported
-        if unreported:
-            warnings.append(f"no results from real rank(s) {unreported}: see the replay on their node")
-    rep["rank_exit_codes"] = {str(r): c for r, c in codes.items()}
-    torn = sorted(r for r, c in codes.items() if _torn_down(stats.get(r), c))
+
+
+def _start(run: _Run, request: ReplayRequest, plan: _Plan, options: ReplayOptions) -> None:
+    """Start the launcher, or each real rank, with its environment and the start-up hook."""
+    from prism_rr.localrun import free_port, rank_env
+
+    if run.logs is not None:
+        run.logs.mkdir(parents=True, exist_ok=True)
+    run.deadline = None if request.timeout is None else time.monotonic() + request.timeout
+    if plan.launcher:
+        child = _child_env(plan.infos[plan.real[0]], options, request.env)
+        for name in LAUNCHER_VARS:  # only the workers it starts have a rank
+            child.pop(name, None)
+        run.commands = {r: list(plan.cmd) for r in plan.real}
+        out, err = run.output_files("launcher")
+        run.procs[-1] = subprocess.Popen(list(plan.cmd), env=child, cwd=request.cwd or os.getcwd(), stdout=out,
+                                         stderr=err, start_new_session=True)
+        return
+    master_port, run_id = free_port(), f"prism-replay-{uuid.uuid4().hex[:12]}"
+    for r in plan.real:
+        argv = list(plan.cmd) if plan.cmd else rank_command(plan.infos[r])
+        run.commands[r] = argv
+        where = request.cwd or (os.getcwd() if plan.cmd else _recorded_cwd(plan.infos[r]))
+        if not os.path.isdir(where):
+            where = os.getcwd()
+        child = _child_env(plan.infos[r], options, request.env, rank_env(r, plan.world, master_port, run_id))
+        out, err = run.output_files(f"rank{r}")
+        run.procs[r] = subprocess.Popen(argv, env=child, cwd=where, stdout=out, stderr=err, start_new_session=True)
+
+
+def _wait_for(run: _Run, work: Path) -> None:
+    """Wait until every process has ended; a rank that failed on its own (its peers
+    would wait for it forever), or the deadline, stops them all."""
+    from prism_rr.localrun import kill_ranks
+
+    while True:
+        codes = {r: p.poll() for r, p in run.procs.items()}
+        if all(c is not None for c in codes.values()):
+            break
+        if any(c not in (None, 0) and not _torn_down(_read_stats(work, r), c) for r, c in codes.items()):
+            kill_ranks(list(run.procs.values()))
+            break
+        if run.deadline is not None and time.monotonic() > run.deadline:
+            run.timed_out = True
+            kill_ranks(list(run.procs.values()))
+            break
+        time.sleep(_POLL_S)
+    run.codes = {r: p.wait() for r, p in run.procs.items()}
+
+
+def _gather(run: _Run, plan: _Plan, work: Path, options: ReplayOptions) -> dict:
+    """What the real ranks wrote, and the fidelity report of it. A rank that refused the
+    program's request (another world size) is the replay's UsageError."""
+    run.stats = {r: st for r in plan.real if (st := _read_stats(work, r)) is not None}
+    if plan.launcher:  # a refusal names torchrun's rank where the recorded one is not known
+        every = (_read_stats(work, int(f.stem.split("-")[1])) for f in work.glob("rank-*.json"))
+        seen = [st for st in every if st is not None]
+    else:
+        seen = list(run.stats.values())
+    refused = [st["error"] for st in seen if isinstance(st.get("error"), str)]
+    if refused:
+        raise UsageError(refused[0])
+    if plan.launcher:
+        # One exit code for all of this node's workers: torchrun's; results from every
+        # real rank, gathered through torchrun's store (_gather.py).
+        run.launcher_code = run.codes.pop(-1)
+        run.unreported = [r for r in plan.real if r not in run.stats]
+        run.codes = {r: run.launcher_code for r in plan.real if r in run.stats}
+    with open_bundle(plan.bundle, attempt=plan.attempt) as bundle:
+        rep = fidelity_report(bundle, plan.real, run.stats, timing=options.timing,
+                              what_if=_what_if(options, plan.replacements))
+    traces = {str(r): st["trace"] for r, st in run.stats.items() if st.get("trace")}
+    if traces:  # PRISM_RR_REPLAY_TRACE: each call's entries and completion, for debugging the model
+        rep["trace"] = traces
+    return rep
+
+
+def _settle(rep: dict, run: _Run, plan: _Plan, warnings: list[str]) -> None:
+    """The report's account of how each rank ended, and the replay's exit code."""
+    if plan.launcher:
+        rep["launcher_exit_code"] = run.launcher_code
+        rep["unreported"] = run.unreported
+        if run.unreported:
+            warnings.append(f"no results from real rank(s) {run.unreported}: see the replay on their node")
+    rep["rank_exit_codes"] = {str(r): c for r, c in run.codes.items()}
+    torn = sorted(r for r, c in run.codes.items() if _torn_down(run.stats.get(r), c))
     if torn:
         # The program had finished (its results were written at exit) when the process
         # aborted in native teardown: the replay stands, and the report says so.
         log.warning("prism-rr: rank(s) %s aborted in teardown after the program had finished; "
                     "the replay's results stand", torn)
         rep["teardown_aborts"] = torn
-        codes = {r: (0 if r in torn else c) for r, c in codes.items()}
-    stopped = any(st.get("stopped") for st in stats.values())
-    hung = next((st["hang"] for _, st in sorted(stats.items()) if isinstance(st.get("hang"), dict)), None)
-    rep["stopped_early"] = _stopped_early(rep["progress"], codes, stats, timed_out=timed_out,
+        run.codes = {r: (0 if r in torn else c) for r, c in run.codes.items()}
+    stopped = any(st.get("stopped") for st in run.stats.values())
+    hung = next((st["hang"] for _, st in sorted(run.stats.items()) if isinstance(st.get("hang"), dict)), None)
+    rep["stopped_early"] = _stopped_early(rep["progress"], run.codes, run.stats, timed_out=run.timed_out,
                                           diverged=stopped or hung is not None)
     for e in rep["stopped_early"]:
-        e["recorded_exit"] = recorded_exit(infos.get(e["rank"]))
-    if logs is not None:  # the ranks' output went to files: the card shows how each ended
+        e["recorded_exit"] = recorded_exit(plan.infos.get(e["rank"]))
+    if run.logs is not None:  # the ranks' output went to files: the card shows how each ended
         for e in rep["stopped_early"]:
-            e["output_tail"] = _tail(logs / f"rank{e['rank']}.stderr")
-    rep["resolved"] = [h for _, st in sorted(stats.items()) for h in st.get("resolved") or ()]
-    if timed_out:
-        code = TIMED_OUT
-    elif stopped:
-        code = DIVERGED
-    elif hung is not None:
-        code = HUNG
-    else:
-        code = exit_code(list(codes.values()))  # the rank that failed on its own, as localrun's
-        if code and _as_recorded(rep["stopped_early"]):
-            rep["reproduced"] = True  # each failing rank failed as it did in the recording
-            code = HUNG
-        if not code and rep["stopped_early"]:
-            code = INCOMPLETE
-        if not code:  # every program ended well: did one end without a call its peers wait in?
-            hung = next((st["waited_for"] for _, st in sorted(stats.items())
-                         if isinstance(st.get("waited_for"), dict)), None)
-            code = HUNG if hung is not None else 0
-    rep["hang"] = hung
-    rep["attempt"] = {"attempt": attempt, "attempts": attempts, "default": default_attempt}
+            e["output_tail"] = _tail(run.logs / f"rank{e['rank']}.stderr")
+    rep["resolved"] = [h for _, st in sorted(run.stats.items()) for h in st.get("resolved") or ()]
+    code, rep["hang"] = _verdict(rep, run, stopped=stopped, hung=hung)
+    rep["attempt"] = {"attempt": plan.attempt, "attempts": plan.attempts, "default": plan.default_attempt}
     rep["exit_code"] = code
     rep["environment_warnings"] = warnings
-    rep["what_if"] = _what_if(options, replacements)
-    if spool_dir is not None:
-        _pack_replay(spool_dir, output, bundle_path, options, commands, stats)
-        rep["output"] = str(output)
-    if report is not None:
-        Path(report).write_text(json.dumps(rep, indent=2) + "\n")
-    return ReplayResult(exit_code=code, rank_codes=codes, report=rep, card=card(rep), timed_out=timed_out,
-                        log_dir=logs, commands=commands, warnings=tuple(warnings),
-                        output=output if spool_dir is not None else None)
+
+
+def _verdict(rep: dict, run: _Run, *, stopped: bool, hung: dict | None) -> tuple[int, dict | None]:
+    """The replay's exit code, and the hang it reached (or the call its peers wait in)."""
+    from prism_rr.localrun import exit_code
+
+    if run.timed_out:
+        return TIMED_OUT, hung
+    if stopped:
+        return DIVERGED, hung
+    if hung is not None:
+        return HUNG, hung
+    code = exit_code(list(run.codes.values()))  # the rank that failed on its own, as localrun's
+    if code and _as_recorded(rep["stopped_early"]):
+        rep["reproduced"] = True  # each failing rank failed as it did in the recording
+        return HUNG, None
+    if code:
+        return code, None
+    if rep["stopped_early"]:
+        return INCOMPLETE, None
+    # every program ended well: did one end without a call its peers wait in?
+    waited = next((st["waited_for"] for _, st in sorted(run.stats.items())
+                   if isinstance(st.get("waited_for"), dict)), None)
+    return (HUNG if waited is not None else 0), waited
 
 
 def _recorded_endings(bundle) -> tuple[dict, ...]:
