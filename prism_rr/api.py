@@ -21,7 +21,6 @@ this module is cheap: each function loads what it needs.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from prism_rr.errors import PrismError, RecorderError, UsageError
 from prism_rr.localrun import describe_exit
+from prism_rr.recorder import RecordOptions
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.specs import format_ranks, parse_bandwidth, parse_ranks, step_window
 
@@ -38,14 +38,18 @@ if TYPE_CHECKING:
     from prism_rr.format import PackResult, VerifyReport
     from prism_rr.format.spool import SpoolScan
     from prism_rr.replayer import ReplayResult
+    from prism_rr.replayer.launch import ReplayRequest
 
 __all__ = [
     "BundleInfo",
     "Diagnosis",
     "Imported",
+    "RecordOptions",
     "RecordResult",
+    "ReplayRequest",
     "analysis_json_text",
     "analysis_lines",
+    "analysis_output",
     "analyze",
     "browse",
     "check_replayable",
@@ -72,6 +76,15 @@ __all__ = [
     "verify",
 ]
 
+def __getattr__(name: str):
+    # The replay's request is the replayer's; its launcher loads on first use (numpy, analysis).
+    if name == "ReplayRequest":
+        from prism_rr.replayer.launch import ReplayRequest
+
+        return ReplayRequest
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 Progress = Callable[[int, int], None]  # (done, total)
 Warn = Callable[[str], None]
 
@@ -94,6 +107,50 @@ class RecordResult:
     pack_command: str | None = None  # what packs every node's spools, once they are in one place
     flight: tuple[Path, ...] | None = None  # flight mode: the bundles its triggers wrote (None: not flight)
 
+    @property
+    def exit_status(self) -> int:
+        """What `prism-rr record` exits with: the program's exit code (1 for death by a
+        signal), and 1 where nothing was recorded or no bundle could be written although
+        the program succeeded."""
+        if self.exit_code is None:
+            return 1
+        status = self.exit_code if self.exit_code < 128 else 1
+        if self.packed is None and self.flight is None and self.node is None:
+            return status or 1
+        return status
+
+    def lines(self) -> list[str]:
+        """What `prism-rr record` says of how the recording ended (on stderr): the bundle,
+        the flight dumps, where a node's spools wait, or what failed and where the spools are."""
+        output, spool_dir, code = self.output, self.spool_dir, self.exit_code
+        if code is None:
+            return [f"prism-rr: error: recording into {spool_dir}/ failed: {self.error}",
+                    *(self._spools_elsewhere() if self.spools_left else [])]
+        if self.flight is not None:
+            return flight_lines(self)
+        if self.node is not None:
+            return [f"node {self.node}: the spools are in {spool_dir}/; once every node has finished and their "
+                    f"node-* directories are in one place (a shared file system needs nothing more), pack them "
+                    f"with:\n  {self.pack_command}"]
+        if self.packed is None:
+            outcome = f"the command exited with code {code}" if code != 0 else "the command succeeded (exit code 0)"
+            return [f"prism-rr: error: could not write {output}: {self.error}; {outcome}, but no bundle was written",
+                    *self._spools_elsewhere()]
+        packed = self.packed
+        out = [f"warning: rank {rank}: tail of its spool lost ({why})" for rank, why in sorted(packed.torn.items())]
+        out.append(f"wrote {output}: {packed.ranks} ranks, {packed.events:,} records, {packed.bytes:,} bytes")
+        if self.readback_error is not None:
+            out.append(f"warning: could not read back {output}: {self.readback_error}")
+        if self.spools_left:  # --keep-spools, or kept for what the bundle lacks (said above)
+            out.append(f"the spools stay in {spool_dir}/" + (
+                f"; pack them again with: prism-rr pack {spool_dir} -o {output}"
+                if self.readback_error is not None else ""))
+        return out + [f"warning: {line}" for line in self.failure_lines()]
+
+    def _spools_elsewhere(self) -> list[str]:
+        return [f"prism-rr: the spools are in {self.spool_dir}/; pack them elsewhere with:\n"
+                f"  prism-rr pack {self.spool_dir} -o ELSEWHERE/{self.output.name}"]
+
     def failure_lines(self) -> list[str]:
         """A warning for each rank whose recorder turned itself off (the reason is the
         rank's words, made safe for a terminal)."""
@@ -107,26 +164,21 @@ class RecordResult:
 def record(
     cmd: Sequence[str],
     output,
+    options: RecordOptions | None = None,
     *,
-    steps=None,
-    ranks=None,
-    payload: str | None = None,
-    ops: bool = False,
-    memory: bool = False,
     nproc: int = 0,
-    slice: str | None = None,
-    mesh: str | None = None,
-    timeout: float | None = None,
     node: str | None = None,
+    timeout: float | None = None,
     keep_spools: bool = False,
     warn: Warn | None = None,
     progress: Progress | None = None,
-    **options,
+    **fields,
 ) -> RecordResult:
     """Run `cmd` with every rank recording into `<output>.d/`, then pack the spools into `output`.
 
+    What each rank records is `options` (a RecordOptions), or RecordOptions of `fields`
+    (`steps="1:4"`, `payload="full"`, `memory=True`, `flight=8`, ...).
     `nproc` > 0 starts that many local ranks with torchrun's environment around `cmd`.
-    `options` are more recorder settings (`RecordOptions.make`'s), passed on to the ranks.
     One node of a multi-node job (`cmd` a torchrun launch of more than one node, or
     `node` given; see `prism_rr.recorder.launch.launch_node`) records into
     `<output>.d/node-<name>/` and packs nothing: this node cannot know when the others
@@ -145,102 +197,128 @@ def record(
     what was recorded (the bundle says it was interrupted; RecorderError where no rank
     had finished init_process_group yet).
     `warn` hears, as they happen, the warnings that come before packing, and one that the
-    spools could not all be removed.
+    spools could not all be removed. The result's `lines()` and `exit_status` are what
+    `prism-rr record` says and exits with.
     """
-    from prism_rr.format import open_bundle
-    from prism_rr.format import pack as pack_spools
-    from prism_rr.recorder.launch import launch_node, node_spool_dir, record_command
+    from prism_rr.recorder import launch
 
-    if not cmd:
-        raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
-    if nproc < 0:
-        raise UsageError("--nproc must be 0 or more")
-    if slice is not None and nproc:
-        from prism_rr.topology.roles import parse_mesh
-
-        parse_mesh(mesh or "", nproc)  # a wrong layout fails now, not in every rank
-    cmd = list(cmd)
-    if nproc:
-        cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
-    output = Path(output)
-    name = launch_node(cmd, node)
-    spool_dir = node_spool_dir(output, name)
-    flight = options.get("flight") is not None
-    if flight:
-        options["output"] = str(output.resolve())  # where rank 0 packs a dump
-    warnings: list[str] = []
-
-    def warning(message: str) -> None:
-        warnings.append(message)
-        if warn is not None:
-            warn(message)
-
-    def spools_left() -> bool:
-        return any(spool_dir.glob("rank-*.spool"))
-
+    request = launch.RecordRequest.make(cmd, output, options, nproc=nproc, node=node, timeout=timeout, **fields)
+    said = _Warnings(warn)
     interrupts: list[dict] = []  # {signal, after_s} of a SIGINT or SIGTERM to this process
+    try:
+        code = launch.record_command(request.cmd, request.output, request=request,
+                                     interrupted=_on_interrupt(said, interrupts))
+    except OSError as exc:
+        _remove_half_written(request.spool_dir, request.output)
+        return RecordResult(output=request.output, spool_dir=request.spool_dir, exit_code=None, error=exc,
+                            spools_left=_spools_left(request.spool_dir), warnings=said.all)
+    if code != 0:  # "packing" only where there is something this node packs
+        packs = request.node is None and not request.flight and _spools_left(request.spool_dir)
+        said(f"the command exited with code {describe_exit(code)}" + ("; packing what was recorded" if packs else ""))
+    if request.flight:
+        return _flight_result(request.output, request.spool_dir, code, said.all, request.options.flight, interrupts)
+    if not _spools_left(request.spool_dir):
+        raise _nothing_recorded(code, interrupts)
+    if request.node is not None:
+        return _node_result(request, code, said)
+    return _packed_result(request, code, said, keep_spools=keep_spools, progress=progress)
+
+
+class _Warnings:
+    """The warnings of one recording: kept in order, and each told to `warn` as it comes."""
+
+    def __init__(self, warn: Warn | None):
+        self._warn, self._said = warn, []
+
+    def __call__(self, message: str) -> None:
+        self._said.append(message)
+        if self._warn is not None:
+            self._warn(message)
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return tuple(self._said)
+
+
+def _on_interrupt(said: _Warnings, interrupts: list[dict]) -> Callable[[dict], None]:
+    """What the launcher calls at the first SIGINT or SIGTERM to this process."""
 
     def interrupted(facts: dict) -> None:
         interrupts.append(facts)
-        warning(f"interrupted by {facts['signal']}: stopping the command (a few seconds to end, then SIGTERM "
-                f"and SIGKILL)")
+        said(f"interrupted by {facts['signal']}: stopping the command (a few seconds to end, then SIGTERM "
+             f"and SIGKILL)")
 
+    return interrupted
+
+
+def _spools_left(spool_dir: Path) -> bool:
+    return any(spool_dir.glob("rank-*.spool"))
+
+
+def _node_result(request, code: int, said: _Warnings) -> RecordResult:
+    """One node of many: its spools wait for the others', and the command that packs them all."""
+    import shlex
+
+    command = (f"prism-rr pack {shlex.quote(str(spool_dir_for(request.output)))} "
+               f"-o {shlex.quote(str(request.output))}")
+    return RecordResult(output=request.output, spool_dir=request.spool_dir, exit_code=code, spools_left=True,
+                        warnings=said.all, node=request.node, pack_command=command)
+
+
+def _packed_result(request, code: int, said: _Warnings, *, keep_spools: bool,
+                   progress: Progress | None) -> RecordResult:
+    """Pack the spools into the bundle, read it back, and remove the spools where the
+    bundle holds all they held. A failed write (a full or read-only disk) keeps them: the
+    training's outcome and the spools are what matter then, and the result says where."""
+    output, spool_dir = request.output, request.spool_dir
     try:
-        code = record_command(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
-                              slice=slice, mesh=mesh, timeout=timeout, node=node, interrupted=interrupted, **options)
+        packed = _pack_spools(request, said, progress)
     except OSError as exc:
-        _remove_half_written(spool_dir, output)
-        return RecordResult(output=output, spool_dir=spool_dir, exit_code=None, error=exc,
-                            spools_left=spools_left(), warnings=tuple(warnings))
-    if code != 0:  # "packing" only where there is something this node packs
-        packs = name is None and not flight and spools_left()
-        warning(f"the command exited with code {describe_exit(code)}" + ("; packing what was recorded" if packs else ""))
-    if flight:
-        return _flight_result(output, spool_dir, code, warnings, options["flight"], interrupts)
-    if not spools_left():
-        raise _nothing_recorded(code, interrupts)
-    if name is not None:
-        import shlex
-
-        command = f"prism-rr pack {shlex.quote(str(spool_dir_for(output)))} -o {shlex.quote(str(output))}"
-        return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, spools_left=True,
-                            warnings=tuple(warnings), node=name, pack_command=command)
-    try:
-        extra = None
-        if slice is not None:
-            from prism_rr.topology.roles import spool_roles
-
-            roles = spool_roles(spool_dir, mesh, extra=parse_ranks(ranks) or ())
-            extra = {"roles": roles} if roles is not None else None
-            if roles is None:
-                warning("--slice roles: no layout was found (no DeviceMesh, and the groups form no mesh); "
-                        "every rank was recorded")
-        packed = pack_spools(spool_dir, output, manifest_extra=extra, progress=progress)
-    except OSError as exc:
-        # A full disk (or a read-only one): the training's outcome and the spools are what
-        # matter now; the caller says where the spools are and how to pack them elsewhere.
         _remove_half_written(spool_dir, output)
         return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, error=exc,
-                            spools_left=True, warnings=tuple(warnings))
-    failures: list[dict] = []
-    readback_error = None
+                            spools_left=True, warnings=said.all)
     remove = not keep_spools and not packed.torn
-    try:
-        with open_bundle(output) as b:
-            if remove:
-                _check_packed(b, packed)
-            failures = b.facts()["recorder_failures"]
-    except Exception as exc:  # the bundle is written; what it says of failures is a bonus
-        readback_error = str(exc)
+    failures, readback_error = _read_back(output, packed, check=remove)
     removed = False
     if remove and readback_error is None:
         problem = _remove_spools(spool_dir)
         removed = problem is None
         if problem is not None:
-            warning(f"could not remove the spools in {spool_dir}/ ({problem}); {output} holds all they held")
+            said(f"could not remove the spools in {spool_dir}/ ({problem}); {output} holds all they held")
     return RecordResult(output=output, spool_dir=spool_dir, exit_code=code, packed=packed,
-                        spools_left=spools_left(), spools_removed=removed, recorder_failures=tuple(failures),
-                        readback_error=readback_error, warnings=tuple(warnings))
+                        spools_left=_spools_left(spool_dir), spools_removed=removed,
+                        recorder_failures=tuple(failures), readback_error=readback_error, warnings=said.all)
+
+
+def _pack_spools(request, said: _Warnings, progress: Progress | None) -> PackResult:
+    """The spools packed into the bundle, with the roles found (--slice roles)."""
+    from prism_rr.format import pack as pack_spools
+
+    extra = None
+    options = request.options
+    if options.slice is not None:
+        from prism_rr.topology.roles import spool_roles
+
+        roles = spool_roles(request.spool_dir, options.mesh, extra=options.ranks or ())
+        extra = {"roles": roles} if roles is not None else None
+        if roles is None:
+            said("--slice roles: no layout was found (no DeviceMesh, and the groups form no mesh); "
+                 "every rank was recorded")
+    return pack_spools(request.spool_dir, request.output, manifest_extra=extra, progress=progress)
+
+
+def _read_back(output: Path, packed: PackResult, *, check: bool) -> tuple[list[dict], str | None]:
+    """The recorder failures the bundle notes, and why it could not be read back (None:
+    it could); with `check`, every record the spools held must be in it (_check_packed)."""
+    from prism_rr.format import open_bundle
+
+    try:
+        with open_bundle(output) as b:
+            if check:
+                _check_packed(b, packed)
+            return b.facts()["recorder_failures"], None
+    except Exception as exc:  # the bundle is written; what it says of failures is a bonus
+        return [], str(exc)
 
 
 def _check_packed(bundle, packed: PackResult) -> None:
@@ -398,16 +476,20 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
         return writer(b, output, ranks=rank_list, steps=window, progress=progress)
 
 
-def replay(bundle, **options) -> ReplayResult:
-    """Replay `bundle`: some ranks for real, the others as virtual peers; the options are
-    `prism_rr.replayer.replay`'s (`attempt=N`: an attempt of a restarted job;
-    `replace_rank="R@STEP"`, with `replace_downtime=` seconds or the bundle's estimate: what
-    a rank replaced mid-run costs; `slow_rank=`, `comm_scale=`, ...: other what-ifs). Never raises
-    on a divergence or a recorded hang: see the result's exit_code (3, 7)."""
-    from prism_rr.replayer import replay as run_replay
+def replay(request, /, **asks) -> ReplayResult:
+    """Replay a bundle: some ranks for real, the others as virtual peers. `request` is a
+    ReplayRequest (what `prism-rr replay` builds), or the bundle's path with the request's
+    fields as keywords: `prism_rr.replayer.replay`'s (`ranks="0,1"`, `cmd=[...]`;
+    `attempt=N`: an attempt of a restarted job; `replace_rank="R@STEP"`, with
+    `replace_downtime=` seconds or the bundle's estimate: what a rank replaced mid-run
+    costs; `slow_rank=`, `comm_scale=`, ...: other what-ifs). Never raises on a
+    divergence or a recorded hang: see the result's exit_code (3, 7)."""
+    from prism_rr.replayer.launch import ReplayRequest
+    from prism_rr.replayer.launch import replay as run_replay
 
-    check_replayable(bundle, cmd=options.get("cmd"), from_bundle=bool(options.get("from_bundle")))
-    return run_replay(bundle, **options)
+    request = ReplayRequest.of(request, asks)
+    check_replayable(request.bundle, cmd=request.cmd, from_bundle=request.from_bundle)
+    return run_replay(request)
 
 
 def recorded_commands(bundle, ranks=(0,), *, attempt: int | None = None) -> dict[int, tuple[list[str], str]]:
@@ -636,6 +718,40 @@ def analysis_json_text(attributions) -> Iterator[str]:
     return attribution_json_text(attributions)
 
 
+def analysis_output(bundle, *, as_json: bool = False, steps=None, ranks=None,
+                    attempt: int | str | None = None) -> Iterator[str]:
+    """What `prism-rr analyze` prints on stdout, in pieces as the steps come: `analyze`'s
+    lines (`as_json`: its one JSON object) of `attempt`, or of every attempt one after
+    the other (`attempt="all"`, each named; as JSON, {"attempts": [{attempt, analysis}]})."""
+    attempts = attempts_of(bundle) if attempt == "all" else [_attempt_number(attempt)]
+    several = len(attempts) > 1
+    if as_json and several:
+        yield '{"attempts": ['
+    for i, k in enumerate(attempts):
+        steps_read = analyze(bundle, steps=steps, ranks=ranks, attempt=k)
+        if as_json:
+            if several:
+                yield ("" if i == 0 else ", ") + f'{{"attempt": {k}, "analysis": '
+            yield from analysis_json_text(steps_read)
+            yield "}" if several else "\n"
+        else:
+            if several:
+                yield ("" if i == 0 else "\n") + f"attempt {k}\n"
+            for line in analysis_lines(steps_read):
+                yield line + "\n"
+    if as_json and several:
+        yield "]}\n"
+
+
+def _attempt_number(text: int | str | None) -> int | None:
+    if text is None or isinstance(text, int):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--attempt takes an attempt's number or all, not {text!r}") from None
+
+
 def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None) -> BundleDiff:
     """Do two recordings issue the same collectives (`same`), where do they first part,
     and where did the time go, per step and rank? Its `lines()` and `json()` are what
@@ -712,17 +828,16 @@ def flight_lines(result: RecordResult) -> list[str]:
     return out
 
 
-def record_env(output, **options) -> dict[str, str]:
+def record_env(output, options: RecordOptions | None = None, **fields) -> dict[str, str]:
     """The environment that makes every Python process of a job record as `record` would
-    (into OUTPUT.d/, or flight-mode dumps packed into OUTPUT), for launchers that cannot
-    be wrapped: PRISM_RR_RECORD and PYTHONPATH (the hook's directory, to put first)."""
-    from prism_rr.recorder import RecordOptions
+    with `options` (or RecordOptions of `fields`): into OUTPUT.d/, or flight-mode dumps
+    packed into OUTPUT, for launchers that cannot be wrapped: PRISM_RR_RECORD and
+    PYTHONPATH (the hook's directory, to put first)."""
     from prism_rr.recorder.launch import hook_env
 
     output = Path(output).resolve()
-    if options.get("flight") is not None:
-        options["output"] = str(output)
-    env = hook_env(RecordOptions.make(spool_dir_for(output), **options), base={})
+    options = RecordOptions(**fields) if options is None else options
+    env = hook_env(options.placed(spool_dir_for(output), output), base={})
     return {"PRISM_RR_RECORD": env["PRISM_RR_RECORD"], "PYTHONPATH": env["PYTHONPATH"]}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -47,13 +48,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": HELP_OPTIONS},
 )
-
-
-def _attempt_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise UsageError(f"--attempt takes an attempt's number or all, not {text!r}") from None
 
 
 def _say(message: str) -> None:
@@ -125,7 +119,8 @@ def pack(
     """
     from prism_rr import api
 
-    result = api.pack(list(spool_dirs), output, redact=redact, stacks=stacks, progress=_progress("packing ranks"))
+    with _progress("packing ranks") as progress:
+        result = api.pack(list(spool_dirs), output, redact=redact, stacks=stacks, progress=progress)
     for rank, why in sorted(result.torn.items()):
         _say(f"warning: rank {rank}: tail dropped ({why})")
     if redact:
@@ -200,76 +195,40 @@ def record(
     """
     from prism_rr import api
 
+    if not cmd and not print_env:
+        raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
     flight_args = {} if flight is None else dict(
         flight=flight, flight_hang=flight_hang, flight_slow=flight_slow, flight_budget=flight_budget << 20,
         flight_at_exit=flight_at_exit)
+    options = api.RecordOptions(steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory, slice=slice_,
+                                mesh=mesh, **flight_args)
     if print_env:
-        _print_env(output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory, **flight_args)
+        _print_env(output, options)
         return
-    if not cmd:
-        raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
-    result = api.record(cmd, output, steps=steps, ranks=ranks, payload=payload, ops=ops, memory=memory,
-                        nproc=nproc, slice=slice_, mesh=mesh, timeout=timeout, node=node, keep_spools=keep_spools,
-                        warn=_warn, progress=_progress("packing ranks"), **flight_args)
+    with _progress("packing ranks") as progress:
+        result = api.record(cmd, output, options, nproc=nproc, node=node, timeout=timeout, keep_spools=keep_spools,
+                            warn=_warn, progress=progress)
     _report_record(result)
 
 
-def _print_env(output: Path, **options) -> None:
+def _print_env(output: Path, options) -> None:
     """The environment that makes every Python process of a job record (into
     OUTPUT.d/, or flight-mode dumps packed into OUTPUT), as shell lines."""
     import shlex
 
     from prism_rr import api
 
-    env = api.record_env(output, **options)
+    env = api.record_env(output, options)
     typer.echo(f"export PRISM_RR_RECORD={shlex.quote(env['PRISM_RR_RECORD'])}")
     typer.echo(f"export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}${{PYTHONPATH:+:$PYTHONPATH}}")
 
 
 def _report_record(result) -> None:
-    """What `record` (and `demo`) say of an api.RecordResult; exits as the program did."""
-    output, spool_dir, code = result.output, result.spool_dir, result.exit_code
-    if result.packed is None and code is None:
-        _say(f"prism-rr: error: recording into {spool_dir}/ failed: {result.error}")
-        if result.spools_left:
-            _say_spools(spool_dir, output)
-        raise typer.Exit(1)
-    exit_code = code if code < 128 else 1
-    if result.flight is not None:
-        from prism_rr import api
-
-        for line in api.flight_lines(result):
-            _say(line)
-        raise typer.Exit(exit_code)
-    if result.node is not None:
-        _say(f"node {result.node}: the spools are in {spool_dir}/; once every node has finished and their "
-             f"node-* directories are in one place (a shared file system needs nothing more), pack them with:\n"
-             f"  {result.pack_command}")
-        raise typer.Exit(exit_code)
-    if result.packed is None:
-        outcome = (f"the command exited with code {code}" if code != 0
-                   else "the command succeeded (exit code 0)")
-        _say(f"prism-rr: error: could not write {output}: {result.error}; {outcome}, but no bundle was written")
-        _say_spools(spool_dir, output)
-        raise typer.Exit(exit_code or 1)
-    packed = result.packed
-    for rank, why in sorted(packed.torn.items()):
-        _say(f"warning: rank {rank}: tail of its spool lost ({why})")
-    _say(f"wrote {output}: {packed.ranks} ranks, {packed.events:,} records, {packed.bytes:,} bytes")
-    if result.readback_error is not None:
-        _say(f"warning: could not read back {output}: {result.readback_error}")
-    if result.spools_left:  # --keep-spools, or kept for what the bundle lacks (said above)
-        _say(f"the spools stay in {spool_dir}/" + (f"; pack them again with: prism-rr pack {spool_dir} -o {output}"
-                                                   if result.readback_error is not None else ""))
-    for line in result.failure_lines():
-        _warn(line)
-    if code != 0:
-        raise typer.Exit(exit_code)
-
-
-def _say_spools(spool_dir: Path, output: Path) -> None:
-    _say(f"prism-rr: the spools are in {spool_dir}/; pack them elsewhere with:\n"
-         f"  prism-rr pack {spool_dir} -o ELSEWHERE/{output.name}")
+    """What `record` (and `demo`) say of an api.RecordResult; exits as `record` does."""
+    for line in result.lines():
+        _say(line)
+    if result.exit_status:
+        raise typer.Exit(result.exit_status)
 
 
 @app.command(
@@ -343,23 +302,17 @@ def replay(
     """
     from prism_rr import api
 
-    if timing not in ("live", "virtual", "none"):
-        raise UsageError(f"--timing must be live, virtual or none, not {timing!r}")
-    if cmd and run_recorded:
-        raise UsageError("give either -- CMD or --run-recorded-command, not both")
-    if from_bundle and (cmd or run_recorded):
-        raise UsageError("--from-bundle runs the bundle as the program: give neither -- CMD nor --run-recorded-command")
-    api.check_replayable(bundle, cmd=cmd, from_bundle=from_bundle)
-    if not cmd and not from_bundle:
+    request = api.ReplayRequest(
+        bundle=bundle, ranks=ranks, cmd=cmd or None, run_recorded_command=run_recorded, from_bundle=from_bundle,
+        report=report, output=output, output_payload=output_payload, timing=timing, comm_scale=comm_scale,
+        compute_scale=compute_scale, slow_rank=slow_rank, replace_rank=replace_rank,
+        replace_downtime=replace_downtime, continue_on_divergence=continue_on_divergence, timeout=timeout,
+        launcher=launcher, attempt=attempt)
+    api.check_replayable(bundle, cmd=request.cmd, from_bundle=from_bundle)
+    if request.names_no_program:
         _consent_to_recorded_command(bundle, ranks, asked=run_recorded, attempt=attempt)
-    result = api.replay(
-        bundle, ranks=ranks, cmd=cmd or None, report=report, output=output,
-        output_payload=output_payload, timing=timing, comm_scale=comm_scale,
-        compute_scale=compute_scale, slow_rank=slow_rank, replace_rank=replace_rank, replace_downtime=replace_downtime,
-        continue_on_divergence=continue_on_divergence, timeout=timeout,
-        run_recorded_command=not cmd and not from_bundle, launcher=launcher, attempt=attempt, from_bundle=from_bundle,
-    )
-    _report_replay(result, report)
+        request = request.agreed()
+    _report_replay(api.replay(request), report)
 
 
 def _report_replay(result, report: Path | None) -> None:
@@ -409,7 +362,9 @@ def demo(
 
     plan = api.demo_plan(world, pp)
     _say(f"recording the demo GPT at world {world}, {plan.layout}, steps 1-3 after 1 warm-up ...")
-    _report_record(api.record_demo(output, plan, warn=_warn, progress=_progress("packing ranks")))
+    with _progress("packing ranks") as progress:
+        recorded = api.record_demo(output, plan, warn=_warn, progress=progress)
+    _report_record(recorded)
     facts = api.info(output).json()
     _say(f"  {facts['event_count']:,} records from {len(facts['recorded_ranks'])} ranks, "
          f"{facts['groups']} groups, steps {format_ranks(facts['steps'])}, {facts['bytes']:,} bytes")
@@ -509,24 +464,8 @@ def analyze(
     """
     from prism_rr import api
 
-    attempts = api.attempts_of(bundle) if attempt == "all" else [None if attempt is None else _attempt_number(attempt)]
-    if as_json and len(attempts) > 1:
-        print('{"attempts": [', end="")
-    for i, k in enumerate(attempts):
-        steps_read = api.analyze(bundle, steps=steps, ranks=ranks, attempt=k)
-        if as_json:
-            if len(attempts) > 1:
-                print(("" if i == 0 else ", ") + f'{{"attempt": {k}, "analysis": ', end="")
-            for piece in api.analysis_json_text(steps_read):
-                print(piece, end="")
-            print("}" if len(attempts) > 1 else "", end="" if len(attempts) > 1 else "\n")
-        else:
-            if len(attempts) > 1:
-                print(f"{'' if i == 0 else chr(10)}attempt {k}")
-            for line in api.analysis_lines(steps_read):
-                print(line)
-    if as_json and len(attempts) > 1:
-        print("]}")
+    for piece in api.analysis_output(bundle, as_json=as_json, steps=steps, ranks=ranks, attempt=attempt):
+        print(piece, end="")
 
 
 DIFF_CODES = """\
@@ -597,8 +536,9 @@ def export(
     """
     from prism_rr import api
 
-    stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt,
-                       progress=_progress("exporting ranks"))
+    with _progress("exporting ranks") as progress:
+        stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt,
+                           progress=progress)
     if fmt == "chrome":
         _say(f"wrote {output}: {stats['events']:,} trace events from {stats['ranks']} ranks, "
              f"{stats['flows']:,} flow arrows; open it at ui.perfetto.dev")
@@ -672,8 +612,9 @@ def scale(
     """
     from prism_rr import api
 
-    note = api.scale(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency, bandwidth=bandwidth,
-                     compare=compare, progress=_progress("writing ranks"))
+    with _progress("writing ranks") as progress:
+        note = api.scale(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency, bandwidth=bandwidth,
+                         compare=compare, progress=progress)
     if as_json:
         print(json.dumps(note, default=str))
     for line in api.scale_lines(note, output, bandwidth_given=bandwidth is not None):
@@ -710,22 +651,45 @@ def import_fr(
     """
     from prism_rr import api
 
-    imported = api.import_fr(dumps, output, jobs=jobs, progress=_progress("reading dumps"))
+    with _progress("reading dumps") as progress:
+        imported = api.import_fr(dumps, output, jobs=jobs, progress=progress)
     if as_json:
         print(json.dumps(imported.json()))
     for line in imported.lines():
         _say(line)
 
 
+@contextmanager
 def _progress(label: str):
+    """A `progress(done, total)` for long work: on a terminal, rich's bar with the count,
+    the rate and the time left, drawn on stderr from the first call to the end of the
+    block; elsewhere None (a program reading stderr hears nothing of it)."""
     if not sys.stderr.isatty():
-        return None
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    unit = label.rsplit(" ", 1)[-1]
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=Console(stderr=True))
+    task = None
 
     def show(done: int, total: int) -> None:
-        end = "\n" if done == total else ""
-        print(f"\r{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task(label, total=total, rate="")
+        bar.update(task, completed=done, total=total)
+        speed = bar.tasks[0].speed
+        if speed:
+            bar.update(task, rate=f"{speed:,.1f} {unit}/s")
 
-    return show
+    try:
+        yield show
+    finally:
+        if task is not None:
+            bar.stop()
 
 
 _METAVARS = {"str": "TEXT", "int": "N", "float": "X", "Path": "PATH"}
