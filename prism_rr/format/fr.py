@@ -86,242 +86,344 @@ def safe_loads(data: bytes, where: str) -> Any:
     n = len(data)
     if n > MAX_DUMP_BYTES:
         raise FormatError(f"{where}: {n:,} bytes, more than the {MAX_DUMP_BYTES:,} a dump may have")
-    containers_left = 65536 + n // 8
-    stack: list = []
-    marks: list[int] = []  # where each open MARK left the stack: a fence below it
-    memo: dict[int, Any] = {}
-    pos = 0
+    return _Unpickler(data, where).load()
 
-    def fail(what: str, at: int) -> FormatError:
-        return FormatError(f"{where}: pickle offset {at}: {what}")
 
-    def take(size: int, at: int) -> bytes:
-        nonlocal pos
-        end = pos + size
-        if size < 0 or end > n:
-            raise fail("truncated (data runs past the end of the file)", at)
-        piece = data[pos:end]
-        pos = end
+class _Unpickler:
+    """One reading of a pickle: its stack, open MARKs, memo and what is left of the bounds.
+
+    Only the opcodes in _RUN are run, each by the method named after it (mark_tuple:
+    TUPLE, of the values above a MARK); every other is refused before anything is looked up.
+    """
+
+    __slots__ = ("containers_left", "data", "depth_of", "marks", "memo", "n", "pos", "stack", "where")
+
+    def __init__(self, data: bytes, where: str) -> None:
+        self.data = data
+        self.n = len(data)
+        self.where = where
+        self.pos = 0
+        self.containers_left = 65536 + self.n // 8
+        self.stack: list = []
+        self.marks: list[int] = []  # where each open MARK left the stack: a fence below it
+        self.memo: dict[int, Any] = {}
+        self.depth_of: dict[int, tuple[Any, int]] = {}  # a tuple or frozenset of such -> (it, its depth)
+
+    def load(self) -> Any:
+        """Run the opcodes up to STOP; the one value left on the stack."""
+        data, opcodes = self.data, _BY_OPCODE
+        while True:
+            at = self.pos
+            try:
+                op = data[at]  # an IndexError past the end: no STOP
+                self.pos = at + 1
+                if op == 0x2E:  # STOP
+                    if len(self.stack) != 1 or self.marks:
+                        raise self.fail("STOP with a stack of other than one value", at)
+                    return self.stack[0]
+                opcodes[op](self, at)
+            except FormatError:
+                raise
+            except IndexError:
+                raise self.fail("truncated (data runs past the end of the file)", at) from None
+            except KeyError:
+                raise self.fail("a memo entry that was never stored", at) from None
+            except TypeError:
+                raise self.fail("an unhashable dict key or set member", at) from None
+            except (ValueError, UnicodeDecodeError, struct.error) as exc:
+                raise self.fail(f"malformed argument ({type(exc).__name__})", at) from None
+
+    # --- what the opcodes share ---
+
+    def fail(self, what: str, at: int) -> FormatError:
+        """The error for the opcode at offset `at`."""
+        return FormatError(f"{self.where}: pickle offset {at}: {what}")
+
+    def refuse(self, at: int) -> None:
+        """Any opcode not in _RUN: one that names or calls an object, or one not known."""
+        op = self.data[at]
+        if op in _REFUSED:
+            raise self.fail(f"{_REFUSED[op]} opcode refused: a Flight Recorder dump holds only plain "
+                            f"containers and scalars, and prism-rr never imports, builds or calls what a file names", at)
+        raise self.fail(f"unknown opcode 0x{op:02x}", at)
+
+    def take(self, size: int, at: int) -> bytes:
+        """The next `size` bytes of the argument."""
+        end = self.pos + size
+        if size < 0 or end > self.n:
+            raise self.fail("truncated (data runs past the end of the file)", at)
+        piece = self.data[self.pos:end]
+        self.pos = end
         return piece
 
-    def line(at: int) -> bytes:
-        nonlocal pos
-        end = data.find(b"\n", pos, pos + 64)
+    def line(self, at: int) -> bytes:
+        """A protocol 0 argument: the text up to a newline, at most 64 bytes."""
+        end = self.data.find(b"\n", self.pos, self.pos + 64)
         if end < 0:
-            raise fail("a text argument longer than 64 bytes or unterminated", at)
-        piece = data[pos:end]
-        pos = end + 1
+            raise self.fail("a text argument longer than 64 bytes or unterminated", at)
+        piece = self.data[self.pos:end]
+        self.pos = end + 1
         return piece
 
-    def pop_mark(at: int) -> list:
-        if not marks:
-            raise fail("no MARK before this opcode", at)
-        start = marks.pop()
-        items = stack[start:]
-        del stack[start:]
+    def pop_mark(self, at: int) -> list:
+        """The values above the innermost MARK, taken off the stack with it."""
+        if not self.marks:
+            raise self.fail("no MARK before this opcode", at)
+        start = self.marks.pop()
+        items = self.stack[start:]
+        del self.stack[start:]
         return items
 
-    def top(at: int, depth: int = 1):
-        if len(stack) - (marks[-1] if marks else 0) < depth:
-            raise fail("stack underflow", at)
-        return stack[-1]
+    def top(self, at: int, depth: int = 1):
+        """The top value, once `depth` values lie above the innermost MARK."""
+        if len(self.stack) - (self.marks[-1] if self.marks else 0) < depth:
+            raise self.fail("stack underflow", at)
+        return self.stack[-1]
 
-    depth_of: dict[int, tuple[Any, int]] = {}  # a tuple or frozenset of such -> (it, its depth)
+    def container(self, at: int) -> None:
+        """Count one more container against the bound."""
+        self.containers_left -= 1
+        if self.containers_left < 0:
+            raise self.fail("more containers than a file of this size can hold", at)
 
-    def nested(items, make, at: int):
+    def nested(self, items, make, at: int):
         """tuple(items) or frozenset(items), refused if tuples nest more than MAX_DEPTH deep."""
         depth = 1
         for x in items:
             t = type(x)
             if t is tuple or t is frozenset:
-                inner = depth_of.get(id(x))
+                inner = self.depth_of.get(id(x))
                 depth = max(depth, 2 if inner is None else inner[1] + 1)
         if depth > MAX_DEPTH:
-            raise fail(f"tuples nested more than {MAX_DEPTH} deep", at)
+            raise self.fail(f"tuples nested more than {MAX_DEPTH} deep", at)
         value = make(items)
         if depth > 1:
-            depth_of[id(value)] = (value, depth)
+            self.depth_of[id(value)] = (value, depth)
         return value
 
-    def container(at: int) -> None:
-        nonlocal containers_left
-        containers_left -= 1
-        if containers_left < 0:
-            raise fail("more containers than a file of this size can hold", at)
+    # --- the opcodes: the memo and the stack ---
 
-    push = stack.append
-    u32 = _U32.unpack_from
-    at = 0
-    while True:
-        at = pos
-        try:
-            op = data[pos]  # an IndexError past the end: no STOP
-            pos += 1
-            # The opcodes dumps are made of come first, inline (a dump reads at ~1 MB/s).
-            if op == 0x68:  # BINGET
-                push(memo[data[pos]])
-                pos += 1
-            elif op == 0x71:  # BINPUT
-                memo[data[pos]] = top(at)
-                pos += 1
-            elif op == 0x58:  # BINUNICODE
-                end = pos + 4 + u32(data, pos)[0]
-                if end > n:
-                    raise fail("truncated (data runs past the end of the file)", at)
-                push(str(data[pos + 4:end], "utf-8", "surrogatepass"))
-                pos = end
-            elif op == 0x28:  # MARK
-                marks.append(len(stack))
-                if len(marks) > MAX_DEPTH:
-                    raise fail(f"nested more than {MAX_DEPTH} deep", at)
-            elif op == 0x4B:  # BININT1
-                push(data[pos])
-                pos += 1
-            elif op == 0x5D or op == 0x7D:  # EMPTY_LIST, EMPTY_DICT
-                containers_left -= 1
-                if containers_left < 0:
-                    raise fail("more containers than a file of this size can hold", at)
-                push([] if op == 0x5D else {})
-            elif op == 0x8C:  # SHORT_BINUNICODE
-                stack.append(str(take(take(1, at)[0], at), "utf-8", "surrogatepass"))
-            elif op == 0x4D:  # BININT2
-                stack.append(int.from_bytes(take(2, at), "little"))
-            elif op == 0x4A:  # BININT
-                stack.append(_I32.unpack(take(4, at))[0])
-            elif op == 0x29:  # EMPTY_TUPLE
-                stack.append(())
-            elif op == 0x65:  # APPENDS
-                items = pop_mark(at)
-                target = top(at)
-                if type(target) is not list:
-                    raise fail(f"APPENDS to a {type(target).__name__}", at)
-                target.extend(items)
-            elif op == 0x61:  # APPEND
-                top(at, 2)
-                item = stack.pop()
-                target = stack[-1]
-                if type(target) is not list:
-                    raise fail(f"APPEND to a {type(target).__name__}", at)
-                target.append(item)
-            elif op == 0x75:  # SETITEMS
-                items = pop_mark(at)
-                target = top(at)
-                if type(target) is not dict or len(items) % 2:
-                    raise fail("SETITEMS needs a dict and pairs", at)
-                for i in range(0, len(items), 2):
-                    target[items[i]] = items[i + 1]
-            elif op == 0x73:  # SETITEM
-                top(at, 3)
-                value, key = stack.pop(), stack.pop()
-                target = stack[-1]
-                if type(target) is not dict:
-                    raise fail(f"SETITEM on a {type(target).__name__}", at)
-                target[key] = value
-            elif op == 0x4E:  # NONE
-                stack.append(None)
-            elif op == 0x88:  # NEWTRUE
-                stack.append(True)
-            elif op == 0x89:  # NEWFALSE
-                stack.append(False)
-            elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
-                size = take(1, at)[0] if op == 0x8A else _U32.unpack(take(4, at))[0]
-                if size > 9:
-                    raise fail(f"an integer of {size} bytes (at most 64 bits are read)", at)
-                stack.append(int.from_bytes(take(size, at), "little", signed=True))
-            elif op == 0x47:  # BINFLOAT
-                stack.append(_F64.unpack(take(8, at))[0])
-            elif 0x85 <= op <= 0x87:  # TUPLE1, TUPLE2, TUPLE3
-                k = op - 0x84
-                top(at, k)
-                container(at)
-                items = nested(stack[-k:], tuple, at)
-                del stack[-k:]
-                stack.append(items)
-            elif op == 0x74:  # TUPLE
-                container(at)
-                stack.append(nested(pop_mark(at), tuple, at))
-            elif op == 0x6C:  # LIST
-                container(at)
-                stack.append(pop_mark(at))
-            elif op == 0x64:  # DICT
-                container(at)
-                items = pop_mark(at)
-                if len(items) % 2:
-                    raise fail("DICT needs pairs", at)
-                stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
-            elif op == 0x8F:  # EMPTY_SET
-                container(at)
-                stack.append(set())
-            elif op == 0x90:  # ADDITEMS
-                items = pop_mark(at)
-                target = top(at)
-                if type(target) is not set:
-                    raise fail("ADDITEMS needs a set", at)
-                target.update(items)
-            elif op == 0x91:  # FROZENSET
-                container(at)
-                stack.append(nested(pop_mark(at), frozenset, at))
-            elif op == 0x94:  # MEMOIZE
-                memo[len(memo)] = top(at)
-            elif op == 0x72:  # LONG_BINPUT
-                memo[_U32.unpack(take(4, at))[0]] = top(at)
-            elif op == 0x6A:  # LONG_BINGET
-                stack.append(memo[_U32.unpack(take(4, at))[0]])
-            elif op == 0x70:  # PUT
-                memo[int(line(at))] = top(at)
-            elif op == 0x67:  # GET
-                stack.append(memo[int(line(at))])
-            elif op in (0x42, 0x43, 0x8E, 0x96):  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
-                size = (_U32.unpack(take(4, at))[0] if op == 0x42 else take(1, at)[0] if op == 0x43
-                        else _U64.unpack(take(8, at))[0])
-                stack.append(bytes(take(size, at)))
-            elif op == 0x8D:  # BINUNICODE8
-                stack.append(str(take(_U64.unpack(take(8, at))[0], at), "utf-8", "surrogatepass"))
-            elif op == 0x56:  # UNICODE (protocol 0)
-                end = data.find(b"\n", pos)
-                if end < 0:
-                    raise fail("unterminated UNICODE", at)
-                stack.append(data[pos:end].decode("raw-unicode-escape"))
-                pos = end + 1
-            elif op == 0x49 or op == 0x4C:  # INT, LONG (protocol 0)
-                text = line(at).rstrip(b"L")
-                stack.append(True if text == b"01" and op == 0x49 else False if text == b"00" and op == 0x49
-                             else int(text))
-            elif op == 0x46:  # FLOAT (protocol 0)
-                stack.append(float(line(at)))
-            elif op == 0x30:  # POP: the top value, or the MARK when nothing lies above it
-                if len(stack) > (marks[-1] if marks else 0):
-                    stack.pop()
-                else:
-                    pop_mark(at)
-            elif op == 0x31:  # POP_MARK
-                pop_mark(at)
-            elif op == 0x32:  # DUP
-                stack.append(top(at))
-            elif op == 0x80:  # PROTO
-                if take(1, at)[0] > 5:
-                    raise fail("a pickle protocol above 5", at)
-            elif op == 0x95:  # FRAME: a hint of the next frame's size
-                take(8, at)
-            elif op == 0x2E:  # STOP
-                if len(stack) != 1 or marks:
-                    raise fail("STOP with a stack of other than one value", at)
-                return stack[0]
-            elif op in _REFUSED:
-                raise fail(f"{_REFUSED[op]} opcode refused: a Flight Recorder dump holds only plain "
-                           f"containers and scalars, and prism-rr never imports, builds or calls what a file names", at)
-            else:
-                raise fail(f"unknown opcode 0x{op:02x}", at)
-        except FormatError:
-            raise
-        except IndexError:
-            raise fail("truncated (data runs past the end of the file)", at) from None
-        except KeyError:
-            raise fail("a memo entry that was never stored", at) from None
-        except TypeError:
-            raise fail("an unhashable dict key or set member", at) from None
-        except (ValueError, UnicodeDecodeError, struct.error) as exc:
-            raise fail(f"malformed argument ({type(exc).__name__})", at) from None
+    def binget(self, at: int) -> None:
+        self.stack.append(self.memo[self.data[self.pos]])
+        self.pos += 1
+
+    def long_binget(self, at: int) -> None:
+        self.stack.append(self.memo[_U32.unpack(self.take(4, at))[0]])
+
+    def get(self, at: int) -> None:
+        self.stack.append(self.memo[int(self.line(at))])
+
+    def binput(self, at: int) -> None:
+        self.memo[self.data[self.pos]] = self.top(at)
+        self.pos += 1
+
+    def long_binput(self, at: int) -> None:
+        self.memo[_U32.unpack(self.take(4, at))[0]] = self.top(at)
+
+    def put(self, at: int) -> None:
+        self.memo[int(self.line(at))] = self.top(at)
+
+    def memoize(self, at: int) -> None:
+        self.memo[len(self.memo)] = self.top(at)
+
+    def mark(self, at: int) -> None:
+        self.marks.append(len(self.stack))
+        if len(self.marks) > MAX_DEPTH:
+            raise self.fail(f"nested more than {MAX_DEPTH} deep", at)
+
+    def pop(self, at: int) -> None:
+        """The top value, or the MARK when nothing lies above it."""
+        if len(self.stack) > (self.marks[-1] if self.marks else 0):
+            self.stack.pop()
+        else:
+            self.pop_mark(at)
+
+    def dup(self, at: int) -> None:
+        self.stack.append(self.top(at))
+
+    def proto(self, at: int) -> None:
+        if self.take(1, at)[0] > 5:
+            raise self.fail("a pickle protocol above 5", at)
+
+    def frame(self, at: int) -> None:
+        """A hint of the next frame's size, skipped."""
+        self.take(8, at)
+
+    # --- scalars ---
+
+    def none(self, at: int) -> None:
+        self.stack.append(None)
+
+    def newtrue(self, at: int) -> None:
+        self.stack.append(True)
+
+    def newfalse(self, at: int) -> None:
+        self.stack.append(False)
+
+    def binint1(self, at: int) -> None:
+        self.stack.append(self.data[self.pos])
+        self.pos += 1
+
+    def binint2(self, at: int) -> None:
+        self.stack.append(int.from_bytes(self.take(2, at), "little"))
+
+    def binint(self, at: int) -> None:
+        self.stack.append(_I32.unpack(self.take(4, at))[0])
+
+    def long(self, at: int) -> None:
+        """LONG1 or LONG4: at most 64 bits (9 bytes with the sign) are read."""
+        size = self.take(1, at)[0] if self.data[at] == 0x8A else _U32.unpack(self.take(4, at))[0]
+        if size > 9:
+            raise self.fail(f"an integer of {size} bytes (at most 64 bits are read)", at)
+        self.stack.append(int.from_bytes(self.take(size, at), "little", signed=True))
+
+    def binfloat(self, at: int) -> None:
+        self.stack.append(_F64.unpack(self.take(8, at))[0])
+
+    def text_int(self, at: int) -> None:
+        """INT or LONG (protocol 0); INT's 01 and 00 are True and False."""
+        text = self.line(at).rstrip(b"L")
+        is_int = self.data[at] == 0x49
+        self.stack.append(True if text == b"01" and is_int else False if text == b"00" and is_int else int(text))
+
+    def text_float(self, at: int) -> None:
+        self.stack.append(float(self.line(at)))
+
+    def binunicode(self, at: int) -> None:
+        pos = self.pos
+        end = pos + 4 + _U32.unpack_from(self.data, pos)[0]
+        if end > self.n:
+            raise self.fail("truncated (data runs past the end of the file)", at)
+        self.stack.append(str(self.data[pos + 4:end], "utf-8", "surrogatepass"))
+        self.pos = end
+
+    def short_binunicode(self, at: int) -> None:
+        self.stack.append(str(self.take(self.take(1, at)[0], at), "utf-8", "surrogatepass"))
+
+    def binunicode8(self, at: int) -> None:
+        self.stack.append(str(self.take(_U64.unpack(self.take(8, at))[0], at), "utf-8", "surrogatepass"))
+
+    def unicode(self, at: int) -> None:
+        """UNICODE (protocol 0): raw-unicode-escape text up to a newline."""
+        end = self.data.find(b"\n", self.pos)
+        if end < 0:
+            raise self.fail("unterminated UNICODE", at)
+        self.stack.append(self.data[self.pos:end].decode("raw-unicode-escape"))
+        self.pos = end + 1
+
+    def binbytes(self, at: int) -> None:
+        """BINBYTES, SHORT_BINBYTES, BINBYTES8 or BYTEARRAY8, all read as bytes."""
+        op = self.data[at]
+        size = (_U32.unpack(self.take(4, at))[0] if op == 0x42 else self.take(1, at)[0] if op == 0x43
+                else _U64.unpack(self.take(8, at))[0])
+        self.stack.append(bytes(self.take(size, at)))
+
+    # --- containers ---
+
+    def empty_tuple(self, at: int) -> None:
+        self.stack.append(())
+
+    def empty_list(self, at: int) -> None:
+        self.container(at)
+        self.stack.append([])
+
+    def empty_dict(self, at: int) -> None:
+        self.container(at)
+        self.stack.append({})
+
+    def empty_set(self, at: int) -> None:
+        self.container(at)
+        self.stack.append(set())
+
+    def small_tuple(self, at: int) -> None:
+        """TUPLE1, TUPLE2 or TUPLE3: of the top one, two or three values."""
+        k = self.data[at] - 0x84
+        self.top(at, k)
+        self.container(at)
+        items = self.nested(self.stack[-k:], tuple, at)
+        del self.stack[-k:]
+        self.stack.append(items)
+
+    def mark_tuple(self, at: int) -> None:
+        self.container(at)
+        self.stack.append(self.nested(self.pop_mark(at), tuple, at))
+
+    def mark_frozenset(self, at: int) -> None:
+        self.container(at)
+        self.stack.append(self.nested(self.pop_mark(at), frozenset, at))
+
+    def mark_list(self, at: int) -> None:
+        self.container(at)
+        self.stack.append(self.pop_mark(at))
+
+    def mark_dict(self, at: int) -> None:
+        self.container(at)
+        items = self.pop_mark(at)
+        if len(items) % 2:
+            raise self.fail("DICT needs pairs", at)
+        self.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+    def append(self, at: int) -> None:
+        self.top(at, 2)
+        item = self.stack.pop()
+        target = self.stack[-1]
+        if type(target) is not list:
+            raise self.fail(f"APPEND to a {type(target).__name__}", at)
+        target.append(item)
+
+    def appends(self, at: int) -> None:
+        items = self.pop_mark(at)
+        target = self.top(at)
+        if type(target) is not list:
+            raise self.fail(f"APPENDS to a {type(target).__name__}", at)
+        target.extend(items)
+
+    def setitem(self, at: int) -> None:
+        self.top(at, 3)
+        value, key = self.stack.pop(), self.stack.pop()
+        target = self.stack[-1]
+        if type(target) is not dict:
+            raise self.fail(f"SETITEM on a {type(target).__name__}", at)
+        target[key] = value
+
+    def setitems(self, at: int) -> None:
+        items = self.pop_mark(at)
+        target = self.top(at)
+        if type(target) is not dict or len(items) % 2:
+            raise self.fail("SETITEMS needs a dict and pairs", at)
+        for i in range(0, len(items), 2):
+            target[items[i]] = items[i + 1]
+
+    def additems(self, at: int) -> None:
+        items = self.pop_mark(at)
+        target = self.top(at)
+        if type(target) is not set:
+            raise self.fail("ADDITEMS needs a set", at)
+        target.update(items)
+
+
+# The opcodes safe_loads runs: plain containers and scalars, nothing that names an object.
+_RUN: dict[int, Callable[[_Unpickler, int], None]] = {
+    0x68: _Unpickler.binget, 0x6A: _Unpickler.long_binget, 0x67: _Unpickler.get,
+    0x71: _Unpickler.binput, 0x72: _Unpickler.long_binput, 0x70: _Unpickler.put, 0x94: _Unpickler.memoize,
+    0x28: _Unpickler.mark, 0x30: _Unpickler.pop, 0x31: _Unpickler.pop_mark, 0x32: _Unpickler.dup,
+    0x80: _Unpickler.proto, 0x95: _Unpickler.frame,
+    0x4E: _Unpickler.none, 0x88: _Unpickler.newtrue, 0x89: _Unpickler.newfalse,
+    0x4B: _Unpickler.binint1, 0x4D: _Unpickler.binint2, 0x4A: _Unpickler.binint,
+    0x8A: _Unpickler.long, 0x8B: _Unpickler.long, 0x47: _Unpickler.binfloat,
+    0x49: _Unpickler.text_int, 0x4C: _Unpickler.text_int, 0x46: _Unpickler.text_float,
+    0x58: _Unpickler.binunicode, 0x8C: _Unpickler.short_binunicode, 0x8D: _Unpickler.binunicode8,
+    0x56: _Unpickler.unicode,
+    0x42: _Unpickler.binbytes, 0x43: _Unpickler.binbytes, 0x8E: _Unpickler.binbytes, 0x96: _Unpickler.binbytes,
+    0x29: _Unpickler.empty_tuple, 0x5D: _Unpickler.empty_list, 0x7D: _Unpickler.empty_dict,
+    0x8F: _Unpickler.empty_set,
+    0x85: _Unpickler.small_tuple, 0x86: _Unpickler.small_tuple, 0x87: _Unpickler.small_tuple,
+    0x74: _Unpickler.mark_tuple, 0x91: _Unpickler.mark_frozenset, 0x6C: _Unpickler.mark_list,
+    0x64: _Unpickler.mark_dict,
+    0x61: _Unpickler.append, 0x65: _Unpickler.appends, 0x73: _Unpickler.setitem, 0x75: _Unpickler.setitems,
+    0x90: _Unpickler.additems,
+}
+_BY_OPCODE = tuple(_RUN.get(op, _Unpickler.refuse) for op in range(256))
 
 
 def _loads_json(data: bytes, where: str) -> Any:
