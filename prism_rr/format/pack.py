@@ -131,8 +131,56 @@ def pack(
     """
     dirs = spool_dirs(spool_dir)
     out = Path(out)
+    spools = _spool_files(dirs)
+    runs = {d: _read_run(d) for d in dirs}
+    tmp = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    have_blob = _blob_lookup(dirs)
+    log_blobs: dict[bytes, bytes] = {}  # small payloads found in the call logs of dead ranks
+    attempts: dict[int, _Attempt] = {}
+    torn: dict[int, str] = {}
+    events = 0
+    with open(tmp, "wb") as f, _no_gc():
+        f.write(b"\0" * layout.BUNDLE_HEADER.size)  # written last, once sections are known
+        chunks = _Chunks(f)
+        for i, spool in enumerate(spools):
+            events += _pack_rank(chunks, attempts, torn, spool, have_blob, log_blobs)
+            if progress:
+                progress(i + 1, len(spools))
+        chunks.write()
+        sections = [(layout.SEC_CHUNKS, chunks.at, chunks.pos - chunks.at, chunks.crc & 0xFFFFFFFF)]
+
+        blobs_at = f.tell()
+        blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at, log_blobs)
+        sections.append((layout.SEC_BLOBS, blobs_at, f.tell() - blobs_at, blobs_crc & 0xFFFFFFFF))
+
+        if not attempts:
+            raise FormatError("no rank's spool could be read")
+        default = _default_attempt(attempts)
+        parts = {k: at.parts(runs) for k, at in attempts.items()}
+        manifest = _manifest(attempts, parts[default], bool(blob_rows), manifest_extra)
+        manifest["attempts"] = _write_attempts(f, parts, default, sections)
+        for sid, payload in (
+            (layout.SEC_MANIFEST, codec.compress(msgpack.packb(manifest, use_bin_type=True), 9)),
+            *parts[default]["sections"],
+            (layout.SEC_BLOB_INDEX, b"".join(sorted(blob_rows))),
+        ):
+            sections.append((sid, f.tell(), len(payload), layout.crc32(payload)))
+            f.write(payload)
+        size = _write_ends(f, sections)
+    os.replace(tmp, out)
+    return PackResult(
+        path=out, ranks=len(attempts[default].rank_sums), chunks=sum(p["chunks"] for p in parts.values()),
+        events=events, blobs=len(blob_rows), bytes=size, torn=torn, attempts=sorted(attempts), default_attempt=default,
+    )
+
+
+def _spool_files(dirs: list[Path]) -> list[tuple[tuple[int, int], str, Path, str | None]]:
+    """((rank, attempt) by its file name, spool path, its directory, its crash file's name
+    or None) of every spool in `dirs`, attempt by attempt and rank by rank; UsageError if a
+    rank is in two places."""
     owner: dict[tuple[int, int], str] = {}  # (rank, attempt) -> its spool, by file name
-    paths: list[tuple[tuple[int, int], str, Path, str | None]] = []  # (rank, attempt), spool, dir, crash file
+    paths: list[tuple[tuple[int, int], str, Path, str | None]] = []
     for d in dirs:
         names = os.listdir(d)  # one listing, not a glob and a probe for each rank's crash file
         crashes = {n for n in names if n.endswith(".crash")}
@@ -150,165 +198,178 @@ def pack(
             crash = name[: -len(".spool")] + ".crash"
             paths.append((key, str(path), d, crash if crash in crashes else None))
     paths.sort(key=lambda p: (p[0][1], p[0][0], p[1]))
-    runs = {d: _read_run(d) for d in dirs}
-    tmp = out.with_name(out.name + ".partial")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    known_blobs: set | None = None
+    return paths
+
+
+def _blob_lookup(dirs: list[Path]) -> Callable[[bytes], bool]:
+    """Whether a blob id is in the blob stores of `dirs`, listed on the first question
+    (only a dead rank's call log asks)."""
+    known: set[bytes] | None = None
 
     def have_blob(ident: bytes) -> bool:
-        nonlocal known_blobs
-        if known_blobs is None:
-            known_blobs = {i for d in dirs for i, _, _ in spool_blobs(d)}
-        return ident in known_blobs
+        nonlocal known
+        if known is None:
+            known = {i for d in dirs for i, _, _ in spool_blobs(d)}
+        return ident in known
 
-    log_blobs: dict[bytes, bytes] = {}  # small payloads found in the call logs of dead ranks
-    attempts: dict[int, _Attempt] = {}
-    torn: dict[int, str] = {}
-    events = 0
-    chunks_crc = 0
-    with open(tmp, "wb") as f, _no_gc():
-        f.write(b"\0" * layout.BUNDLE_HEADER.size)  # written last, once sections are known
-        chunks_at = pos = layout.BUNDLE_HEADER.size
-        pending: list = []  # chunks not yet written: a write of a few MiB, not one a chunk
-        pending_bytes = 0
-        for i, ((_, file_attempt), path, spool_dir, crash_file) in enumerate(paths):
-            data, problem_before = _read_rank(Path(path), have_blob, log_blobs)
-            name = os.path.basename(path)
-            rank, frames, good_bytes, problem = scan_spool(data, f"spool {name}")
-            problem = problem or problem_before
-            info: dict = {}
-            for frame in frames:
-                if frame.kind == layout.FRAME_RANK_INFO:
-                    info.update(frame_info(data, frame, name))
-            # the attempt its ranks agreed on (rank 0's number, the recorder's _install),
-            # else the one its file names
-            number = info.get("attempt") if type(info.get("attempt")) is int else file_attempt
-            layout.bounded(number, layout.MAX_ATTEMPT, "attempt", f"spool {name}")
-            at = attempts.get(number)
-            if at is None:
-                at = attempts[number] = _Attempt(number)
-            if rank in at.rank_sums:
-                raise FormatError(f"rank {rank}{_attempt_text(number)} is in two places: {at.where[rank]} and "
-                                  f"{path} (by their headers)")
-            at.where[rank] = path
-            at.dir_ranks.setdefault(spool_dir, []).append(rank)
-            if problem is not None:
-                torn[rank] = problem
-            rs = at.rank_sums[rank] = {
-                "events": 0, "chunks": 0, "kinds": {}, "t_first": None, "t_last": None,
-                "dropped": 0, "open": 0, "mem_peak": 0, "truncated": problem is not None,
-                "lost_bytes": len(data) - good_bytes,
-            }
-            entries = at.chunk_entries[rank] = []
+    return have_blob
 
-            def add_chunk(chunk, frame) -> None:
-                nonlocal chunks_crc, pos, pending_bytes
-                pending.append(chunk)
-                pending_bytes += frame.length
-                chunks_crc = zlib.crc32(chunk, chunks_crc)
-                entries.append(layout.CHUNK_ENTRY.pack(
-                    pos - chunks_at, frame.length, frame.count, frame.t_first, frame.t_last,
-                    frame.step_first, frame.step_last,
-                ))
-                pos += frame.length
-                _fold(rs, frame, at.step_rows, at.groups, rank, name, at.device_rows)
-            for frame in frames:
-                if frame.kind == layout.FRAME_EVENTS:
-                    add_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
-            hung = still_open(data, frames, name)
-            if hung:
-                piece = encode_frame(layout.FRAME_EVENTS, rank, len(frames), records=hung)
-                add_chunk(piece, parse_frame(piece, 0, len(piece), name))
-            if pending_bytes >= _WRITE_BYTES:
-                _write_all(f, pending)
-                pending, pending_bytes = [], 0
-            if crash_file is not None:
-                crash = read_crash_file(Path(spool_dir) / crash_file)
-                if crash is not None:
-                    info["crash"] = crash
-            at.rank_info[rank] = info
-            events += rs["events"]
-            if progress:
-                progress(i + 1, len(paths))
-        _write_all(f, pending)
-        chunks_len = pos - chunks_at
 
-        blobs_at = f.tell()
-        blob_rows, blobs_crc = _copy_blobs(dirs, f, blobs_at, log_blobs)
-        blobs_len = f.tell() - blobs_at
+class _Chunks:
+    """The chunks section as pack writes it: chunks copied in writes of a few MiB, not one
+    a chunk, and their CRC."""
 
-        if not attempts:
-            raise FormatError("no rank's spool could be read")
-        default = _default_attempt(attempts)
-        parts = {k: at.parts(runs) for k, at in attempts.items()}
-        manifest = {
-            "format": [layout.MAJOR, layout.MINOR],
-            "features_required": ["columnar-chunks", "columnar-summaries"] + (["attempts"] if len(attempts) > 1 else [])
-            + (["device-time"] if any(at.device_time() for at in attempts.values()) else []),
-            "features_optional": ["summaries"] + (["blobs"] if blob_rows else []),
-            "tool": f"prism-rr {__version__}",
-            "created_unix_ns": time.time_ns(),
-            **parts[default]["manifest"],
-        }
-        if manifest_extra:
-            manifest.update(manifest_extra)
-        if "groups" in manifest:
-            # A rewrite (scale) gives the groups of the world it writes: they replace the
-            # default attempt's groups section, as folded from the records.
-            packed = codec.compress(msgpack.packb(manifest.pop("groups"), use_bin_type=True))
-            parts[default]["sections"] = [(sid, packed if sid == layout.SEC_GROUPS else payload)
-                                          for sid, payload in parts[default]["sections"]]
-        blob_index = b"".join(sorted(blob_rows))
-        sections = [
-            (layout.SEC_CHUNKS, chunks_at, chunks_len, chunks_crc & 0xFFFFFFFF),
-            (layout.SEC_BLOBS, blobs_at, blobs_len, blobs_crc & 0xFFFFFFFF),
-        ]
-        # Every attempt but the default one: its index and metadata sections, one after
-        # the other in the attempts section; the manifest's `attempts` says where each is.
-        attempts_at = f.tell()
-        attempts_crc = 0
-        entries = []
-        for k in sorted(attempts):
-            entry = {"attempt": k, "default": k == default, **_attempt_facts(parts[k]["manifest"])}
-            if k != default:
-                where = {}
-                for sid, payload in parts[k]["sections"]:
-                    where[layout.SECTION_NAMES[sid]] = [f.tell(), len(payload), layout.crc32(payload)]
-                    f.write(payload)
-                    attempts_crc = zlib.crc32(payload, attempts_crc)
-                entry["sections"] = where
-            entries.append(entry)
-        if f.tell() > attempts_at:
-            sections.append((layout.SEC_ATTEMPTS, attempts_at, f.tell() - attempts_at, attempts_crc & 0xFFFFFFFF))
-        manifest["attempts"] = entries
-        for sid, payload in (
-            (layout.SEC_MANIFEST, codec.compress(msgpack.packb(manifest, use_bin_type=True), 9)),
-            *parts[default]["sections"],
-            (layout.SEC_BLOB_INDEX, blob_index),
-        ):
-            sections.append((sid, f.tell(), len(payload), layout.crc32(payload)))
-            f.write(payload)
-        table = bytearray()
-        for sid, offset, length, crc in sections:
-            table += layout.SECTION_ENTRY.pack(sid, 0, offset, length, crc, 0)
-        table_at = f.tell()
-        f.write(table)
-        trailer = layout.TRAILER.pack(
-            layout.TRAILER_MAGIC, table_at, len(sections), layout.MAJOR, layout.MINOR,
-            layout.crc32(table), 0,
+    def __init__(self, f):
+        self.f = f
+        self.at = self.pos = f.tell()
+        self.crc = 0
+        self.pending: list = []  # chunks not yet written
+        self.pending_bytes = 0
+
+    def add(self, chunk, frame) -> bytes:
+        """Queue one chunk; its chunk index entry."""
+        self.pending.append(chunk)
+        self.pending_bytes += frame.length
+        self.crc = zlib.crc32(chunk, self.crc)
+        entry = layout.CHUNK_ENTRY.pack(
+            self.pos - self.at, frame.length, frame.count, frame.t_first, frame.t_last,
+            frame.step_first, frame.step_last,
         )
-        f.write(trailer[:-4] + layout.crc32(trailer[:-4]).to_bytes(4, "little"))
-        size = f.tell()
-        f.seek(0)
-        head = layout.BUNDLE_HEADER.pack(layout.BUNDLE_MAGIC, layout.MAJOR, layout.MINOR, 0, b"\0" * 12, 0)
-        f.write(head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
-    return PackResult(
-        path=out, ranks=len(attempts[default].rank_sums), chunks=sum(p["chunks"] for p in parts.values()),
-        events=events, blobs=len(blob_rows), bytes=size, torn=torn, attempts=sorted(attempts), default_attempt=default,
+        self.pos += frame.length
+        return entry
+
+    def write(self, at_least: int = 0) -> None:
+        """Write the chunks queued, if they make at least `at_least` bytes."""
+        if self.pending_bytes >= at_least:
+            _write_all(self.f, self.pending)
+            self.pending, self.pending_bytes = [], 0
+
+
+def _pack_rank(chunks: _Chunks, attempts: dict[int, _Attempt], torn: dict[int, str], spool: tuple,
+               have_blob: Callable[[bytes], bool], log_blobs: dict) -> int:
+    """Fold one spool (with its call log and crash file) into its attempt, and queue its
+    chunks; the events it holds."""
+    (_, file_attempt), path, spool_dir, crash_file = spool
+    data, problem_before = _read_rank(Path(path), have_blob, log_blobs)
+    name = os.path.basename(path)
+    rank, frames, good_bytes, problem = scan_spool(data, f"spool {name}")
+    problem = problem or problem_before
+    info: dict = {}
+    for frame in frames:
+        if frame.kind == layout.FRAME_RANK_INFO:
+            info.update(frame_info(data, frame, name))
+    at = _attempt_of(attempts, info, file_attempt, rank, path)
+    at.dir_ranks.setdefault(spool_dir, []).append(rank)
+    if problem is not None:
+        torn[rank] = problem
+    rs = at.rank_sums[rank] = {
+        "events": 0, "chunks": 0, "kinds": {}, "t_first": None, "t_last": None,
+        "dropped": 0, "open": 0, "mem_peak": 0, "truncated": problem is not None,
+        "lost_bytes": len(data) - good_bytes,
+    }
+    entries = at.chunk_entries[rank] = []
+
+    def add_chunk(chunk, frame) -> None:
+        entries.append(chunks.add(chunk, frame))
+        _fold(rs, frame, at.step_rows, at.groups, rank, name, at.device_rows)
+
+    for frame in frames:
+        if frame.kind == layout.FRAME_EVENTS:
+            add_chunk(memoryview(data)[frame.offset : frame.offset + frame.length], frame)
+    hung = still_open(data, frames, name)
+    if hung:
+        piece = encode_frame(layout.FRAME_EVENTS, rank, len(frames), records=hung)
+        add_chunk(piece, parse_frame(piece, 0, len(piece), name))
+    chunks.write(at_least=_WRITE_BYTES)
+    if crash_file is not None:
+        crash = read_crash_file(Path(spool_dir) / crash_file)
+        if crash is not None:
+            info["crash"] = crash
+    at.rank_info[rank] = info
+    return rs["events"]
+
+
+def _attempt_of(attempts: dict[int, _Attempt], info: dict, file_attempt: int, rank: int, path: str) -> _Attempt:
+    """The attempt a spool belongs to: the one its ranks agreed on (rank 0's number, the
+    recorder's _install), else the one its file names; FormatError if it has the rank."""
+    name = os.path.basename(path)
+    number = info.get("attempt") if type(info.get("attempt")) is int else file_attempt
+    layout.bounded(number, layout.MAX_ATTEMPT, "attempt", f"spool {name}")
+    at = attempts.get(number)
+    if at is None:
+        at = attempts[number] = _Attempt(number)
+    if rank in at.rank_sums:
+        raise FormatError(f"rank {rank}{_attempt_text(number)} is in two places: {at.where[rank]} and "
+                          f"{path} (by their headers)")
+    at.where[rank] = path
+    return at
+
+
+def _manifest(attempts: dict[int, _Attempt], default: dict, blobs: bool, extra: dict | None) -> dict:
+    """The bundle's manifest, from the default attempt's part (whose groups section a
+    rewrite's `groups` replaces) and what the caller adds."""
+    manifest = {
+        "format": [layout.MAJOR, layout.MINOR],
+        "features_required": ["columnar-chunks", "columnar-summaries"] + (["attempts"] if len(attempts) > 1 else [])
+        + (["device-time"] if any(at.device_time() for at in attempts.values()) else []),
+        "features_optional": ["summaries"] + (["blobs"] if blobs else []),
+        "tool": f"prism-rr {__version__}",
+        "created_unix_ns": time.time_ns(),
+        **default["manifest"],
+    }
+    if extra:
+        manifest.update(extra)
+    if "groups" in manifest:
+        # A rewrite (scale) gives the groups of the world it writes: they replace the
+        # default attempt's groups section, as folded from the records.
+        packed = codec.compress(msgpack.packb(manifest.pop("groups"), use_bin_type=True))
+        default["sections"] = [(sid, packed if sid == layout.SEC_GROUPS else payload)
+                               for sid, payload in default["sections"]]
+    return manifest
+
+
+def _write_attempts(f, parts: dict[int, dict], default: int, sections: list) -> list[dict]:
+    """Write every attempt but the default one: its index and metadata sections, one after
+    the other in the attempts section (added to `sections` if any); the manifest's
+    `attempts`, which says where each is."""
+    attempts_at = f.tell()
+    attempts_crc = 0
+    entries = []
+    for k in sorted(parts):
+        entry = {"attempt": k, "default": k == default, **_attempt_facts(parts[k]["manifest"])}
+        if k != default:
+            where = {}
+            for sid, payload in parts[k]["sections"]:
+                where[layout.SECTION_NAMES[sid]] = [f.tell(), len(payload), layout.crc32(payload)]
+                f.write(payload)
+                attempts_crc = zlib.crc32(payload, attempts_crc)
+            entry["sections"] = where
+        entries.append(entry)
+    if f.tell() > attempts_at:
+        sections.append((layout.SEC_ATTEMPTS, attempts_at, f.tell() - attempts_at, attempts_crc & 0xFFFFFFFF))
+    return entries
+
+
+def _write_ends(f, sections: list) -> int:
+    """Write the section table and the trailer, then the header at the start, and sync;
+    the bundle's size."""
+    table = bytearray()
+    for sid, offset, length, crc in sections:
+        table += layout.SECTION_ENTRY.pack(sid, 0, offset, length, crc, 0)
+    table_at = f.tell()
+    f.write(table)
+    trailer = layout.TRAILER.pack(
+        layout.TRAILER_MAGIC, table_at, len(sections), layout.MAJOR, layout.MINOR,
+        layout.crc32(table), 0,
     )
+    f.write(trailer[:-4] + layout.crc32(trailer[:-4]).to_bytes(4, "little"))
+    size = f.tell()
+    f.seek(0)
+    head = layout.BUNDLE_HEADER.pack(layout.BUNDLE_MAGIC, layout.MAJOR, layout.MINOR, 0, b"\0" * 12, 0)
+    f.write(head[:-4] + layout.crc32(head[:-4]).to_bytes(4, "little"))
+    f.flush()
+    os.fsync(f.fileno())
+    return size
 
 
 def _attempt_text(attempt: int) -> str:
