@@ -739,9 +739,14 @@ Cursor_enter(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
     long long v[MAX_FIELDS];
     for (int i = 0; i < ENTER_ARGS; i++)
         v[i] = as_ll(args[i]);
-    if (PyErr_Occurred())
-        return NULL;
-    long long cid = write_enter(self, v, nargs > ENTER_ARGS ? args[ENTER_ARGS] : NULL);
+    long long cid = -1; /* an int no field holds: the slow path's, which struct refuses */
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+    } else {
+        cid = write_enter(self, v, nargs > ENTER_ARGS ? args[ENTER_ARGS] : NULL);
+    }
     if (cid == -3)
         return NULL;
     if (cid == -1) {
@@ -764,9 +769,14 @@ Cursor_done(Cursor *self, PyObject *const *args, Py_ssize_t nargs)
     long long flags = nargs > 3 ? as_ll(args[3]) : 0;
     long long peer = nargs > 4 ? as_ll(args[4]) : -1;
     long long call_seq = nargs > 5 ? as_ll(args[5]) : -1;
-    if (PyErr_Occurred())
-        return NULL;
-    int rc = write_done(self, cid, end, issued, flags, peer, call_seq, nargs > 6 ? args[6] : NULL);
+    int rc = -1; /* an int no field holds: the slow path's, which struct refuses */
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+    } else {
+        rc = write_done(self, cid, end, issued, flags, peer, call_seq, nargs > 6 ? args[6] : NULL);
+    }
     if (rc == -3)
         return NULL;
     if (rc == -1) {
@@ -1853,8 +1863,12 @@ blocking_held(CallState *self, PyObject *call, Held *h, int p2p, int receives)
     v[arg_at[A_OP]] = op;
     v[arg_at[A_REDUCE_OP]] = reduce_op;
     v[arg_at[A_MEM_ALLOC]] = v[arg_at[A_MEM_PEAK]] = -1;
-    if (PyErr_Occurred())
-        goto not_entered;
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            goto not_entered;
+        PyErr_Clear(); /* an int no field holds: the Python path's, which struct refuses */
+        goto python;
+    }
     long long cid = write_enter(cur, v, payload);
     if (cid == -1)
         cid = slow_enter(cur, v, payload);

@@ -476,18 +476,21 @@ class PyCallRecorder:
 
 _IS_USER, _TEXTS, _STACKS = WALK_CACHES
 
+
+def _enter_args() -> tuple[str, ...]:
+    """The call log's enter's arguments but the payload, by name: the Python writer's
+    (CallLog._enter: flags, then the ENTER's fields but the call id, in their order)."""
+    code = CallLog._enter.__code__
+    names = code.co_varnames[1 : code.co_argcount]
+    if names[-1:] != ("payload",):
+        raise TypeError(f"CallLog._enter's last argument is not the payload: {names}")
+    return names[:-1]
+
+
 if _speedups is None:
     CallRecorder = PyCallRecorder
 else:
     from prism_rr.intercept.group import Call, op_names
-
-    def _enter_args() -> tuple[str, ...]:
-        """enter's arguments but the payload, by name: the Python writer's (CallLog._enter)."""
-        code = CallLog._enter.__code__
-        names = code.co_varnames[1 : code.co_argcount]
-        if names[-1:] != ("payload",):
-            raise TypeError(f"CallLog._enter's last argument is not the payload: {names}")
-        return names[:-1]
 
     # A mismatch is an error here, at import, naming what does not agree.
     _speedups.bind(Call, Call("", 0, 0, (), (), None, ()), _enter_args(), _payload.FULL)

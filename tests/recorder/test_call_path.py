@@ -60,6 +60,13 @@ def _records(log) -> list:
     return [codec.row_record(r) if type(r) is tuple else r for r in records]
 
 
+def _field_code(name: str) -> str:
+    """The struct code of an ENTER field, by enter's argument name (format/calllog.py)."""
+    codes = [c for i, c in enumerate(calllog.ENTER_BODY.format[5:])
+             if struct.calcsize(calllog.ENTER_BODY.format[: 5 + i]) != calllog.CID_AT]
+    return dict(zip(_calls._enter_args()[1:], codes))[name]
+
+
 def _calls_of(records) -> list:
     return [dataclasses.replace(r, **{k: 0 for k in TIMES}) for r in records if isinstance(r, (Collective, PointToPoint))]
 
@@ -164,13 +171,16 @@ class CallPathTests:
         (stack,) = stacks
         assert stack[0].startswith("test_call_path.py:") and stack[0].endswith(" in test_the_stack_names_the_callers_line")
 
-    def test_a_value_its_field_cannot_hold_fails_the_recording_not_the_call(self, tmp_path):
-        """A tag beyond the ENTER's 32 bits: struct refuses it on either path (the C writer
-        hands it to the Python one), the recording fails, the program's call runs."""
+    @pytest.mark.parametrize("beyond", ["its-field", "any-field"])
+    def test_a_value_its_field_cannot_hold_fails_the_recording_not_the_call(self, tmp_path, beyond):
+        """A tag one past what the ENTER's field holds, or past 64 bits: struct refuses it on
+        either path (the C writer hands it to the Python one), the recording fails, the
+        program's call runs."""
         rec, log, path = self._path(tmp_path)
         t = torch.ones(1)
+        too_big = 1 << (8 * struct.calcsize(_field_code("tag")) - 1) if beyond == "its-field" else 1 << 64
         path.blocking(Call("all_reduce", 0, 0, [t], [t], _ran, (), "SUM"))  # names and shapes learnt
-        assert type(path.blocking(Call("all_reduce", 0, 1, [t], [t], _ran, (), "SUM", tag=1 << 40))) is Work
+        assert type(path.blocking(Call("all_reduce", 0, 1, [t], [t], _ran, (), "SUM", tag=too_big))) is Work
         assert len(rec.failed) == 1 and isinstance(rec.failed[0], struct.error)
         assert [c.seq for c in _records(log) if isinstance(c, Collective)] == [0]
 
