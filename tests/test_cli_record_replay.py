@@ -126,6 +126,11 @@ def test_demo_records_and_replays(make_demo):
     assert "the recorded steps themselves vary" in out.stderr and "host clock)" in out.stderr
     shared = len(__import__("os").sched_getaffinity(0)) < 4
     assert ("not a fidelity figure: the recording's ranks shared cores (4 ranks" in out.stderr) is shared, out.stderr
+    # and the card's first line is the result to remember, its time error qualified where it must be
+    lines = out.stderr.splitlines()
+    first = lines[lines.index("replaying rank 0 against virtual peers ...") + 1]
+    assert first.startswith("result: every recorded call made as recorded (no divergence); step time "), first
+    assert ("(not a fidelity figure here: the recorded ranks shared CPUs" in first) is shared, first
 
 
 @pytest.mark.timeout(240)

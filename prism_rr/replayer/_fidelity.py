@@ -405,10 +405,47 @@ def _replaced_lines(report: dict, replaced) -> list[str]:
     return lines
 
 
+# Why an error is not a fidelity figure (_honesty.caveats' kinds), in a few words for the headline.
+_CAVEAT_WORDS = {
+    "shared_cores": "the recorded ranks shared CPUs",
+    "busy_host": "the recording's host was busy",
+    "replay_shared_cores": "the replayed ranks share CPUs",
+    "busy_replay": "this machine was busy",
+    "device_kind": "another kind of device",
+    "host_clock": "GPU work timed on the host",
+}
+
+
+def headline(report: dict) -> str:
+    """The card's first line: the result a reader should remember. How the replay ended
+    (made every recorded call as recorded, diverged, reproduced the recorded hang or
+    failure, stopped early), then the iteration-time and peak-memory errors, the first
+    said to be no fidelity figure, and why in a few words, where the card says so."""
+    if report["first_divergence"] is not None:
+        d = report["first_divergence"]
+        return (f"result: the program diverged from the recording at rank {d['rank']}'s {shown(d['op'], 40)} "
+                f"(group {d['group']}, seq {d['seq']}): below")
+    if report.get("hang"):
+        return "result: the recorded hang reproduced, at the call where the recording went wrong: below"
+    if report.get("reproduced"):
+        return "result: the recorded failure reproduced: each rank that failed failed as it did in the recording"
+    if report.get("stopped_early"):
+        return "result: the replay stopped before the recording's end, with no divergence in the calls made: below"
+    if not report["steps"] or report.get("prediction"):
+        return "result: every recorded call made as recorded (no divergence)"
+    error = report.get("iteration_time_error_pct")
+    why = sorted({_CAVEAT_WORDS.get(c.get("kind"), "see below") for c in report.get("caveats") or ()})
+    time = f"step time {_fmt(error, '%')} from the recording" + (
+        f" (not a fidelity figure here: {', '.join(why)})" if why else "")
+    return (f"result: every recorded call made as recorded (no divergence); {time}; "
+            f"peak memory {_fmt(report.get('peak_memory_error_pct'), '%')} from it")
+
+
 def card(report: dict) -> str:
-    """A few lines for people (stderr)."""
+    """A few lines for people (stderr), the headline first."""
     real = len(report["ranks"])
     lines = [
+        headline(report),
         f"prism-rr replay · {real} real rank(s) {report['ranks']}, {report['world_size'] - real} virtual · "
         f"timing {report['timing']}",
     ]

@@ -12,6 +12,7 @@ from prism_rr.format import open_bundle
 from prism_rr.format.rewrite import Rewrite
 from prism_rr.format.synthetic import synthetic_records
 from prism_rr.replayer import replay
+from prism_rr.replayer._fidelity import headline
 from prism_rr.replayer._honesty import caveats, noise
 
 from replay_helpers import record, stderr_of
@@ -88,6 +89,28 @@ def test_a_recording_of_more_ranks_than_cores_is_not_a_fidelity_figure(tmp_path)
     card = result.card
     assert "host clock)" in card and "mean step error" in card and "the recorded steps themselves vary" in card
     assert f"not a fidelity figure: the recording's ranks shared cores ({2 * cpus} ranks" in card, card
+    # the first line is the result to remember, the error said to be no fidelity figure and why
+    first = card.splitlines()[0]
+    assert first.startswith("result: every recorded call made as recorded (no divergence); step time "), card
+    assert "(not a fidelity figure here: the recorded ranks shared CPUs" in first and "peak memory" in first, card
+
+
+def test_the_headline_says_how_the_replay_ended():
+    """The card's first line for each ending: a divergence names its call, a reproduced
+    hang or failure and an early stop say so; a clean replay gives its two errors, the
+    time error plainly where it is a fidelity figure."""
+    clean = {"first_divergence": None, "steps": [{"step": 1}], "iteration_time_error_pct": 1.234,
+             "peak_memory_error_pct": 0.0, "caveats": []}
+    assert headline(clean) == ("result: every recorded call made as recorded (no divergence); step time 1.23% "
+                               "from the recording; peak memory 0.00% from it")
+    busy = headline({**clean, "caveats": [{"kind": "busy_replay"}, {"kind": "shared_cores"}]})
+    assert "(not a fidelity figure here: the recorded ranks shared CPUs, this machine was busy)" in busy
+    diverged = {**clean, "first_divergence": {"rank": 1, "op": "all_reduce\x1b[2J", "group": 2, "seq": 7}}
+    assert headline(diverged) == ("result: the program diverged from the recording at rank 1's "
+                                  "all_reduce\\x1b[2J (group 2, seq 7): below")
+    assert headline({**clean, "hang": {"rank": 0}}).startswith("result: the recorded hang reproduced")
+    assert headline({**clean, "reproduced": True}).startswith("result: the recorded failure reproduced")
+    assert headline({**clean, "stopped_early": [{"rank": 0}]}).startswith("result: the replay stopped before")
 
 
 @pytest.mark.timeout(400)
