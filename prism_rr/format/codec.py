@@ -372,74 +372,97 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, ChunkSummary]:
     counts = {kind: len(recs) for kind, recs in by_kind.items()}
     buckets = {RECORD_TYPES[kind]: by_kind[kind] for kind in sorted(by_kind)}
     tables = {}
-    t_first = t_last = None
-    step_lo = step_hi = None
-    peak = 0
-    open_calls = 0
+    extent = _Extent()
     group_ranks = ()
     for cls, bucket in buckets.items():
-        columns = {}
-        constants = {}
-        peaks = None
-        if cls.KIND in rows:  # the rows' columns by one transposition (records made rows first)
-            as_row = _ROW_OF[cls]
-            read = list(zip(*[r if type(r) is tuple else as_row(r) for r in bucket]))[1:]
+        tables[cls.KIND], ranks = _encode_table(cls, bucket, cls.KIND in rows, extent)
+        if ranks is not None:
+            group_ranks = ranks  # the summary's groups take them as they are
+    payload = msgpack.packb({C_ORDER: order, C_TABLES: tables}, use_bin_type=True)
+    summary = _summarise(buckets, counts, group_ranks)
+    if extent.peak:
+        summary[S_MEM_PEAK] = extent.peak
+    if extent.open_calls:
+        summary[S_OPEN] = extent.open_calls
+    return payload, ChunkSummary(
+        len(records), extent.t_first or 0, extent.t_last or 0, extent.step_lo or 0, extent.step_hi or 0, summary
+    )
+
+
+def _encode_table(cls, bucket: list, has_rows: bool, extent: _Extent) -> tuple[list, list | None]:
+    """One kind's table, [columns, constants] (a column whose values are all one is a
+    constant; starts as deltas, ends as durations), and its group ranks if it has them;
+    `extent` widened by its times, steps and peaks."""
+    columns = {}
+    constants = {}
+    peaks = group_ranks = None
+    if has_rows:  # the rows' columns by one transposition (records made rows first)
+        as_row = _ROW_OF[cls]
+        read = list(zip(*[r if type(r) is tuple else as_row(r) for r in bucket]))[1:]
+    else:
+        read = _READ_COLUMNS[cls](bucket)
+    for (name, key), column in zip(_FIELDS[cls], read):
+        if key == K_START:
+            starts = column
+            continue
+        if key == K_END:
+            ends = column
+            continue
+        if name == "step":
+            steps = column
+        elif name == "mem_peak":
+            peaks = column
+        to_wire = _TO_WIRE.get(key)
+        if to_wire is not None:
+            column = list(map(to_wire, column))
+            if key == K_RANKS:
+                group_ranks = column
+        if _all_same(column):
+            constants[key] = column[0]
         else:
-            read = _READ_COLUMNS[cls](bucket)
-        for (name, key), column in zip(_FIELDS[cls], read):
-            if key == K_START:
-                starts = column
-                continue
-            if key == K_END:
-                ends = column
-                continue
-            if name == "step":
-                steps = column
-            elif name == "mem_peak":
-                peaks = column
-            to_wire = _TO_WIRE.get(key)
-            if to_wire is not None:
-                column = list(map(to_wire, column))
-                if key == K_RANKS:
-                    group_ranks = column  # the summary's groups take them as they are
-            if _all_same(column):
-                constants[key] = column[0]
-            else:
-                columns[key] = column
+            columns[key] = column
+    open_here = extent.add(starts, ends, steps, peaks)
+    columns[K_START] = [starts[0], *map(operator.sub, starts[1:], starts[:-1])]
+    if open_here:
+        durations = [None if e is None else e - s for s, e in zip(starts, ends)]
+    else:
+        durations = list(map(operator.sub, ends, starts))
+    if _all_same(durations):
+        constants[K_END] = durations[0]
+    else:
+        columns[K_END] = durations
+    return [columns, constants], group_ranks
+
+
+class _Extent:
+    """What a chunk's records span: first and last time, lowest and highest step, the
+    largest mem_peak, and how many calls never completed."""
+
+    __slots__ = ("open_calls", "peak", "step_hi", "step_lo", "t_first", "t_last")
+
+    def __init__(self) -> None:
+        self.t_first = self.t_last = self.step_lo = self.step_hi = None
+        self.peak = 0
+        self.open_calls = 0
+
+    def add(self, starts: Sequence, ends: Sequence, steps: Sequence, peaks: Sequence | None) -> int:
+        """Widen it by one kind's columns; how many of that kind's calls are open."""
         open_here = ends.count(None)
-        open_calls += open_here
+        self.open_calls += open_here
         lo, hi = min(starts), max(starts)
         if open_here < len(ends):
             hi = max(hi, max(e for e in ends if e is not None) if open_here else max(ends))
-        t_first = lo if t_first is None else min(t_first, lo)
-        t_last = hi if t_last is None else max(t_last, hi)
+        self.t_first = lo if self.t_first is None else min(self.t_first, lo)
+        self.t_last = hi if self.t_last is None else max(self.t_last, hi)
         s_lo, s_hi = min(steps), max(steps)
-        step_lo = s_lo if step_lo is None else min(step_lo, s_lo)
-        step_hi = s_hi if step_hi is None else max(step_hi, s_hi)
+        self.step_lo = s_lo if self.step_lo is None else min(self.step_lo, s_lo)
+        self.step_hi = s_hi if self.step_hi is None else max(self.step_hi, s_hi)
         if peaks is not None:
             if None not in peaks:
-                peak = max(peak, max(peaks))
+                self.peak = max(self.peak, max(peaks))
             elif peaks.count(None) < len(peaks):
-                peak = max(peak, max(p for p in peaks if p is not None))
-        columns[K_START] = [starts[0], *map(operator.sub, starts[1:], starts[:-1])]
-        if open_here:
-            durations = [None if e is None else e - s for s, e in zip(starts, ends)]
-        else:
-            durations = list(map(operator.sub, ends, starts))
-        if _all_same(durations):
-            constants[K_END] = durations[0]
-        else:
-            columns[K_END] = durations
-        tables[cls.KIND] = [columns, constants]
-    payload = msgpack.packb({C_ORDER: order, C_TABLES: tables}, use_bin_type=True)
-    summary = _summarise(buckets, counts, group_ranks)
-    if peak:
-        summary[S_MEM_PEAK] = peak
-    if open_calls:
-        summary[S_OPEN] = open_calls
-    return payload, ChunkSummary(
-        len(records), t_first or 0, t_last or 0, step_lo or 0, step_hi or 0, summary
-    )
+                self.peak = max(self.peak, max(p for p in peaks if p is not None))
+        return open_here
 
 
 def _summarise(buckets: dict[type, list], counts: dict[int, int], group_ranks: Sequence) -> dict:
@@ -617,6 +640,27 @@ def decode_chunk(payload: bytes, count: int, where: str, *, world: int = layout.
 
 def _decode_table(cls, columns, constants, n: int, where: str, world: int = layout.MAX_WORLD,
                   budget: list[int] | None = None) -> list[Record]:
+    """The `n` records of one kind's table, every value checked; `budget` is what is left
+    of the ranks a chunk's groups may name (one per world, shared by the chunk's kinds)."""
+    varying, fixed = _table_fields(cls, columns, constants, n, where)
+    starts, ends = _table_times(varying, fixed, n, where)
+    steps = varying.get("step")
+    lo, hi = (min(steps), max(steps)) if steps is not None else (fixed["step"],) * 2
+    if n and not MIN_STEP <= lo <= hi <= MAX_STEP:
+        raise FormatError(f"{where}: a step number is out of bounds (int32)")
+    if budget is None:
+        budget = [layout.GROUP_RANKS_FLOOR + layout.GROUP_RANKS_PER_RANK * world]
+    if "ranks" in varying or "ranks" in fixed:
+        _table_ranks(varying, fixed, n, where, world, budget)
+    names = ("start_ns", "end_ns", *varying)
+    build = _builder(cls, names, tuple(fixed))
+    consts = tuple(fixed.values())
+    return list(map(build, starts, ends, *varying.values(), *map(repeat, consts)))
+
+
+def _table_fields(cls, columns, constants, n: int, where: str) -> tuple[dict[str, Sequence], dict[str, Any]]:
+    """({field: column} of the fields that vary, {field: value} of those that do not,
+    defaults filled in), each value's type checked but for times and group ranks."""
     if type(columns) is not dict or type(constants) is not dict:
         raise FormatError(f"{where}: columns or constants are not maps")
     varying: dict[str, Sequence] = {}
@@ -645,6 +689,12 @@ def _decode_table(cls, columns, constants, n: int, where: str, world: int = layo
         check = field_check(cls, name)
         if not all(map(check, distinct)):
             raise FormatError(f"{where}: field {name} has a value of the wrong type")
+    return varying, fixed
+
+
+def _table_times(varying: dict, fixed: dict, n: int, where: str) -> tuple[list, list]:
+    """(starts, ends) of a table's records, from start deltas and durations (taken out of
+    `varying` and `fixed`), checked to be integers within +-2^62 ns."""
     if "start_ns" in varying:
         starts = varying.pop("start_ns")
     else:
@@ -666,14 +716,13 @@ def _decode_table(cls, columns, constants, n: int, where: str, world: int = layo
     if n and not (-MAX_TIME <= min(starts) and max(starts) <= MAX_TIME
                   and (not bounds or (-MAX_TIME <= min(bounds) and max(bounds) <= MAX_TIME))):
         raise FormatError(f"{where}: a time is out of bounds (limit +-2^62 ns)")
-    steps = varying.get("step")
-    lo, hi = (min(steps), max(steps)) if steps is not None else (fixed["step"],) * 2
-    if n and not MIN_STEP <= lo <= hi <= MAX_STEP:
-        raise FormatError(f"{where}: a step number is out of bounds (int32)")
     fixed.pop("start_ns", None)
     fixed.pop("end_ns", None)
-    if budget is None:
-        budget = [layout.GROUP_RANKS_FLOOR + layout.GROUP_RANKS_PER_RANK * world]
+    return starts, ends
+
+
+def _table_ranks(varying: dict, fixed: dict, n: int, where: str, world: int, budget: list[int]) -> None:
+    """A group table's ranks unpacked in place, once what they name is taken from `budget`."""
     if "ranks" in varying:
         col = varying["ranks"]
         budget[0] -= sum(ranks_len(v, where) for v in col)
@@ -685,10 +734,6 @@ def _decode_table(cls, columns, constants, n: int, where: str, world: int = layo
         if budget[0] < 0:
             raise FormatError(f"{where}: groups name more ranks than a world of {world} can justify")
         fixed["ranks"] = unpack_ranks(fixed["ranks"], where)
-    names = ("start_ns", "end_ns", *varying)
-    build = _builder(cls, names, tuple(fixed))
-    consts = tuple(fixed.values())
-    return list(map(build, starts, ends, *varying.values(), *map(repeat, consts)))
 
 
 @lru_cache(maxsize=256)
