@@ -162,6 +162,7 @@ class RecordRequest:
     cmd: tuple[str, ...]  # as run: with --nproc, localrun's command around the user's
     output: Path
     options: RecordOptions  # placed: spool_dir is this node's directory, resolved
+    spool_dir: Path  # this node's directory as the output was named (for messages)
     node: str | None = None  # this node's name in a multi-node job; None: a single node
     timeout: float | None = None  # seconds before the command is stopped
 
@@ -189,13 +190,9 @@ class RecordRequest:
             cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(nproc), "--", *cmd]
         output = Path(output)
         name = launch_node(cmd, node)
-        placed = options.placed(node_spool_dir(output, name).resolve(), output)
-        return cls(cmd=tuple(cmd), output=output, options=placed, node=name, timeout=timeout)
-
-    @property
-    def spool_dir(self) -> Path:
-        """Where this node's ranks write, as the user named the output (for messages)."""
-        return node_spool_dir(self.output, self.node)
+        spool_dir = node_spool_dir(output, name)
+        return cls(cmd=tuple(cmd), output=output, options=options.placed(spool_dir.resolve(), output),
+                   spool_dir=spool_dir, node=name, timeout=timeout)
 
     @property
     def flight(self) -> bool:
