@@ -237,49 +237,15 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
         try:
             infos = {(v.attempt, r): v.rank_info(r) for v in views for r in v.recorded_ranks}
             # Host names first, so that free text anywhere can be cleaned of them.
-            scrub.add_host(run.get("hostname"))
-            for info in infos.values():
-                scrub.add_host(info.get("hostname"))
-                env = info.get("env")
-                if type(env) is dict and type(env.get("MASTER_ADDR")) is str:
-                    scrub.host(env["MASTER_ADDR"])
+            _learn_hosts(scrub, run, infos.values())
             truncated = sorted({r for v in views for r in v.recorded_ranks
                                 if v.summaries["ranks"].get(r, {}).get("truncated")})
             with Rewrite(out_path, prefix=".redact-") as rewrite:
                 for view in views:
-                    summaries = view.summaries["ranks"]
-                    for rank in view.recorded_ranks:
-                        info = _info(infos[view.attempt, rank], scrub, dropped_keys)
-                        info.setdefault("world_size", view.world_size)
-                        info.setdefault("rank", rank)
-                        if len(views) > 1:
-                            info["attempt"] = view.attempt
-                        chunks = ([_record(r, scrub, stacks, counts) for r in view.read_chunk(ref)]
-                                  for ref in view.chunks(rank))
-                        rewrite.write_rank(rank, info, chunks, torn=bool(summaries.get(rank, {}).get("truncated")),
-                                           attempt=view.attempt if len(views) > 1 else 0)
-                new_run = {k: scrub.value(v) for k, v in run.items() if k in _RUN_KEEP}
-                if "command" in run:
-                    new_run["command"] = scrub.argv(run["command"])
-                if "cwd" in run and type(run["cwd"]) is str:
-                    new_run["cwd"] = scrub.path(run["cwd"])
-                if "hostname" in run:
-                    new_run["hostname"] = scrub.host(str(run["hostname"]))
-                dropped_keys |= {f"run.{k}" for k in run if k not in _RUN_KEEP | {"command", "cwd", "hostname"}}
+                    _write_view(rewrite, view, len(views) > 1, infos, scrub, stacks, counts, dropped_keys)
+                new_run = _run(run, scrub, dropped_keys)
                 blobs = layout.SEC_BLOB_INDEX in bundle.sections and bundle.sections[layout.SEC_BLOB_INDEX].length > 0
-                note = {
-                    "payload_blobs": "removed" if blobs or counts["blob_refs"] else "none recorded",
-                    "blob_refs_removed": counts["blob_refs"],
-                    "stacks": "base name and line" if stacks else "removed",
-                    "hosts": len(set(scrub.hosts.values())),
-                    "ip_addresses": len(scrub.ips),
-                    "paths": len(scrub.dirs),
-                    "rank_info": "allow-list",
-                    "environment": "allow-list; other values replaced by <redacted>",
-                    "argv": "flags and numbers kept; paths as placeholders; other values <arg>",
-                    "dropped_keys": sorted(dropped_keys),
-                    "truncated_ranks": truncated,
-                }
+                note = _note(scrub, blobs, counts, stacks, dropped_keys, truncated)
                 features = set(manifest.get("features_optional", ())) - {"blobs"}
                 features |= {"summaries", "redacted"}
                 extra = {"redacted": note, "features_optional": sorted(features)}
@@ -291,6 +257,63 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
             for view in views[1:]:
                 view.close()
     return note
+
+
+def _learn_hosts(scrub: _Scrubber, run: dict, infos) -> None:
+    """Teach `scrub` the run's and every rank's host names, and each MASTER_ADDR."""
+    scrub.add_host(run.get("hostname"))
+    for info in infos:
+        scrub.add_host(info.get("hostname"))
+        env = info.get("env")
+        if type(env) is dict and type(env.get("MASTER_ADDR")) is str:
+            scrub.host(env["MASTER_ADDR"])
+
+
+def _write_view(rewrite: Rewrite, view, several: bool, infos: dict, scrub: _Scrubber, stacks: bool,
+                counts: dict, dropped_keys: set[str]) -> None:
+    """Write every rank of one attempt's view, its rank info and records scrubbed."""
+    summaries = view.summaries["ranks"]
+    for rank in view.recorded_ranks:
+        info = _info(infos[view.attempt, rank], scrub, dropped_keys)
+        info.setdefault("world_size", view.world_size)
+        info.setdefault("rank", rank)
+        if several:
+            info["attempt"] = view.attempt
+        chunks = ([_record(r, scrub, stacks, counts) for r in view.read_chunk(ref)]
+                  for ref in view.chunks(rank))
+        rewrite.write_rank(rank, info, chunks, torn=bool(summaries.get(rank, {}).get("truncated")),
+                           attempt=view.attempt if several else 0)
+
+
+def _run(run: dict, scrub: _Scrubber, dropped_keys: set[str]) -> dict:
+    """The manifest's `run`, its allowed keys scrubbed; the others named in `dropped_keys`."""
+    new_run = {k: scrub.value(v) for k, v in run.items() if k in _RUN_KEEP}
+    if "command" in run:
+        new_run["command"] = scrub.argv(run["command"])
+    if "cwd" in run and type(run["cwd"]) is str:
+        new_run["cwd"] = scrub.path(run["cwd"])
+    if "hostname" in run:
+        new_run["hostname"] = scrub.host(str(run["hostname"]))
+    dropped_keys |= {f"run.{k}" for k in run if k not in _RUN_KEEP | {"command", "cwd", "hostname"}}
+    return new_run
+
+
+def _note(scrub: _Scrubber, blobs: bool, counts: dict, stacks: bool, dropped_keys: set[str],
+          truncated: list[int]) -> dict:
+    """The manifest's `redacted`: what was removed, as counts and policies."""
+    return {
+        "payload_blobs": "removed" if blobs or counts["blob_refs"] else "none recorded",
+        "blob_refs_removed": counts["blob_refs"],
+        "stacks": "base name and line" if stacks else "removed",
+        "hosts": len(set(scrub.hosts.values())),
+        "ip_addresses": len(scrub.ips),
+        "paths": len(scrub.dirs),
+        "rank_info": "allow-list",
+        "environment": "allow-list; other values replaced by <redacted>",
+        "argv": "flags and numbers kept; paths as placeholders; other values <arg>",
+        "dropped_keys": sorted(dropped_keys),
+        "truncated_ranks": truncated,
+    }
 
 
 def _flight(v) -> dict | None:
