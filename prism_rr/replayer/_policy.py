@@ -409,17 +409,10 @@ class ReplayPolicy(Policy):
         same data: the work per call grows with the roles in the group, not its size."""
         s = self._session
         s.footprint_due = s.footprint(own)
-        op, seq, ins, outs = call.op, call.seq, call.ins, call.outs
-        gid, me, n = group.gid, group.rank(), group.size()
-        sched, clock = s.schedule, s.clock
-        vrecs, ventry = {}, {}
-        for c in self._peers:
-            rec = sched.collective(c.src, c.gid, seq)
-            vrecs[c.key] = rec
-            ventry[c.key] = clock.entry(c.key, rec, c.src)
-        vmax = max((e for e in ventry.values() if e is not None), default=0)
+        vrecs, ventry, vmax = self._virtual_entries(call.seq)
+        ins, me, n = call.ins, group.rank(), group.size()
         in_splits = out_splits = None
-        if ops.OPS[op].form == "all_to_all_single":
+        if ops.OPS[call.op].form == "all_to_all_single":
             out_splits, mine = list(call.args[2]), list(call.args[3])
             in_splits = [None] * n
             in_splits[me] = mine
@@ -427,20 +420,48 @@ class ReplayPolicy(Policy):
         parts: list = [([me], list(ins), None)]
         entries = [entry]
         if self._real_pg is not None:
-            got = self._exchange(entry, vmax, ins, in_splits[me] if in_splits else [],
-                                 n if in_splits is not None else 0)
-            entries = [m[0] for m, _ in got]
-            vmax = max(m[1] for m, _ in got)
-            for g, (meta, data) in zip(self._real_members, got):
-                j = group.position[g]
-                if j != me:
-                    parts.append(([j], _decode(data, ins), None))
-                if in_splits is not None:
-                    in_splits[j] = meta[4 : 4 + meta[3]]
+            entries, vmax = self._real_parts(group, me, n, entry, vmax, ins, parts, in_splits)
         work_from = monotonic_ns()  # the replayer's own work on the data, counted per step
+        self._outputs(group, me, n, call, own, matched, vrecs, parts, in_splits, out_splits)
+        s.own_ns += monotonic_ns() - work_from
+        return self._complete(group, call, entry, entries, vrecs, ventry, vmax)
+
+    def _virtual_entries(self, seq: int) -> tuple[dict, dict, int]:
+        """Each class of virtual peers' recorded call at `seq` and its entry on the model
+        clock (None: it never enters), by the class's key; and the latest entry (0: none)."""
+        sched, clock = self._session.schedule, self._session.clock
+        vrecs, ventry = {}, {}
+        for c in self._peers:
+            rec = sched.collective(c.src, c.gid, seq)
+            vrecs[c.key] = rec
+            ventry[c.key] = clock.entry(c.key, rec, c.src)
+        return vrecs, ventry, max((e for e in ventry.values() if e is not None), default=0)
+
+    def _real_parts(self, group, me: int, n: int, entry: int, vmax: int, ins, parts: list,
+                    in_splits) -> tuple[list, int]:
+        """The other real members' inputs, exchanged with ours, added to `parts` (and their
+        splits to `in_splits`); every real member's entry, and the latest virtual entry any
+        of them modelled (`me`, `n`: this rank's place in the group and its size)."""
+        got = self._exchange(entry, vmax, ins, in_splits[me] if in_splits else [],
+                             n if in_splits is not None else 0)
+        for g, (meta, data) in zip(self._real_members, got):
+            j = group.position[g]
+            if j != me:
+                parts.append(([j], _decode(data, ins), None))
+            if in_splits is not None:
+                in_splits[j] = meta[4 : 4 + meta[3]]
+        return [m[0] for m, _ in got], max(m[1] for m, _ in got)
+
+    def _outputs(self, group, me: int, n: int, call, own, matched, vrecs: dict, parts: list, in_splits,
+                 out_splits) -> None:
+        """Write the call's outputs: the recorded ones where the inputs matched and the
+        bundle holds them, else built from every member's inputs (the virtual peers'
+        recorded ones, or replicas of ours: then the data is made up)."""
+        s = self._session
+        op, outs = call.op, call.outs
         known = True
         for c in self._peers:
-            tensors = _recorded_inputs(s.bundle, vrecs[c.key], ins)
+            tensors = _recorded_inputs(s.bundle, vrecs[c.key], call.ins)
             if tensors is None:
                 known = False
             parts.append((c.positions, tensors, c.index))
@@ -448,26 +469,31 @@ class ReplayPolicy(Policy):
         if exact:
             for t, b, dt, shape in zip(outs, own.blob_out, own.out_dtypes, own.out_shapes):
                 write(t, from_blob(s.bundle, b, dt, shape))
+            return
+        root_j = group.position[call.root] if call.root is not None else None
+        if self._single:
+            contrib: list = [None] * n
+            for pos, tensors, _ in parts:
+                contrib[pos[0]] = tensors
+            build_outputs(op, me, n, call.ins, outs, contrib, reduce_op=call.reduce_op, root=root_j,
+                          in_splits=in_splits, out_splits=out_splits)
         else:
-            root_j = group.position[call.root] if call.root is not None else None
-            if self._single:
-                contrib: list = [None] * n
-                for pos, tensors, _ in parts:
-                    contrib[pos[0]] = tensors
-                build_outputs(op, me, n, ins, outs, contrib, reduce_op=call.reduce_op, root=root_j,
-                              in_splits=in_splits, out_splits=out_splits)
-            else:
-                build_grouped(op, me, n, ins, outs, parts, reduce_op=call.reduce_op, root=root_j,
-                              in_splits=in_splits, out_splits=out_splits)
-            if not known and outs:
-                s.made_up()
-                if sched.imported and call.root not in (None, *self._sub) and ops.OPS[op].form in _FROM_ROOT:
-                    # A dump's virtual root sent data no dump holds: as a replica of this rank,
-                    # the buffer would keep whatever it held (torch.empty's memory): made up, seeded.
-                    for i, t in enumerate(outs):
-                        plausible(t, hash((gid, call.root, seq, i)))
-        s.own_ns += monotonic_ns() - work_from
-        records = {g: sched.collective(g, gid, seq) for g in self._real_members}
+            build_grouped(op, me, n, call.ins, outs, parts, reduce_op=call.reduce_op, root=root_j,
+                          in_splits=in_splits, out_splits=out_splits)
+        if not known and outs:
+            s.made_up()
+            if s.schedule.imported and call.root not in (None, *self._sub) and ops.OPS[op].form in _FROM_ROOT:
+                # A dump's virtual root sent data no dump holds: as a replica of this rank,
+                # the buffer would keep whatever it held (torch.empty's memory): made up, seeded.
+                for i, t in enumerate(outs):
+                    plausible(t, hash((group.gid, call.root, call.seq, i)))
+
+    def _complete(self, group, call, entry: int, entries: list, vrecs: dict, ventry: dict, vmax: int):
+        """The call's completion on the timing model, from every member's entry; the virtual
+        peers' clocks moved past it; the Work that completes it then."""
+        s = self._session
+        gid, seq, clock = group.gid, call.seq, s.clock
+        records = {g: s.schedule.collective(g, gid, seq) for g in self._real_members}
         records.update(vrecs)
         arrivals = dict(zip(self._real_members, entries)) if len(entries) > 1 else {s.rank: entry}
         arrivals.update({k: e for k, e in ventry.items() if e is not None})
@@ -480,7 +506,7 @@ class ReplayPolicy(Policy):
         if s.trace is not None:
             s.trace.append([gid, seq, entries, ventry, done])
         others = [e for k, e in arrivals.items() if k != s.rank]
-        return s.work(done, list(outs), blocking=not call.async_op, inputs=list(ins),
+        return s.work(done, list(call.outs), blocking=not call.async_op, inputs=list(call.ins),
                       arrival=max(others) if others else None, transfer=done - max(arrivals.values()))
 
     def _exchange(self, entry: int, vmax: int, ins, splits, width: int) -> list:
