@@ -140,6 +140,86 @@ def test_imported_dump_without_call_durations(tmp_path):
     assert all(s.cost_ns == 0 for s in a.stragglers)
 
 
+
+def _exact_run():
+    """Two ranks, a step from 0 to 6 ms. all_reduce 0: rank 0 enters at 1 ms, rank 1 at
+    4 ms, it completes at 4.1 ms; all_reduce 1: both enter at 5 ms, it completes at 5.2 ms."""
+    run = SimRun(2)
+    kw = dict(step=0, op="all_reduce", group=0, in_shapes=((4,),), in_dtypes=("float32",), out_shapes=((4,),),
+              out_dtypes=("float32",), reduce_op="sum")
+    for r, entry in ((0, 1), (1, 4)):
+        run.recs[r].append(Collective(start_ns=_at(entry), end_ns=_at(4.1), seq=0, **kw))
+        run.recs[r].append(Collective(start_ns=_at(5), end_ns=_at(5.2), seq=1, **kw))
+        run.recs[r].append(Step(start_ns=_at(0), end_ns=_at(6), step=0))
+    return run
+
+
+def test_retiming_worked_by_hand(tmp_path):
+    with open_bundle(_exact_run().bundle(tmp_path)) as b:
+        a = attribute_step(b, 0)
+        # on time, rank 1 enters all_reduce 0 at 1 ms with rank 0: it completes at 1.1 ms,
+        # both enter all_reduce 1 0.9 ms later, at 2 ms, and end the step at 3 ms
+        assert retimed_span(b, 0, on_time=[1]) == 3 * MS
+        # rank 0's time between calls doubled: it enters all_reduce 0 at 2 ms (still before
+        # rank 1), all_reduce 1 at 4.1 + 1.8 ms, and ends the step at 6.1 + 1.6 ms
+        assert retimed_span(b, 0, slow={0: 2.0}) == 7.7 * MS
+    assert a.span_ns == a.modelled_ns == 6 * MS
+    assert [(s.rank, s.cost_ns, s.late_ns, s.late_calls) for s in a.stragglers] == [(1, 3 * MS, 3 * MS, 1)]
+
+
+def _crossed_sends_run():
+    """Two ranks each send the other a buffered message, then receive the other's: rank 0
+    sends at 1 ms (buffered, done at 1.1 ms) and posts its receive at 2 ms; rank 1 sends
+    at 4 ms and receives rank 0's message at 5 ms. Each call waits on the other rank's
+    next one: the model's graph has a cycle."""
+    run = SimRun(2)
+    p2p = dict(step=0, group=0, seq=0, shapes=((16,),), dtypes=("float32",), nbytes=64)
+    run.recs[0].append(PointToPoint(start_ns=_at(1), end_ns=_at(1.1), op="send", peer=1, **p2p))
+    run.recs[0].append(PointToPoint(start_ns=_at(2), end_ns=_at(4.1), op="recv", peer=1, **p2p))
+    run.recs[1].append(PointToPoint(start_ns=_at(4), end_ns=_at(4.1), op="send", peer=0, **p2p))
+    run.recs[1].append(PointToPoint(start_ns=_at(5), end_ns=_at(5.05), op="recv", peer=0, **p2p))
+    for r in (0, 1):
+        run.recs[r].append(Step(start_ns=_at(0), end_ns=_at(6), step=0))
+    return run
+
+
+def test_crossed_buffered_sends(tmp_path):
+    with open_bundle(_crossed_sends_run().bundle(tmp_path)) as b:
+        a = attribute_step(b, 0)
+        # rank 1 on time into its send (2 ms after rank 0's receive was posted): rank 0's
+        # send is let go first (it came first), rank 0 posts its receive at 2 ms, rank 1
+        # sends then, both complete at 2.1 ms and each rank ends 1.9 ms later, at 4 ms
+        assert retimed_span(b, 0, on_time=[1]) == 4 * MS
+    _adds_up(a)
+    assert a.span_ns == a.modelled_ns == 6 * MS
+    assert a.ranks[0].waiting_ns == 2 * MS and a.ranks[1].late_calls == 1
+
+
+@pytest.mark.parametrize("make", [_exact_run, _async_run, _crossed_sends_run])
+def test_level_timing_matches_event_timing(tmp_path, make):
+    """Twins: the level-at-a-time re-timing gives what the event-by-event model gives, time
+    for time (or declines: a graph with a cycle), unchanged, each rank on time, and slowed."""
+    from prism_rr.analysis import _attribution as A
+    from prism_rr.analysis._build import clock_offsets
+
+    with open_bundle(make().bundle(tmp_path)) as b:
+        g = A._read_step(b, 0, b.recorded_ranks, clock_offsets(b, b.recorded_ranks))
+    plan = A._plan(g)
+    levels = A._levels(g, plan, g.held > 0)
+    if make is _crossed_sends_run:
+        assert levels is None and A._levels(g, plan, g.held < 0) is None
+        return
+    ref, got = A._Timing(g).times(), A._fast_times(g, plan, levels)
+    assert (ref.entry.tolist(), ref.done.tolist(), ref.end, ref.end_cause) == (got.entry.tolist(), got.done.tolist(),
+                                                                             got.end, got.end_cause)
+    assert [ref.entry_cause(i) for i in range(len(g.start))] == [got.entry_cause(i) for i in range(len(g.start))]
+    assert A._critical_path(g, ref) == A._critical_path(g, got)
+    sets = [(r,) for r in g.ranks] + [tuple(g.ranks)]
+    assert A._fast_spans(g, plan, sets, levels=levels) == [A._Timing(g, on_time=s).span() for s in sets]
+    slow = {g.ranks[-1]: 1.7}
+    assert A._fast_spans(g, plan, sets, slow) == [A._Timing(g, on_time=s, slow=slow).span() for s in sets]
+
+
 # --- real recordings ----------------------------------------------------------------------
 
 
