@@ -243,34 +243,14 @@ def scale(
             raise UsageError(f"--{name} must be 1 or more")
     with open_bundle(in_path) as bundle:
         old = _old_mesh(bundle, mesh)
-        sizes = {old.dim_names[old.dp_dim]: int(dp)}
-        for name, v in (("tp", tp), ("pp", pp)):
-            if v is None:
-                continue
-            if name not in old.dim_names:
-                if int(v) != 1:
-                    raise UsageError(f"the recorded mesh {old.spec()} has no {name} dimension to resize")
-                continue
-            sizes[name] = int(v)
-        new = old.resized(**sizes)
+        new = old.resized(**_new_sizes(old, dp, tp, pp))
         layout.bounded(new.world_size, layout.MAX_WORLD, "world size", "scale")
         recorded = bundle.recorded_ranks
         old_roles = roles_for_mesh(old.world_size, old, prefer=recorded)
         new_roles = roles_for_mesh(new.world_size, new, prefer=prefer)
         where, fams = _families(old, bundle.groups)
-        # New ids: each family takes as many ids as it has groups at the new size; any
-        # ids the families do not explain keep their distance.
-        shift = 0
-        for fam in fams:
-            fam.new_base = fam.base + shift
-            shift += _group_count(new, fam.dims) - _group_count(old, fam.dims)
-        if model is None:
-            model = fit(samples(bundle), latency=latency)
-        if bandwidth is not None:
-            try:
-                model = model.with_bandwidth(float(bandwidth))
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
+        _renumber(fams, old, new)
+        model = _model(bundle, model, latency, bandwidth)
         transfers = {s.key: s.transfer_ns for s in samples(bundle)}
         group_ranks = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
         infos = {r: bundle.rank_info(r) for r in recorded}
@@ -288,50 +268,103 @@ def scale(
                 _write_rank(bundle, ctx, infos[src], model, transfers, rewrite, counts)
                 if progress:
                     progress(i + 1, len(reps))
-            groups = []
-            for fam in fams:
-                n = _group_count(new, fam.dims)
-                for k in range(n):
-                    fixed = [0] * len(new.shape)
-                    j = k
-                    for d in reversed(range(len(new.shape))):
-                        if d not in fam.dims:
-                            fixed[d] = j % new.shape[d]
-                            j //= new.shape[d]
-                    gid = fam.new_base + k
-                    groups.append({"id": gid, "ranks": pack_ranks(_group_ranks(new, fam.dims, fixed)),
-                                   "name": str(gid) if fam.name_is_id else fam.desc, "desc": fam.desc,
-                                   "backend": fam.backend})
-            note = {
-                "from": {"world_size": old.world_size, "mesh": old.to_dict(), "recorded_ranks": recorded},
-                "to": {"world_size": new.world_size, "mesh": new.to_dict()},
-                "roles": new_roles.count,
-                "model": model.to_dict(),
-                "rescaled_calls": counts["rescaled_calls"],
-                "resized_groups": [
-                    {"desc": f.desc, "first_id": f.new_base, "count": _group_count(new, f.dims),
-                     "size_from": prod(old.shape[d] for d in f.dims), "size_to": prod(new.shape[d] for d in f.dims)}
-                    for f in fams if prod(old.shape[d] for d in f.dims) != prod(new.shape[d] for d in f.dims)
-                ],
-                # Only where some shape was predicted (no FSDP layout recorded for it).
-                "predicted_shape_ops": sorted(o.name for o in ops.OPS.values() if ops.joined(o.form))
-                if counts["predicted_shapes"] else [],
-                "predicted_shapes": counts["predicted_shapes"],
-                "timing": "sync collectives start at their recorded last arrival and last the modelled transfer",
-                "numerics": "synthetic: digests and payloads removed but for small point-to-point messages",
-                "batch": "per-rank batch as recorded: give the program a global batch that grows with dp",
-            }
-            features = set(bundle.manifest.get("features_optional", ())) - {"blobs", "digests"}
-            if (rewrite.spool_dir / "blobs").exists():
-                features.add("blobs")
-            features |= {"summaries", "roles", "scaled"}
+            note = _note(old, new, recorded, new_roles, model, fams, counts)
             rewrite.pack(run, manifest_extra={
-                "groups": groups, "roles": new_roles.to_manifest(), "scale": note,
-                "features_optional": sorted(features),
+                "groups": _new_groups(new, fams), "roles": new_roles.to_manifest(), "scale": note,
+                "features_optional": _features(bundle, rewrite),
             })
     note["seconds"] = round(time.perf_counter() - t_start, 3)
     note["bytes"] = out_path.stat().st_size
     return note
+
+
+def _new_sizes(old: Mesh, dp: int, tp: int | None, pp: int | None) -> dict[str, int]:
+    """The new size of each dimension resized: dp always, tp and pp where given (1 for a
+    dimension the recorded mesh lacks)."""
+    sizes = {old.dim_names[old.dp_dim]: int(dp)}
+    for name, v in (("tp", tp), ("pp", pp)):
+        if v is None:
+            continue
+        if name not in old.dim_names:
+            if int(v) != 1:
+                raise UsageError(f"the recorded mesh {old.spec()} has no {name} dimension to resize")
+            continue
+        sizes[name] = int(v)
+    return sizes
+
+
+def _renumber(fams, old: Mesh, new: Mesh) -> None:
+    """New ids: each family takes as many ids as it has groups at the new size; any ids
+    the families do not explain keep their distance."""
+    shift = 0
+    for fam in fams:
+        fam.new_base = fam.base + shift
+        shift += _group_count(new, fam.dims) - _group_count(old, fam.dims)
+
+
+def _model(bundle, model: CostModel | None, latency: str, bandwidth: float | None) -> CostModel:
+    """The cost model given, else fitted to the bundle's calls; with the target's
+    bandwidth for every family if given."""
+    if model is None:
+        model = fit(samples(bundle), latency=latency)
+    if bandwidth is not None:
+        try:
+            model = model.with_bandwidth(float(bandwidth))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return model
+
+
+def _new_groups(new: Mesh, fams) -> list[dict]:
+    """The groups section of the new world: every family's groups at the new size."""
+    groups = []
+    for fam in fams:
+        n = _group_count(new, fam.dims)
+        for k in range(n):
+            fixed = [0] * len(new.shape)
+            j = k
+            for d in reversed(range(len(new.shape))):
+                if d not in fam.dims:
+                    fixed[d] = j % new.shape[d]
+                    j //= new.shape[d]
+            gid = fam.new_base + k
+            groups.append({"id": gid, "ranks": pack_ranks(_group_ranks(new, fam.dims, fixed)),
+                           "name": str(gid) if fam.name_is_id else fam.desc, "desc": fam.desc,
+                           "backend": fam.backend})
+    return groups
+
+
+def _features(bundle, rewrite: Rewrite) -> list[str]:
+    """The new bundle's optional features: the recording's, less its payloads (blobs if
+    small messages' were carried), with roles and scaled."""
+    features = set(bundle.manifest.get("features_optional", ())) - {"blobs", "digests"}
+    if (rewrite.spool_dir / "blobs").exists():
+        features.add("blobs")
+    features |= {"summaries", "roles", "scaled"}
+    return sorted(features)
+
+
+def _note(old: Mesh, new: Mesh, recorded: list[int], new_roles, model: CostModel, fams, counts: dict) -> dict:
+    """The manifest's `scale`: both meshes, the roles, the model, and what was changed."""
+    return {
+        "from": {"world_size": old.world_size, "mesh": old.to_dict(), "recorded_ranks": recorded},
+        "to": {"world_size": new.world_size, "mesh": new.to_dict()},
+        "roles": new_roles.count,
+        "model": model.to_dict(),
+        "rescaled_calls": counts["rescaled_calls"],
+        "resized_groups": [
+            {"desc": f.desc, "first_id": f.new_base, "count": _group_count(new, f.dims),
+             "size_from": prod(old.shape[d] for d in f.dims), "size_to": prod(new.shape[d] for d in f.dims)}
+            for f in fams if prod(old.shape[d] for d in f.dims) != prod(new.shape[d] for d in f.dims)
+        ],
+        # Only where some shape was predicted (no FSDP layout recorded for it).
+        "predicted_shape_ops": sorted(o.name for o in ops.OPS.values() if ops.joined(o.form))
+        if counts["predicted_shapes"] else [],
+        "predicted_shapes": counts["predicted_shapes"],
+        "timing": "sync collectives start at their recorded last arrival and last the modelled transfer",
+        "numerics": "synthetic: digests and payloads removed but for small point-to-point messages",
+        "batch": "per-rank batch as recorded: give the program a global batch that grows with dp",
+    }
 
 
 class _RankMap:
@@ -389,12 +422,28 @@ def _copy_blobs(bundle, ids, tmp: Path) -> bool:
 
 def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: dict, rewrite: Rewrite,
                 counts) -> None:
-    src, rep = ctx.src, ctx.rep
-    records = list(bundle.events(src))
-    # Pass 1: each collective's new start, end and time change.
-    plan: dict[int, tuple[int, int, dict]] = {}  # index -> (new start, new end, field changes), old clock
+    """Write the new representative `ctx.rep` from the records of `ctx.src`: collectives
+    last the modelled transfer at their new size, and every later time moves with them."""
+    records = list(bundle.events(ctx.src))
+    plan, shift, moved = _plan(records, ctx, info, model, transfers, counts)
+    out = []
+    for i, rec in enumerate(records):
+        ch = _changes(rec, plan.get(i), shift, moved, ctx, bundle, rewrite.spool_dir)
+        if ch is not None:
+            out.append(dataclasses.replace(rec, **ch))
+    counts["records"] += len(out)
+    new_info = _new_info(info, ctx)
+    rewrite.write_rank(ctx.rep, new_info, (out[k : k + _CHUNK] for k in range(0, len(out), _CHUNK)))
+
+
+def _plan(records: list, ctx: _RankMap, info: dict, model: CostModel, transfers: dict,
+          counts) -> tuple[dict[int, tuple[int, int | None, dict]], _Shift, dict[int, int]]:
+    """Pass 1: each collective's new start, end and field changes, on the old clock, by
+    its index; the time shift its changes make; {old start: new start} of the calls that
+    now start later."""
+    plan: dict[int, tuple[int, int | None, dict]] = {}
     changes: list[tuple[int, int]] = []
-    moved: dict[int, int] = {}  # old start -> new start of calls that now start later
+    moved: dict[int, int] = {}
     for i, rec in enumerate(records):
         if type(rec) is not Collective:
             continue
@@ -424,59 +473,67 @@ def _write_rank(bundle, ctx: _RankMap, info: dict, model: CostModel, transfers: 
         plan[i] = (start, rec.end_ns + delta, fields)
         if delta:
             changes.append((rec.end_ns, delta))
-    shift = _Shift(changes)
-    out = []
-    for i, rec in enumerate(records):
-        cls = type(rec)
-        ch: dict[str, Any] = {}
-        if cls is Collective:
-            start, end, fields = plan[i]
-            ch.update(fields)
-            ch["start_ns"] = shift(start)
-            ch["end_ns"] = None if end is None else shift.before(rec.end_ns) + (end - rec.end_ns)
-            ch["group"] = ctx.gid(rec.group)
-            if rec.root is not None:
-                ch["root"] = ctx.rank(rec.root, rec.group)
-            if rec.issued_ns is not None:  # a blocking call's start moved later: it returns after it
-                ch["issued_ns"] = max(shift(rec.issued_ns), ch["start_ns"])
-            ch.update(digest_in=None, digest_out=None, blob_in=None, blob_out=None)
-        elif cls is PointToPoint:
-            ch["start_ns"] = shift(rec.start_ns)
-            ch["end_ns"] = shift(rec.end_ns)
-            ch["group"] = ctx.gid(rec.group)
-            ch["peer"] = ctx.rank(rec.peer, rec.group)
-            if rec.issued_ns is not None:
-                ch["issued_ns"] = shift(rec.issued_ns)
-            if rec.nbytes is None or rec.nbytes > KEEP_SMALL or not _copy_blobs(bundle, rec.blob, rewrite.spool_dir):
-                ch.update(digest=None, blob=None)
-        elif cls is GroupInfo:
-            if rec.group not in ctx.where:
-                continue
-            fam, _ = ctx.where[rec.group]
-            gid = ctx.gid(rec.group)
-            ranks = tuple(_group_ranks(ctx.new, fam.dims, ctx.rep_c))
-            ch.update(group=gid, ranks=ranks, name=str(gid) if fam.name_is_id else rec.name,
-                      start_ns=shift(rec.start_ns), end_ns=shift(rec.end_ns))
-        else:
-            ch["start_ns"] = shift(rec.start_ns)
-            end = rec.end_ns
-            if cls is Compute and end is not None and end in moved:
-                end = moved[end]
-            ch["end_ns"] = shift(end)
-        out.append(dataclasses.replace(rec, **ch))
-    counts["records"] += len(out)
+    return plan, _Shift(changes), moved
+
+
+def _changes(rec, planned, shift: _Shift, moved: dict[int, int], ctx: _RankMap, bundle,
+             spool_dir: Path) -> dict[str, Any] | None:
+    """Pass 2: the field changes that make `rec` a record of the new rank (`planned`: a
+    collective's from pass 1), or None for a group the new world does not have."""
+    cls = type(rec)
+    ch: dict[str, Any] = {}
+    if cls is Collective:
+        start, end, fields = planned
+        ch.update(fields)
+        ch["start_ns"] = shift(start)
+        ch["end_ns"] = None if end is None else shift.before(rec.end_ns) + (end - rec.end_ns)
+        ch["group"] = ctx.gid(rec.group)
+        if rec.root is not None:
+            ch["root"] = ctx.rank(rec.root, rec.group)
+        if rec.issued_ns is not None:  # a blocking call's start moved later: it returns after it
+            ch["issued_ns"] = max(shift(rec.issued_ns), ch["start_ns"])
+        ch.update(digest_in=None, digest_out=None, blob_in=None, blob_out=None)
+    elif cls is PointToPoint:
+        ch["start_ns"] = shift(rec.start_ns)
+        ch["end_ns"] = shift(rec.end_ns)
+        ch["group"] = ctx.gid(rec.group)
+        ch["peer"] = ctx.rank(rec.peer, rec.group)
+        if rec.issued_ns is not None:
+            ch["issued_ns"] = shift(rec.issued_ns)
+        if rec.nbytes is None or rec.nbytes > KEEP_SMALL or not _copy_blobs(bundle, rec.blob, spool_dir):
+            ch.update(digest=None, blob=None)
+    elif cls is GroupInfo:
+        if rec.group not in ctx.where:
+            return None
+        fam, _ = ctx.where[rec.group]
+        gid = ctx.gid(rec.group)
+        ranks = tuple(_group_ranks(ctx.new, fam.dims, ctx.rep_c))
+        ch.update(group=gid, ranks=ranks, name=str(gid) if fam.name_is_id else rec.name,
+                  start_ns=shift(rec.start_ns), end_ns=shift(rec.end_ns))
+    else:
+        ch["start_ns"] = shift(rec.start_ns)
+        end = rec.end_ns
+        if cls is Compute and end is not None and end in moved:
+            end = moved[end]
+        ch["end_ns"] = shift(end)
+    return ch
+
+
+def _new_info(info: dict, ctx: _RankMap) -> dict:
+    """The source rank's info, as the new rank's: its rank, world size, environment and
+    device mesh, and the rank it was scaled from."""
     new_info = dict(info)
-    new_info.update(rank=rep, world_size=ctx.new.world_size, scaled_from=src)
+    new_info.update(rank=ctx.rep, world_size=ctx.new.world_size, scaled_from=ctx.src)
     env = dict(new_info.get("env") or {})
     if env:
-        env.update(RANK=str(rep), WORLD_SIZE=str(ctx.new.world_size))
+        env.update(RANK=str(ctx.rep), WORLD_SIZE=str(ctx.new.world_size))
         new_info["env"] = env
     dm = dict(info.get("device_mesh") or {})
     dm.update(shape=list(ctx.new.shape), dim_names=list(ctx.new.dim_names),
               ranks=list(range(ctx.new.world_size)))
     dm.setdefault("device_type", info.get("device", "cpu"))
     new_info["device_mesh"] = dm
-    rewrite.write_rank(rep, new_info, (out[k : k + _CHUNK] for k in range(0, len(out), _CHUNK)))
+    return new_info
 
 
 def compare_transfers(predicted, recorded) -> dict:
