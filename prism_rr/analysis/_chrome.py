@@ -91,8 +91,47 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
                    label: str) -> None:
     """One attempt's ranks, each a process `pid_base + rank` named `label` + "rank R"."""
     failed = frozenset(failed_steps(bundle))
+    flow_ids, roles = _flows(graph, flows)
+
+    def us(t: int) -> float:
+        return round((t - t0) / 1000, 3)
+
+    for rank in graph.ranks:
+        trace = graph.traces[rank]
+        off = trace.offset_ns
+        pid = pid_base + rank
+        _write_names(pid, f"{label}rank {rank}", emit)
+        end_of_rank = trace.last_ns if trace.last_ns is not None else t0
+        epoch = bundle.rank_info(rank).get("device_time")
+        epoch = epoch.get("epoch_host_ns") if type(epoch) is dict else None
+        device: list[DeviceTime] = []
+        unended = OpenSteps()
+        calls = _Calls(pid, rank, end_of_rank, flow_ids, roles, counts, emit, us)
+        for rec in bundle.events(rank, steps=steps):
+            start = rec.start_ns - off
+            end = None if rec.end_ns is None else rec.end_ns - off
+            cls = type(rec)
+            if rec.step in failed:
+                unended.see(rec)
+            if cls is DeviceTime:
+                if type(epoch) is int:
+                    device.append(rec)
+            elif cls is Collective or cls is PointToPoint:
+                calls.write(rec, start, end)
+            else:
+                _write_other(rec, start, end, pid, emit, us)
+        for step, first, reach in unended.open():
+            _write_unended(step, first - off, max(reach - off, end_of_rank), pid, emit, us)
+        if device:
+            _write_device(device, epoch - off, pid, emit, us)
+
+
+def _flows(graph, flows: list) -> tuple[dict[tuple, int], dict[tuple, dict[int, str]]]:
+    """({call key: flow id}, {call key: {rank: "s" | "t" | "f"}}) of every call with two
+    members or more: its flow starts at the first to enter and finishes at the last;
+    `flows[0]`, the last id given, counts on."""
     flow_ids: dict[tuple, int] = {}
-    roles: dict[tuple, dict[int, str]] = {}  # call key -> rank -> "s" | "t" | "f"
+    roles: dict[tuple, dict[int, str]] = {}
     for key, call in graph.calls.items():
         if len(call.members) < 2:
             continue
@@ -107,102 +146,110 @@ def _write_attempt(bundle: Bundle, graph, emit, counts: dict, flows: list, steps
             flows[0] += 1
             flow_ids[key] = flows[0]
             roles[key] = {pm.src: "s", pm.dst: "f"} if pm.src != pm.dst else {pm.src: "s"}
+    return flow_ids, roles
 
-    def us(t: int) -> float:
-        return round((t - t0) / 1000, 3)
 
-    for rank in graph.ranks:
-        trace = graph.traces[rank]
-        off = trace.offset_ns
-        pid = pid_base + rank
-        emit({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{label}rank {rank}"}})
-        emit({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
-        for tid, name in ((_TID_STEPS, "steps"), (_TID_COMPUTE, "compute"), (_TID_OPS, "operators")):
-            emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
-            emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
-        lanes: list[int] = []  # end of the last call in each communication lane
-        end_of_rank = trace.last_ns if trace.last_ns is not None else t0
-        epoch = bundle.rank_info(rank).get("device_time")
-        epoch = epoch.get("epoch_host_ns") if type(epoch) is dict else None
-        device: list[DeviceTime] = []
-        unended = OpenSteps()
-        for rec in bundle.events(rank, steps=steps):
-            start = rec.start_ns - off
-            end = None if rec.end_ns is None else rec.end_ns - off
-            cls = type(rec)
-            if rec.step in failed:
-                unended.see(rec)
-            if cls is DeviceTime:
-                if type(epoch) is int:
-                    device.append(rec)
-            elif cls is Compute:
-                if end is None:
-                    continue
-                tid = _TID_COMPUTE if rec.name is None else _TID_OPS
-                emit({"ph": "X", "pid": pid, "tid": tid, "name": rec.name or "compute", "cat": "compute",
-                      "ts": us(start), "dur": round((end - start) / 1000, 3), "args": {"step": rec.step}})
-            elif cls is Collective or cls is PointToPoint:
-                stop = end if end is not None else max(end_of_rank, start)
-                lane = next((i for i, e in enumerate(lanes) if e <= start), None)
-                if lane is None:
-                    lane = len(lanes)
-                    lanes.append(stop)
-                    name = "communication" if lane == 0 else f"communication {lane + 1}"
-                    emit({"ph": "M", "pid": pid, "tid": _TID_COMM + lane, "name": "thread_name",
-                          "args": {"name": name}})
-                    emit({"ph": "M", "pid": pid, "tid": _TID_COMM + lane, "name": "thread_sort_index",
-                          "args": {"sort_index": _TID_COMM + lane}})
-                else:
-                    lanes[lane] = max(lanes[lane], stop)
-                tid = _TID_COMM + lane
-                if cls is Collective:
-                    key = (rec.group, rec.seq)
-                    name = rec.op
-                    args = {"group": rec.group, "seq": rec.seq, "step": rec.step,
-                            "shapes": [list(s) for s in rec.in_shapes], "dtypes": list(rec.in_dtypes),
-                            "bytes": rec.in_bytes, "reduce_op": rec.reduce_op, "root": rec.root,
-                            "async": rec.async_op}
-                else:
-                    sending = not ops.receives(rec.op)
-                    key = (rec.group, rank, rec.peer, rec.seq) if sending else (rec.group, rec.peer, rank, rec.seq)
-                    name = f"{rec.op} {'to' if sending else 'from'} {rec.peer}"
-                    args = {"group": rec.group, "seq": rec.seq, "peer": rec.peer, "step": rec.step,
-                            "shapes": [list(s) for s in rec.shapes], "dtypes": list(rec.dtypes),
-                            "bytes": rec.nbytes, "async": rec.async_op}
-                if end is None:
-                    name += " (never completed)"
-                    args["never_completed"] = True
-                if rec.stack:
-                    args["stack"] = list(rec.stack)
-                emit({"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": "communication",
-                      "ts": us(start), "dur": round((stop - start) / 1000, 3), "args": args})
-                fid = flow_ids.get(key)
-                role = roles[key].get(rank) if fid is not None else None
-                if role is not None:
-                    flow = f"{rec.op} {key}" if cls is Collective else f"p2p {key}"
-                    emit({"ph": role, "pid": pid, "tid": tid, "name": flow, "cat": "flow", "id": fid,
-                          "ts": us(start), "bp": "e"})
-                    counts["flows"] += role == "s"
-                if rec.mem_alloc is not None:
-                    emit({"ph": "C", "pid": pid, "name": "memory", "ts": us(start),
-                          "args": {"allocated": rec.mem_alloc}})
-            elif cls is Step:
-                if end is not None:
-                    emit({"ph": "X", "pid": pid, "tid": _TID_STEPS, "name": f"step {rec.step}", "cat": "step",
-                          "ts": us(start), "dur": round((end - start) / 1000, 3),
-                          "args": {"step": rec.step, "mem_peak": rec.mem_peak}})
-            elif cls is Memory:
-                emit({"ph": "C", "pid": pid, "name": "memory", "ts": us(start),
-                      "args": {"allocated": rec.mem_alloc}})
-                emit({"ph": "C", "pid": pid, "name": "memory peak", "ts": us(start),
-                      "args": {"peak": rec.mem_peak}})
-            elif cls is Marker:
-                emit({"ph": "i", "pid": pid, "tid": _TID_STEPS, "s": "p", "name": rec.name, "cat": "marker",
-                      "ts": us(start), "args": {"value": rec.value, "text": rec.text}})
-        for step, first, reach in unended.open():
-            _write_unended(step, first - off, max(reach - off, end_of_rank), pid, emit, us)
-        if device:
-            _write_device(device, epoch - off, pid, emit, us)
+def _write_names(pid: int, name: str, emit) -> None:
+    """A rank's process name, and its threads' names and order."""
+    emit({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
+    emit({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+    for tid, thread in ((_TID_STEPS, "steps"), (_TID_COMPUTE, "compute"), (_TID_OPS, "operators")):
+        emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": thread}})
+        emit({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+
+
+def _write_other(rec, start: int, end: int | None, pid: int, emit, us) -> None:
+    """A compute span, a step, a memory sample or a marker of one rank."""
+    cls = type(rec)
+    if cls is Compute:
+        if end is None:
+            return
+        tid = _TID_COMPUTE if rec.name is None else _TID_OPS
+        emit({"ph": "X", "pid": pid, "tid": tid, "name": rec.name or "compute", "cat": "compute",
+              "ts": us(start), "dur": round((end - start) / 1000, 3), "args": {"step": rec.step}})
+    elif cls is Step:
+        if end is not None:
+            emit({"ph": "X", "pid": pid, "tid": _TID_STEPS, "name": f"step {rec.step}", "cat": "step",
+                  "ts": us(start), "dur": round((end - start) / 1000, 3),
+                  "args": {"step": rec.step, "mem_peak": rec.mem_peak}})
+    elif cls is Memory:
+        emit({"ph": "C", "pid": pid, "name": "memory", "ts": us(start),
+              "args": {"allocated": rec.mem_alloc}})
+        emit({"ph": "C", "pid": pid, "name": "memory peak", "ts": us(start),
+              "args": {"peak": rec.mem_peak}})
+    elif cls is Marker:
+        emit({"ph": "i", "pid": pid, "tid": _TID_STEPS, "s": "p", "name": rec.name, "cat": "marker",
+              "ts": us(start), "args": {"value": rec.value, "text": rec.text}})
+
+
+class _Calls:
+    """One rank's collective and point-to-point calls: each on the first communication
+    lane free when it starts (a lane a thread), with its end of a flow if it has one."""
+
+    def __init__(self, pid: int, rank: int, end_of_rank: int, flow_ids: dict, roles: dict, counts: dict, emit, us):
+        self.pid, self.rank, self.end_of_rank = pid, rank, end_of_rank
+        self.flow_ids, self.roles, self.counts = flow_ids, roles, counts
+        self.emit, self.us = emit, us
+        self.lanes: list[int] = []  # end of the last call in each lane
+
+    def write(self, rec, start: int, end: int | None) -> None:
+        """One call: its span (to where the rank's records end if it never completed), its
+        flow event and its memory sample."""
+        pid, emit, us = self.pid, self.emit, self.us
+        stop = end if end is not None else max(self.end_of_rank, start)
+        tid = self.lane(start, stop)
+        key, name, args = self.describe(rec)
+        if end is None:
+            name += " (never completed)"
+            args["never_completed"] = True
+        if rec.stack:
+            args["stack"] = list(rec.stack)
+        emit({"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": "communication",
+              "ts": us(start), "dur": round((stop - start) / 1000, 3), "args": args})
+        fid = self.flow_ids.get(key)
+        role = self.roles[key].get(self.rank) if fid is not None else None
+        if role is not None:
+            flow = f"{rec.op} {key}" if type(rec) is Collective else f"p2p {key}"
+            emit({"ph": role, "pid": pid, "tid": tid, "name": flow, "cat": "flow", "id": fid,
+                  "ts": us(start), "bp": "e"})
+            self.counts["flows"] += role == "s"
+        if rec.mem_alloc is not None:
+            emit({"ph": "C", "pid": pid, "name": "memory", "ts": us(start),
+                  "args": {"allocated": rec.mem_alloc}})
+
+    def lane(self, start: int, stop: int) -> int:
+        """The thread of the first lane free at `start`, a new one named if none is."""
+        lanes = self.lanes
+        lane = next((i for i, e in enumerate(lanes) if e <= start), None)
+        if lane is None:
+            lane = len(lanes)
+            lanes.append(stop)
+            name = "communication" if lane == 0 else f"communication {lane + 1}"
+            self.emit({"ph": "M", "pid": self.pid, "tid": _TID_COMM + lane, "name": "thread_name",
+                       "args": {"name": name}})
+            self.emit({"ph": "M", "pid": self.pid, "tid": _TID_COMM + lane, "name": "thread_sort_index",
+                       "args": {"sort_index": _TID_COMM + lane}})
+        else:
+            lanes[lane] = max(lanes[lane], stop)
+        return _TID_COMM + lane
+
+    def describe(self, rec) -> tuple[tuple, str, dict]:
+        """(its call's key in the graph, its name, its args) of a call."""
+        if type(rec) is Collective:
+            key = (rec.group, rec.seq)
+            args = {"group": rec.group, "seq": rec.seq, "step": rec.step,
+                    "shapes": [list(s) for s in rec.in_shapes], "dtypes": list(rec.in_dtypes),
+                    "bytes": rec.in_bytes, "reduce_op": rec.reduce_op, "root": rec.root,
+                    "async": rec.async_op}
+            return key, rec.op, args
+        rank = self.rank
+        sending = not ops.receives(rec.op)
+        key = (rec.group, rank, rec.peer, rec.seq) if sending else (rec.group, rec.peer, rank, rec.seq)
+        name = f"{rec.op} {'to' if sending else 'from'} {rec.peer}"
+        args = {"group": rec.group, "seq": rec.seq, "peer": rec.peer, "step": rec.step,
+                "shapes": [list(s) for s in rec.shapes], "dtypes": list(rec.dtypes),
+                "bytes": rec.nbytes, "async": rec.async_op}
+        return key, name, args
 
 
 def _write_unended(step: int, start: int, stop: int, pid: int, emit, us) -> None:
