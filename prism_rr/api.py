@@ -176,9 +176,9 @@ def record(
 ) -> RecordResult:
     """Run `cmd` with every rank recording into `<output>.d/`, then pack the spools into `output`.
 
-    What each rank records is `options` (a RecordOptions), or RecordOptions of `fields`
-    (`steps="1:4"`, `payload="full"`, `memory=True`, `flight=8`, ...).
-    `nproc` > 0 starts that many local ranks with torchrun's environment around `cmd`.
+    Each rank records as `options` (a RecordOptions) or RecordOptions(**`fields`) say
+    (`steps="1:4"`, `payload="full"`, `flight=8`, ...). `nproc` > 0 starts that many
+    local ranks with torchrun's environment around `cmd`.
     One node of a multi-node job (`cmd` a torchrun launch of more than one node, or
     `node` given; see `prism_rr.recorder.launch.launch_node`) records into
     `<output>.d/node-<name>/` and packs nothing: this node cannot know when the others
@@ -196,9 +196,8 @@ def record(
     A SIGINT or SIGTERM to this process stops the program within a few seconds and packs
     what was recorded (the bundle says it was interrupted; RecorderError where no rank
     had finished init_process_group yet).
-    `warn` hears, as they happen, the warnings that come before packing, and one that the
-    spools could not all be removed. The result's `lines()` and `exit_status` are what
-    `prism-rr record` says and exits with.
+    `warn` hears the warnings before packing as they come, and one that the spools could
+    not all be removed. The result's `lines()` and `exit_status`: what `record` says and exits with.
     """
     from prism_rr.recorder import launch
 
