@@ -95,6 +95,90 @@ def call_arrivals(tm: TimelineModel, rank: int, index: int, limit: int = MAX_MEM
             "first": min((row[1] for row in arrived), default=None)}
 
 
+def _fields_table(tm: TimelineModel, rank: int, spans, index: int, failure: str | None) -> Table:
+    """One record's fields as a table: what and where it was, then its data, memory and
+    stack."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+
+    def row(name: str | Text, value: str | Text) -> None:
+        """A row of Text: a str cell is read as markup, and a value quotes the bundle."""
+        table.add_row(Text(name) if isinstance(name, str) else name,
+                      Text(value) if isinstance(value, str) else value)
+
+    rec = spans.records[index]
+    _where_rows(row, tm, rank, spans, index, failure)
+    _data_rows(row, rec)
+    stack = getattr(rec, "stack", None)
+    if stack:
+        row("stack", "\n".join(shown(frame) for frame in stack))
+    elif isinstance(rec, Compute):
+        table.add_row("", Text("the program's own work between two calls (no stack is recorded for it)",
+                               style="italic grey50"))
+    return table
+
+
+def _where_rows(row, tm: TimelineModel, rank: int, spans, index: int, failure: str | None) -> None:
+    """The rows that say what the record is and where: its call, rank, peer, group, step,
+    how it failed, and how long it took."""
+    rec = spans.records[index]
+    kind = _KIND.get(type(rec).__name__, type(rec).__name__)
+    what = getattr(rec, "op", None) or getattr(rec, "name", None)
+    row("call", f"{shown(what)} ({kind})" if what else kind)
+    row("rank", str(rank))
+    if isinstance(rec, PointToPoint):
+        toward = "from" if ops.receives(rec.op) else "to"
+        row("peer", f"{toward} rank {rec.peer}" + (f", tag {rec.tag}" if rec.tag else ""))
+    group = getattr(rec, "group", None)
+    if group is not None:
+        g = tm.groups.get(group)
+        row("group", f"{group} ({shown(g.get('desc') or g.get('name') or 'group')}, {len(g['ranks'])} ranks)"
+            if g else str(group))
+    step_start = tm.step_span(rec.step, rank)
+    start = spans.starts[index]
+    if step_start is not None:
+        row("step", f"{rec.step}, entered {format_ns(start - step_start[0])} after its start")
+    else:
+        row("step", str(rec.step))
+    if failure is not None:
+        row(Text("failed", style="bold red"), Text(failure, style="bold red"))
+    if rec.end_ns is None and not isinstance(rec, Marker):
+        row("duration", Text("never completed", style="bold red"))
+    elif not isinstance(rec, Marker):
+        row("duration", format_ns(rec.end_ns - rec.start_ns) + (" (until it failed)" if failure else ""))
+    issued = getattr(rec, "issued_ns", None)
+    if issued is not None:
+        row("returned", f"{format_ns(issued - rec.start_ns)} after entry (asynchronous)")
+
+
+def _data_rows(row, rec) -> None:
+    """The rows of a record's data: its tensors, its other fields, digests, payloads and
+    memory."""
+    if isinstance(rec, Collective):
+        row("in", f"{tensors_text(rec.in_shapes, rec.in_dtypes)} ({human_bytes(rec.in_bytes)})")
+        row("out", f"{tensors_text(rec.out_shapes, rec.out_dtypes)} ({human_bytes(rec.out_bytes)})")
+    elif isinstance(rec, PointToPoint):
+        row("data", f"{tensors_text(rec.shapes, rec.dtypes)} ({human_bytes(rec.nbytes)})")
+    elif getattr(rec, "shapes", None):
+        row("shapes", tensors_text(rec.shapes, ()))
+    for f in fields(rec):
+        v = getattr(rec, f.name)
+        if f.name in _SHOWN_ELSEWHERE or v in (None, (), "", False) or (f.name == "tag"):
+            continue
+        row(f.name.replace("_", " "), shown(v))
+    for name, label in (("digest_in", "digest in"), ("digest_out", "digest out"), ("digest", "digest")):
+        v = getattr(rec, name, None)
+        if v:
+            row(label, _hexes(v))
+    for name, label in (("blob_in", "payload in"), ("blob_out", "payload out"), ("blob", "payload")):
+        v = getattr(rec, name, None)
+        if v:
+            row(label, _hexes(v))
+    if isinstance(rec, (Collective, PointToPoint)):
+        row("memory", f"{_mib(rec.mem_alloc)} allocated, {_mib(rec.mem_peak)} peak")
+
+
 class SpanDetail(VerticalScroll, can_focus=True):
     """Fields of the selected call, then its group's arrivals (read in a worker). Focused
     (tab), up and down move among the members and Enter shows that member's call; c copies
@@ -122,77 +206,13 @@ class SpanDetail(VerticalScroll, can_focus=True):
         yield Static(id="detail-members")
 
     def show(self, rank: int, index: int) -> None:
+        """Show call `index` of `rank`: its fields now, its group's arrivals once read."""
         self.rank, self.index, self.arrivals = rank, index, None
         self.member_rows, self.member_cursor = [], 0
-        tm = self.model
-        spans = tm.load(rank)
+        spans = self.model.load(rank)
         rec = spans.records[index]
-        self.failure = failure = call_failure(spans, index)
-        table = Table.grid(padding=(0, 1))
-        table.add_column(style="bold cyan", no_wrap=True)
-        table.add_column()
-
-        def row(name: str | Text, value: str | Text) -> None:
-            """A row of Text: a str cell is read as markup, and a value quotes the bundle."""
-            table.add_row(Text(name) if isinstance(name, str) else name,
-                          Text(value) if isinstance(value, str) else value)
-
-        kind = _KIND.get(type(rec).__name__, type(rec).__name__)
-        what = getattr(rec, "op", None) or getattr(rec, "name", None)
-        row("call", f"{shown(what)} ({kind})" if what else kind)
-        row("rank", str(rank))
-        if isinstance(rec, PointToPoint):
-            toward = "from" if ops.receives(rec.op) else "to"
-            row("peer", f"{toward} rank {rec.peer}" + (f", tag {rec.tag}" if rec.tag else ""))
-        group = getattr(rec, "group", None)
-        if group is not None:
-            g = tm.groups.get(group)
-            row("group", f"{group} ({shown(g.get('desc') or g.get('name') or 'group')}, {len(g['ranks'])} ranks)"
-                if g else str(group))
-        step_start = tm.step_span(rec.step, rank)
-        start = spans.starts[index]
-        if step_start is not None:
-            row("step", f"{rec.step}, entered {format_ns(start - step_start[0])} after its start")
-        else:
-            row("step", str(rec.step))
-        if failure is not None:
-            row(Text("failed", style="bold red"), Text(failure, style="bold red"))
-        if rec.end_ns is None and not isinstance(rec, Marker):
-            row("duration", Text("never completed", style="bold red"))
-        elif not isinstance(rec, Marker):
-            row("duration", format_ns(rec.end_ns - rec.start_ns) + (" (until it failed)" if failure else ""))
-        issued = getattr(rec, "issued_ns", None)
-        if issued is not None:
-            row("returned", f"{format_ns(issued - rec.start_ns)} after entry (asynchronous)")
-        if isinstance(rec, Collective):
-            row("in", f"{tensors_text(rec.in_shapes, rec.in_dtypes)} ({human_bytes(rec.in_bytes)})")
-            row("out", f"{tensors_text(rec.out_shapes, rec.out_dtypes)} ({human_bytes(rec.out_bytes)})")
-        elif isinstance(rec, PointToPoint):
-            row("data", f"{tensors_text(rec.shapes, rec.dtypes)} ({human_bytes(rec.nbytes)})")
-        elif getattr(rec, "shapes", None):
-            row("shapes", tensors_text(rec.shapes, ()))
-        for f in fields(rec):
-            v = getattr(rec, f.name)
-            if f.name in _SHOWN_ELSEWHERE or v in (None, (), "", False) or (f.name == "tag"):
-                continue
-            row(f.name.replace("_", " "), shown(v))
-        for name, label in (("digest_in", "digest in"), ("digest_out", "digest out"), ("digest", "digest")):
-            v = getattr(rec, name, None)
-            if v:
-                row(label, _hexes(v))
-        for name, label in (("blob_in", "payload in"), ("blob_out", "payload out"), ("blob", "payload")):
-            v = getattr(rec, name, None)
-            if v:
-                row(label, _hexes(v))
-        if isinstance(rec, (Collective, PointToPoint)):
-            row("memory", f"{_mib(rec.mem_alloc)} allocated, {_mib(rec.mem_peak)} peak")
-        stack = getattr(rec, "stack", None)
-        if stack:
-            row("stack", "\n".join(shown(frame) for frame in stack))
-        elif isinstance(rec, Compute):
-            table.add_row("", Text("the program's own work between two calls (no stack is recorded for it)",
-                                   style="italic grey50"))
-        self.query_one("#detail-fields", Static).update(table)
+        self.failure = call_failure(spans, index)
+        self.query_one("#detail-fields", Static).update(_fields_table(self.model, rank, spans, index, self.failure))
         members = self.query_one("#detail-members", Static)
         if isinstance(rec, (Collective, PointToPoint)):
             members.update(Text("reading the group's members…", style="italic grey50"))
