@@ -116,6 +116,14 @@ class RankColumns:
     step_span: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
+def _in_steps(t: dict, steps: tuple[int, int]) -> dict:
+    """A kind's table, only its records of steps a..b (the table itself if all are)."""
+    keep = (t["step"] >= steps[0]) & (t["step"] <= steps[1])
+    if keep.all():
+        return t
+    return {k: v[keep] if isinstance(v, np.ndarray) else [x for x, y in zip(v, keep) if y] for k, v in t.items()}
+
+
 class ColumnReader:
     """Reads ranks of one bundle as columns; values (ops, signatures, stacks) are interned
     into `values`, so equal ones share one id across ranks."""
@@ -181,53 +189,58 @@ class ColumnReader:
                 out.last_ns = hi if out.last_ns is None else max(out.last_ns, hi)
             for kind, t in tables.items():
                 if steps is not None:
-                    keep = (t["step"] >= steps[0]) & (t["step"] <= steps[1])
-                    if not keep.all():
-                        t = {k: v[keep] if isinstance(v, np.ndarray) else [x for x, y in zip(v, keep) if y]
-                             for k, v in t.items()}
-                        tables[kind] = t
-                n = len(t["step"])
-                if not n:
-                    continue
-                start = t["start"] - offset
-                end = t["end"] - offset
-                op = t["open"]
-                t["start"], t["end"] = start, end
-                if self.attribution:
-                    tail = np.where(op, start, np.maximum(end, start))
-                    _add_bounds(out.bounds, t["step"], start, tail)
-                    if "issued" in t:
-                        t["issued"] = t["issued"] - offset
-                if not whole:
-                    out.events += n
-                    lo, hi = int(start.min()), int(np.where(op, start, end).max())
-                    out.first_ns = lo if out.first_ns is None else min(out.first_ns, lo)
-                    out.last_ns = hi if out.last_ns is None else max(out.last_ns, hi)
-                if kind == _COLL or kind == _P2P:
-                    t["pos"] = base + t["kpos"]
-                    t["p2p"] = np.full(n, kind == _P2P)
-                    comm.append(t)
-                    out.steps_seen.update(_distinct(t["step"]))
-                    done = ~op & ~t["async_op"]
-                    if self.figures and done.any():
-                        _add_by_step(out.comm_ns, t["step"][done], (end - start)[done])
-                elif kind == _COMPUTE:
-                    done = ~op & ~t["named"]
-                    if done.any():
-                        _add_by_step(out.compute_ns, t["step"][done], (end - start)[done])
-                elif kind == _STEP:
-                    done = ~op
-                    for s, d in zip(t["step"][done].tolist(), (end - start)[done].tolist()):
-                        out.iteration_ns[s] = d  # a later Step record of the same step wins
-                        out.steps_seen.add(s)
-                    if self.attribution:
-                        for s, a, b in zip(t["step"][done].tolist(), start[done].tolist(),
-                                           np.maximum(end, start)[done].tolist()):
-                            out.step_span[s] = (a, b)
-                elif kind == _MARKER:
-                    out.markers.extend(zip((base + t["kpos"]).tolist(), t["records"]))
+                    t = tables[kind] = _in_steps(t, steps)
+                if len(t["step"]):
+                    self._fold(out, kind, t, offset, whole, base, comm)
             base += known
         out.markers.sort(key=lambda pm: pm[0])
+        self._set_calls(out, comm)
+        return out
+
+    def _fold(self, out: RankColumns, kind: int, t: dict, offset: int, whole: bool, base: int,
+              comm: list[dict]) -> None:
+        """Fold one kind's table of a chunk into `out`: its times, counts and figures; a call
+        table's columns kept in `comm` (at their positions after `base` records)."""
+        start = t["start"] - offset
+        end = t["end"] - offset
+        op = t["open"]
+        t["start"], t["end"] = start, end
+        if self.attribution:
+            tail = np.where(op, start, np.maximum(end, start))
+            _add_bounds(out.bounds, t["step"], start, tail)
+            if "issued" in t:
+                t["issued"] = t["issued"] - offset
+        if not whole:
+            out.events += len(start)
+            lo, hi = int(start.min()), int(np.where(op, start, end).max())
+            out.first_ns = lo if out.first_ns is None else min(out.first_ns, lo)
+            out.last_ns = hi if out.last_ns is None else max(out.last_ns, hi)
+        if kind == _COLL or kind == _P2P:
+            t["pos"] = base + t["kpos"]
+            t["p2p"] = np.full(len(start), kind == _P2P)
+            comm.append(t)
+            out.steps_seen.update(_distinct(t["step"]))
+            done = ~op & ~t["async_op"]
+            if self.figures and done.any():
+                _add_by_step(out.comm_ns, t["step"][done], (end - start)[done])
+        elif kind == _COMPUTE:
+            done = ~op & ~t["named"]
+            if done.any():
+                _add_by_step(out.compute_ns, t["step"][done], (end - start)[done])
+        elif kind == _STEP:
+            done = ~op
+            for s, d in zip(t["step"][done].tolist(), (end - start)[done].tolist()):
+                out.iteration_ns[s] = d  # a later Step record of the same step wins
+                out.steps_seen.add(s)
+            if self.attribution:
+                for s, a, b in zip(t["step"][done].tolist(), start[done].tolist(),
+                                   np.maximum(end, start)[done].tolist()):
+                    out.step_span[s] = (a, b)
+        elif kind == _MARKER:
+            out.markers.extend(zip((base + t["kpos"]).tolist(), t["records"]))
+
+    def _set_calls(self, out: RankColumns, comm: list[dict]) -> None:
+        """`out`'s call columns: the call tables' columns joined, in record order."""
         names = ("pos", "p2p", "group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack",
                  "async_op")
         types = (np.int64, bool, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int64, np.int32,
@@ -246,7 +259,6 @@ class ColumnReader:
         else:
             for k, dt in zip(names, types):
                 setattr(out, k, np.zeros(0, dt))
-        return out
 
     # --- a chunk, from its tables -------------------------------------------------------
 
@@ -344,7 +356,27 @@ class ColumnReader:
         return (np.repeat(one, n) if isinstance(one, np.ndarray) else one * n), ("const", value)
 
     def _table(self, kind: int, cols: dict, consts: dict, n: int) -> dict:
-        t: dict = {}
+        """{column: array} of one kind's table: times, steps and what its kind adds;
+        _Unexpected where a value is out of bounds or of another type."""
+        start, end, is_open, step = self._times_and_steps(kind, cols, consts, n)
+        t: dict = {"start": start, "end": np.where(is_open, 0, end), "open": is_open, "step": step}
+        if kind == _COLL or kind == _P2P:
+            self._calls(kind, cols, consts, n, t)
+        elif kind == _COMPUTE:
+            names, _ = self._column(kind, cols, consts, K_NAME, n, None, self._ids_of(_opt_str))
+            t["named"] = names != 0
+        elif kind == _MARKER:
+            names, _ = self._column(kind, cols, consts, K_NAME, n, _MISSING, _plain(_is_str))
+            values, _ = self._column(kind, cols, consts, K_VALUE, n, None, _plain(_opt_int))
+            texts, _ = self._column(kind, cols, consts, K_TEXT, n, None, _plain(_opt_str))
+            raw_start, raw_end = start.tolist(), end.tolist()
+            t["records"] = [Marker(start_ns=s, end_ns=None if o else e, step=st, name=nm, value=v, text=tx)
+                            for s, e, o, st, nm, v, tx in zip(raw_start, raw_end, is_open.tolist(),
+                                                               step.tolist(), names, values, texts)]
+        return t
+
+    def _times_and_steps(self, kind: int, cols: dict, consts: dict, n: int) -> tuple[np.ndarray, ...]:
+        """(start, end, open, step) of a table's records, times and steps within bounds."""
         deltas = self._times(cols, consts, K_START, n)
         if len(deltas) and not (abs(int(deltas[0])) <= _MAX_TIME
                                 and (n == 1 or int(np.abs(deltas[1:]).max()) <= _MAX_TIME // n)):
@@ -359,56 +391,48 @@ class ColumnReader:
         step, _ = self._column(kind, cols, consts, K_STEP, n, _MISSING, _int_column)
         if n and not (_MIN_STEP <= int(step.min()) and int(step.max()) <= _MAX_STEP):
             raise _Unexpected
-        t.update(start=start, end=np.where(is_open, 0, end), open=is_open, step=step)
-        if kind == _COLL or kind == _P2P:
-            coll = kind == _COLL
-            t["op"], op_key = self._column(kind, cols, consts, K_OP, n, _MISSING, self._ids_of(_is_str))
-            t["group"], _ = self._column(kind, cols, consts, K_GROUP, n, _MISSING, _int_column)
-            t["seq"], _ = self._column(kind, cols, consts, K_SEQ, n, _MISSING, _int_column)
-            if coll:
-                root, root_key = self._column(kind, cols, consts, K_PEER, n, None, self._ids_of(_opt_int))
-                t["peer"] = np.zeros(n, np.int64)
-            else:
-                t["peer"], root_key = self._column(kind, cols, consts, K_PEER, n, _MISSING, _int_column)
-            t["async_op"], _ = self._column(kind, cols, consts, K_ASYNC, n, False, _bool_column)
-            t["stack"], _ = self._column(kind, cols, consts, K_STACK, n, None, self._ids_of(_opt_strs))
-            parts = [(t["op"], op_key)]
-            wires = ((K_IN_SHAPES, K_IN_DTYPES, K_OUT_SHAPES, K_OUT_DTYPES, K_REDUCE_OP) if coll
-                     else (K_IN_SHAPES, K_IN_DTYPES))
-            for wire in wires:
-                check = _shapes if wire in (K_IN_SHAPES, K_OUT_SHAPES) else _strs if wire != K_REDUCE_OP else _opt_str
-                default = None if wire == K_REDUCE_OP else ()
-                parts.append(self._column(kind, cols, consts, wire, n, default, self._ids_of(check)))
-            if coll:
-                parts.append((root, root_key))
-            if self.attribution:
-                t["issued"], t["has_issued"] = self._issued(cols, consts, n)
-            if self.tags:
-                t["tag"] = np.zeros(n, np.int64) if coll else self._column(kind, cols, consts, K_TAG, n, _MISSING,
-                                                                           _int_column)[0]
-            key = ("sig", kind, n, *(k for _, k in parts))
+        return start, end, is_open, step
+
+    def _calls(self, kind: int, cols: dict, consts: dict, n: int, t: dict) -> None:
+        """A call table's columns into `t`: op, group, seq, peer, async_op, stack, each
+        call's signature (of its op, shapes, dtypes, reduce op and root), and what the
+        reader was asked for besides (issued, tag, structure)."""
+        coll = kind == _COLL
+        t["op"], op_key = self._column(kind, cols, consts, K_OP, n, _MISSING, self._ids_of(_is_str))
+        t["group"], _ = self._column(kind, cols, consts, K_GROUP, n, _MISSING, _int_column)
+        t["seq"], _ = self._column(kind, cols, consts, K_SEQ, n, _MISSING, _int_column)
+        if coll:
+            root, root_key = self._column(kind, cols, consts, K_PEER, n, None, self._ids_of(_opt_int))
+            t["peer"] = np.zeros(n, np.int64)
+        else:
+            t["peer"], root_key = self._column(kind, cols, consts, K_PEER, n, _MISSING, _int_column)
+        t["async_op"], _ = self._column(kind, cols, consts, K_ASYNC, n, False, _bool_column)
+        t["stack"], _ = self._column(kind, cols, consts, K_STACK, n, None, self._ids_of(_opt_strs))
+        parts = [(t["op"], op_key)]
+        wires = ((K_IN_SHAPES, K_IN_DTYPES, K_OUT_SHAPES, K_OUT_DTYPES, K_REDUCE_OP) if coll
+                 else (K_IN_SHAPES, K_IN_DTYPES))
+        for wire in wires:
+            check = _shapes if wire in (K_IN_SHAPES, K_OUT_SHAPES) else _strs if wire != K_REDUCE_OP else _opt_str
+            default = None if wire == K_REDUCE_OP else ()
+            parts.append(self._column(kind, cols, consts, wire, n, default, self._ids_of(check)))
+        if coll:
+            parts.append((root, root_key))
+        if self.attribution:
+            t["issued"], t["has_issued"] = self._issued(cols, consts, n)
+        if self.tags:
+            t["tag"] = np.zeros(n, np.int64) if coll else self._column(kind, cols, consts, K_TAG, n, _MISSING,
+                                                                       _int_column)[0]
+        key = ("sig", kind, n, *(k for _, k in parts))
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts])
+        t["sig"] = got
+        if self.structures:
+            key = ("structure", *key[1:])
             got = self._memo.get(key)
             if got is None:
-                got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts])
-            t["sig"] = got
-            if self.structures:
-                key = ("structure", *key[1:])
-                got = self._memo.get(key)
-                if got is None:
-                    got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts], _structure)
-                t["structure"] = got
-        elif kind == _COMPUTE:
-            names, _ = self._column(kind, cols, consts, K_NAME, n, None, self._ids_of(_opt_str))
-            t["named"] = names != 0
-        elif kind == _MARKER:
-            names, _ = self._column(kind, cols, consts, K_NAME, n, _MISSING, _plain(_is_str))
-            values, _ = self._column(kind, cols, consts, K_VALUE, n, None, _plain(_opt_int))
-            texts, _ = self._column(kind, cols, consts, K_TEXT, n, None, _plain(_opt_str))
-            raw_start, raw_end = start.tolist(), end.tolist()
-            t["records"] = [Marker(start_ns=s, end_ns=None if o else e, step=st, name=nm, value=v, text=tx)
-                            for s, e, o, st, nm, v, tx in zip(raw_start, raw_end, is_open.tolist(),
-                                                               step.tolist(), names, values, texts)]
-        return t
+                got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts], _structure)
+            t["structure"] = got
 
     def _times(self, cols, consts, wire, n):
         if wire in cols:
