@@ -350,29 +350,26 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
     the logs are removed. Returns the bundles written."""
     spool_dir = Path(spool_dir)
     output = Path(output)
-    written = []
     logs = sorted(spool_dir.glob("rank-*.log"))
     named_logs = [(p, named) for p in logs if (named := parse_rank_file(p.name)) is not None]  # (path, (rank, attempt, kind))
-    dumps = _dumps(spool_dir)
-    for n, d in dumps:
+    written = _pack_dumps(spool_dir, output, named_logs, last_steps, world_size)
+    written += _pack_crashes(spool_dir, output, named_logs, last_steps)
+    for p in logs:
+        p.unlink(missing_ok=True)
+    return written
+
+
+def _pack_dumps(spool_dir: Path, output: Path, named_logs: list, last_steps: int, world_size: int | None) -> list[Path]:
+    """Pack each dump that has spools and no bundle yet, with the logs of the ranks missing
+    from it; the bundles written."""
+    written = []
+    for n, d in _dumps(spool_dir):
         target = dump_bundle_path(output, n)
         spools = sorted(d.glob("rank-*.spool"))
         if target.exists() or not spools:
             continue
-        first = None
-        try:
-            from prism_rr.format.spool import frame_info, read_spool
-
-            scan = read_spool(spools[0])
-            data = spools[0].read_bytes()
-            info = {}
-            for f in scan.frames:
-                if f.kind == layout.FRAME_RANK_INFO:
-                    info.update(frame_info(data, f, spools[0].name))
-            facts = dict(info.get("flight_ring", {}).get("trigger") or {})
-            first = facts.get("first_step")
-        except Exception:
-            facts, info = {}, {}
+        facts, info = _dump_facts(spools[0])
+        first = facts.get("first_step")
         ranks = sorted(int(p.name[5:10]) for p in spools)
         incarnation = info.get("incarnation")
         attempt = incarnation.get("file_attempt") if isinstance(incarnation, dict) else None
@@ -386,6 +383,30 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
         if _pack_dump(d, target, {**facts, "steps_kept": last_steps, "packed_by": "record"}, n, expected,
                       from_logs) is not None:
             written.append(target)
+    return written
+
+
+def _dump_facts(spool: Path) -> tuple[dict, dict]:
+    """A dump's trigger facts and the rank info of one of its spools; ({}, {}) where the
+    spool cannot be read."""
+    try:
+        from prism_rr.format.spool import frame_info, read_spool
+
+        scan = read_spool(spool)
+        data = spool.read_bytes()
+        info = {}
+        for f in scan.frames:
+            if f.kind == layout.FRAME_RANK_INFO:
+                info.update(frame_info(data, f, spool.name))
+        return dict(info.get("flight_ring", {}).get("trigger") or {}), info
+    except Exception:
+        return {}, {}
+
+
+def _pack_crashes(spool_dir: Path, output: Path, named_logs: list, last_steps: int) -> list[Path]:
+    """For each attempt whose logs say a rank died after the last dump, pack its logs as a
+    dump of their own (trigger "crash"); the bundles written."""
+    written = []
     by_attempt: dict[int, dict] = {}  # attempt -> {log: its records}
     for p, named in named_logs:
         try:
@@ -412,8 +433,6 @@ def finish_logs(spool_dir, output, last_steps: int, world_size: int | None = Non
         if _pack_dump(d, target, {"trigger": "crash", "first_step": first, "steps_kept": last_steps}, n, ranks,
                       from_logs) is not None:
             written.append(target)
-    for p in logs:
-        p.unlink(missing_ok=True)
     return written
 
 
