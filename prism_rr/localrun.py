@@ -101,42 +101,52 @@ def run_local(
         logs.mkdir(parents=True, exist_ok=True)
 
     procs: list[subprocess.Popen] = []
-    files = []
+    files: list = []
     try:
         for rank in range(world_size):
-            child_env = dict(os.environ)
-            child_env.setdefault("OMP_NUM_THREADS", "1")
-            child_env.update(rank_env(rank, world_size, port, run_id))
-            child_env.update(env or {})
-            out = err = None
-            if logs is not None:
-                out = open(logs / f"rank{rank}.stdout", "wb")
-                err = open(logs / f"rank{rank}.stderr", "wb")
-                files += [out, err]
-            # Own session per rank so a kill reaches anything the rank started.
-            proc = subprocess.Popen(
-                list(argv), env=child_env, cwd=cwd, stdout=out, stderr=err, start_new_session=True
-            )
-            procs.append(proc)
-
-        deadline = time.monotonic() + timeout
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                return [int(c) for c in codes]
-            if kill_on_failure and any(c not in (None, 0) for c in codes):
-                kill_ranks(procs)
-                return [int(p.returncode) for p in procs]
-            if time.monotonic() > deadline:
-                kill_ranks(procs)
-                raise TimeoutError(f"{world_size} ranks of {list(argv)!r} still running after {timeout:g}s")
-            time.sleep(_POLL_S)
+            procs.append(_start_rank(argv, rank, world_size, port, run_id, env, cwd, logs, files))
+        return _wait_ranks(procs, argv, timeout, kill_on_failure)
     finally:
         # Also on KeyboardInterrupt or a failed Popen: leave no rank behind.
         if any(p.poll() is None for p in procs):
             kill_ranks(procs)
         for f in files:
             f.close()
+
+
+def _start_rank(argv: Sequence[str], rank: int, world_size: int, port: int, run_id: str,
+                env: Mapping[str, str] | None, cwd, logs: Path | None, files: list) -> subprocess.Popen:
+    """Start one rank with torchrun's environment, in a session of its own; its log
+    files, where there are logs, are added to `files` (the caller closes them)."""
+    child_env = dict(os.environ)
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env.update(rank_env(rank, world_size, port, run_id))
+    child_env.update(env or {})
+    out = err = None
+    if logs is not None:
+        out = open(logs / f"rank{rank}.stdout", "wb")
+        err = open(logs / f"rank{rank}.stderr", "wb")
+        files += [out, err]
+    # Own session per rank so a kill reaches anything the rank started.
+    return subprocess.Popen(list(argv), env=child_env, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
+
+
+def _wait_ranks(procs: list[subprocess.Popen], argv: Sequence[str], timeout: float, kill_on_failure: bool) -> list[int]:
+    """Wait for every rank to exit and return their exit codes; the first to fail gets the
+    others killed (with `kill_on_failure`), and past `timeout` seconds all are killed and
+    TimeoutError raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes]
+        if kill_on_failure and any(c not in (None, 0) for c in codes):
+            kill_ranks(procs)
+            return [int(p.returncode) for p in procs]
+        if time.monotonic() > deadline:
+            kill_ranks(procs)
+            raise TimeoutError(f"{len(procs)} ranks of {list(argv)!r} still running after {timeout:g}s")
+        time.sleep(_POLL_S)
 
 
 def exit_code(codes: Sequence[int]) -> int:
