@@ -471,47 +471,64 @@ def _split(g: _Graph) -> dict[int, RankTime]:
     w_hi = np.where(g.stranded, end, np.minimum(last, end))
     b_hi = np.where(g.async_op, g.issued, end)
     a = g.async_op
-    w = (rank[waits], g.start[waits], w_hi[waits])
-    b = (rank, g.start, b_hi)
-    f = (rank[a], g.start[a], end[a])
-    wait = _union_by_rank(g, *w)
-    in_calls = _union_by_rank(g, *(np.concatenate(x) for x in zip(w, b)))
-    busy = _union_by_rank(g, *(np.concatenate(x) for x in zip(w, b, f)))
-    late_ns = np.zeros(len(g.ranks), np.int64)
-    np.add.at(late_ns, rank, g.held)
-    late_calls = np.bincount(rank[g.held > 0], minlength=len(g.ranks))
+    sets = np.repeat(np.arange(3, dtype=np.int8), [int(waits.sum()), len(rank), int(a.sum())])
+    wait, in_calls, busy = _unions_by_rank(g, np.concatenate([rank[waits], rank, rank[a]]),
+                                           np.concatenate([g.start[waits], g.start, g.start[a]]),
+                                           np.concatenate([w_hi[waits], b_hi, end[a]]), sets)
+    held = g.held > 0
+    late_ns = _sum_by_rank(rank[held], g.held[held], len(g.ranks))  # nodes are in rank order
+    late_calls = np.bincount(rank[held], minlength=len(g.ranks))
     total = g.we - g.ws
     out = {}
-    for k, (r, t, wt, ic, bz, ln, lc) in enumerate(zip(g.ranks, total.tolist(), wait.tolist(), in_calls.tolist(),
-                                                      busy.tolist(), late_ns.tolist(), late_calls.tolist())):
+    for r, t, wt, ic, bz, ln, lc in zip(g.ranks, total.tolist(), wait.tolist(), in_calls.tolist(), busy.tolist(),
+                                        late_ns.tolist(), late_calls.tolist()):
         out[r] = RankTime(rank=r, total_ns=t, compute_ns=max(0, t - bz), overlapped_ns=bz - ic, exposed_ns=ic - wt,
                           waiting_ns=wt, late_ns=ln, late_calls=lc)
     return out
 
 
-def _union_by_rank(g: _Graph, rank: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _sum_by_rank(rank: np.ndarray, values: np.ndarray, ranks: int) -> np.ndarray:
+    """Per rank index, the sum of `values` (`rank` ascending), exactly."""
+    total = np.concatenate([[0], np.cumsum(values)])
+    at = np.searchsorted(rank, np.arange(ranks + 1))
+    return total[at[1:]] - total[at[:-1]]
+
+
+def _unions_by_rank(g: _Graph, rank: np.ndarray, lo: np.ndarray, hi: np.ndarray, sets: np.ndarray) -> list:
     """Per rank index, the length of the union of its intervals [lo, hi) (each within its
-    window): the ranks' windows laid end to end, one sort and one running maximum."""
+    window) in sets 0, 0-1 and 0-2: the ranks' windows laid end to end, one sort, and one
+    running maximum per union."""
     keep = hi > lo
-    rank, lo, hi = rank[keep], lo[keep], hi[keep]
-    out = np.zeros(len(g.ranks), np.int64)
-    if not len(lo):
-        return out
+    rank, lo, hi, sets = rank[keep], lo[keep], hi[keep], sets[keep]
     if float((g.we.astype(float) - g.ws.astype(float) + 1).sum()) >= 2.0**61:  # too long to lay end to end
-        for k in np.unique(rank).tolist():
-            mine = rank == k
-            out[k] = _measure(zip(lo[mine].tolist(), hi[mine].tolist()))
-        return out
+        return _unions_one_by_one(len(g.ranks), rank, lo, hi, sets)
     room = g.we - g.ws + 1
     off = (np.cumsum(room) - room)[rank] - g.ws[rank]  # each window's start laid at its place
-    a, b = lo + off, hi + off
-    by = np.argsort(a, kind="stable")
-    a, b = a[by], b[by]
-    reach = np.maximum.accumulate(b)
-    first = np.ones(len(a), bool)
-    first[1:] = a[1:] > reach[:-1]
-    at = np.flatnonzero(first)
-    np.add.at(out, rank[by][at], np.maximum.reduceat(b, at) - a[at])
+    by = np.argsort(lo + off, kind="stable")
+    a, b, rank, sets = lo[by] + off[by], hi[by] + off[by], rank[by], sets[by]
+    out = []
+    for upto in range(3):
+        mine = sets <= upto
+        x, y, r = a[mine], b[mine], rank[mine]
+        if not len(x):
+            out.append(np.zeros(len(g.ranks), np.int64))
+            continue
+        reach = np.maximum.accumulate(y)
+        at = np.flatnonzero(np.r_[True, x[1:] > reach[:-1]])
+        out.append(_sum_by_rank(r[at], np.maximum.reduceat(y, at) - x[at], len(g.ranks)))
+    return out
+
+
+def _unions_one_by_one(ranks: int, rank, lo, hi, sets) -> list:
+    """What `_unions_by_rank` gives, a rank at a time."""
+    by = np.argsort(rank, kind="stable")
+    cut = np.searchsorted(rank[by], np.arange(ranks + 1)).tolist()
+    out = [np.zeros(ranks, np.int64) for _ in range(3)]
+    for k in range(ranks):
+        mine = by[cut[k] : cut[k + 1]]
+        for upto in range(3):
+            i = mine[sets[mine] <= upto]
+            out[upto][k] = _measure(zip(lo[i].tolist(), hi[i].tolist()))
     return out
 
 
@@ -647,10 +664,11 @@ def _topological(size: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | No
         total = int(count.sum())
         if not total:
             break
-        nxt = dst[np.repeat(ptr[now] - (np.cumsum(count) - count), count) + np.arange(total)]
-        np.subtract.at(indeg, nxt, 1)
-        nxt = np.sort(nxt[indeg[nxt] == 0])
-        now = nxt[np.r_[True, nxt[1:] != nxt[:-1]]] if len(nxt) else nxt
+        nxt = np.sort(dst[np.repeat(ptr[now] - (np.cumsum(count) - count), count) + np.arange(total)])
+        first = np.flatnonzero(np.r_[True, nxt[1:] != nxt[:-1]])
+        nxt = nxt[first]
+        indeg[nxt] -= np.diff(np.r_[first, total])
+        now = nxt[indeg[nxt] == 0]
         depth += 1
     return None if (level < 0).any() else level
 
