@@ -93,8 +93,10 @@ static inline void put_u64(char *p, uint64_t v) { memcpy(p, &v, 8); }
 #define MAX_FIELDS 32
 
 typedef struct {
-    int off;   /* in the entry */
-    char code; /* struct's: b B h H i I q Q */
+    int off;       /* in the entry */
+    char code;     /* struct's: b B h H i I q Q */
+    uint64_t lo, span; /* the values it holds, lo to lo + span (struct.pack_into refuses others) */
+    uint64_t mask; /* its width's bytes */
 } Field;
 
 typedef struct {
@@ -105,6 +107,8 @@ typedef struct {
     int enter_n, enter_cid;             /* an ENTER's fields after the head; which one is the call id */
     int enter_pads, done_pads;          /* zeros between fields ('x'): the body is zeroed first */
     Field enter[MAX_FIELDS];
+    Field enter_args[MAX_FIELDS];       /* the same but the call id: what enter's arguments fill */
+    int enter_cid_off;
     long long enter_body, enter_size;   /* ENTER_BODY.size, ENTER.size */
     Field done[6];                      /* call id, end, issued, peer, (zero), call seq */
     long long done_body, done_size;
@@ -140,12 +144,17 @@ parse_fields(const char *fmt, Field *out, int max, int *n, long long *size, int 
                 return layout_error("a count with no code in an entry's struct");
         }
         int width;
+        long long lo, hi;
         switch (*p) {
         case 'x': off += count; *pads = 1; continue; /* padding: zeros */
-        case 'b': case 'B': width = 1; break;
-        case 'h': case 'H': width = 2; break;
-        case 'i': case 'I': width = 4; break;
-        case 'q': case 'Q': width = 8; break;
+        case 'b': width = 1; lo = INT8_MIN; hi = INT8_MAX; break;
+        case 'B': width = 1; lo = 0; hi = UINT8_MAX; break;
+        case 'h': width = 2; lo = INT16_MIN; hi = INT16_MAX; break;
+        case 'H': width = 2; lo = 0; hi = UINT16_MAX; break;
+        case 'i': width = 4; lo = INT32_MIN; hi = INT32_MAX; break;
+        case 'I': width = 4; lo = 0; hi = UINT32_MAX; break;
+        case 'q': width = 8; lo = INT64_MIN; hi = INT64_MAX; break;
+        case 'Q': width = 8; lo = 0; hi = INT64_MAX; break; /* past it: an int no long long holds, the slow path's */
         default:
             PyErr_Format(PyExc_ValueError, "prism_rr._speedups cannot write this call log layout (format/calllog.py): "
                          "code '%c' in %s", *p, fmt);
@@ -156,6 +165,9 @@ parse_fields(const char *fmt, Field *out, int max, int *n, long long *size, int 
                 return layout_error("an entry of too many fields");
             out[k].off = (int)off;
             out[k].code = *p;
+            out[k].lo = (uint64_t)lo;
+            out[k].span = (uint64_t)hi - (uint64_t)lo;
+            out[k].mask = width == 8 ? ~0ULL : (1ULL << (8 * width)) - 1;
             off += width;
             k++;
         }
@@ -259,6 +271,10 @@ read_layout(PyObject *ns, Layout *out)
             l.enter_cid = i;
     if (l.enter_cid < 0 || l.enter[l.enter_cid].code != 'Q')
         return layout_error("CID_AT is not where a u64 field of ENTER_BODY lies");
+    for (int i = 0, k = 0; i < l.enter_n; i++)
+        if (i != l.enter_cid)
+            l.enter_args[k++] = l.enter[i];
+    l.enter_cid_off = (int)cid_at;
     if ((fmt = get_struct(ns, "ENTER", &l.enter_size)) == NULL)
         return -1;
     Py_DECREF(fmt);
@@ -334,23 +350,17 @@ entry_layout(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                          l.enter_body, "enter_size", l.enter_size, "done_body", l.done_body, "done_size", l.done_size);
 }
 
-/* Store x as field f's code says: 1, or 0 where it does not fit (struct.pack_into would raise:
- * the slow path, Python's, raises as it does). */
+/* Store x in field f; nonzero where the field does not hold it (struct.pack_into would
+ * raise: the caller writes nothing and leaves it to the slow path, Python's, which raises
+ * as struct does). All 8 bytes at its offset, x masked to its width: the zeros past it are
+ * covered by the next field's store (fields are stored in order), are padding (zeros), or
+ * lie where the payload or the entry's end is written after; an entry is at least 8 bytes
+ * longer than its body. One store and one compare, no branch on the field's code. */
 static inline int
 put_field(char *e, const Field *f, long long x)
 {
-    char *p = e + f->off;
-    switch (f->code) {
-    case 'q': put_i64(p, x); return 1;
-    case 'Q': if (x < 0) return 0; put_u64(p, (uint64_t)x); return 1;
-    case 'i': if (x < INT32_MIN || x > INT32_MAX) return 0; put_i32(p, (int32_t)x); return 1;
-    case 'I': if (x < 0 || x > UINT32_MAX) return 0; put_u32(p, (uint32_t)x); return 1;
-    case 'h': if (x < INT16_MIN || x > INT16_MAX) return 0; put_u16(p, (uint16_t)(int16_t)x); return 1;
-    case 'H': if (x < 0 || x > UINT16_MAX) return 0; put_u16(p, (uint16_t)x); return 1;
-    case 'b': if (x < INT8_MIN || x > INT8_MAX) return 0; *p = (char)(int8_t)x; return 1;
-    case 'B': if (x < 0 || x > UINT8_MAX) return 0; *p = (char)(uint8_t)x; return 1;
-    }
-    return 0;
+    put_u64(e + f->off, (uint64_t)x & f->mask);
+    return (uint64_t)x - f->lo > f->span;
 }
 
 static int
@@ -657,15 +667,14 @@ write_enter(Cursor *self, const long long *v, PyObject *payload)
     e[4] = (char)L.t_enter;
     e[5] = (char)v[0];
     put_u16(e + 6, plen < 0 ? 0 : (uint16_t)L.aux_payload);
-    const long long *arg = v + 1;
-    for (int i = 0; i < L.enter_n; i++) {
-        if (i == L.enter_cid) {
-            put_u64(e + L.enter[i].off, (uint64_t)seq);
-        } else if (!put_field(e, &L.enter[i], *arg++)) {
-            payload_done(&p);
-            return -1; /* nothing is committed: the slow path raises as struct does */
-        }
+    int bad = 0;
+    for (int i = 0, n_args = L.enter_n - 1; i < n_args; i++)
+        bad |= put_field(e, &L.enter_args[i], v[i + 1]);
+    if (bad) {
+        payload_done(&p);
+        return -1; /* nothing is committed: the slow path raises as struct does */
     }
+    put_u64(e + L.enter_cid_off, (uint64_t)seq); /* after the field before it, whose zeros reach it */
     long long used = L.enter_body;
     if (plen >= 0) {
         payload_write(e + L.enter_body, &p);
@@ -703,12 +712,15 @@ write_done(Cursor *self, long long cid, long long end, long long issued, long lo
     e[4] = (char)L.t_done;
     e[5] = (char)flags;
     put_u16(e + 6, plen < 0 ? 0 : (uint16_t)L.aux_payload);
-    const long long v[6] = {cid, end, issued, peer, 0, call_seq};
-    for (int i = 0; i < 6; i++) {
-        if (!put_field(e, &L.done[i], v[i])) {
-            payload_done(&p);
-            return -1;
-        }
+    int bad = put_field(e, &L.done[0], cid); /* in field order: see put_field */
+    bad |= put_field(e, &L.done[1], end);
+    bad |= put_field(e, &L.done[2], issued);
+    bad |= put_field(e, &L.done[3], peer);
+    bad |= put_field(e, &L.done[4], 0);
+    bad |= put_field(e, &L.done[5], call_seq);
+    if (bad) {
+        payload_done(&p);
+        return -1;
     }
     long long used = L.done_body;
     if (plen >= 0) {
@@ -1165,7 +1177,11 @@ bind_call(PyTypeObject *cls, PyObject *proto)
     for (PyMemberDef *m = cls->tp_members; m->name != NULL; m++) {
         if (m->type != T_OBJECT_EX || n == 64)
             return bind_error("bind: Call's slot %s is not an object slot (or one of too many)", m->name);
-        proto_offsets[n++] = m->offset;
+        int given = 0; /* fast_collective's nine, set from its arguments */
+        for (int i = C_OP; i <= C_ROOT; i++)
+            given |= offsets[i] == m->offset;
+        if (!given)
+            proto_offsets[n++] = m->offset;
     }
     memcpy(call_offsets, offsets, sizeof offsets);
     proto_n = n;
@@ -1972,19 +1988,19 @@ CallState_fast_collective(CallState *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     /* Call(...) as its __init__ leaves it (the prototype's slots), then what it was given */
-    for (int i = 0; i < proto_n; i++) {
+    for (int i = 0; i < proto_n; i++) { /* (the slots given below are not among them) */
         PyObject *v = *(PyObject **)((char *)call_proto + proto_offsets[i]);
         *(PyObject **)((char *)call + proto_offsets[i]) = Py_XNewRef(v);
     }
-    slot_set(call, C_OP, Py_NewRef(args[0]));
-    slot_set(call, C_GID, Py_NewRef(args[1]));
-    slot_set(call, C_SEQ, Py_NewRef(args[2]));
-    slot_set(call, C_INS, Py_NewRef(args[3]));
-    slot_set(call, C_OUTS, Py_NewRef(args[4]));
-    slot_set(call, C_FN, Py_NewRef(args[5]));
-    slot_set(call, C_ARGS, Py_NewRef(args[6]));
-    slot_set(call, C_REDUCE_OP, name);
-    slot_set(call, C_ROOT, Py_NewRef(args[8]));
+    SLOT(call, C_OP) = Py_NewRef(args[0]); /* NULL until now: tp_alloc zeroes */
+    SLOT(call, C_GID) = Py_NewRef(args[1]);
+    SLOT(call, C_SEQ) = Py_NewRef(args[2]);
+    SLOT(call, C_INS) = Py_NewRef(args[3]);
+    SLOT(call, C_OUTS) = Py_NewRef(args[4]);
+    SLOT(call, C_FN) = Py_NewRef(args[5]);
+    SLOT(call, C_ARGS) = Py_NewRef(args[6]);
+    SLOT(call, C_REDUCE_OP) = name;
+    SLOT(call, C_ROOT) = Py_NewRef(args[8]);
     PyObject *result = CallState_fast_blocking(self, call);
     Py_DECREF(call);
     return result;
