@@ -219,8 +219,21 @@ class _Run:
         if g.traces and any(t.first_ns is not None for t in g.traces.values()):
             t0 = g.t0_ns
             self.t0_ns = t0 if self.t0_ns is None else min(self.t0_ns, t0)
+        self._add_steps(g, core)
+        t, p = g.table, g.p2p_table
+        owned, ids, keys, handed = self._add_calls(t, core, w)
+        pkeys, phanded = self._add_messages(p, core)
+        self._last_keys = (keys, pkeys)
+        self._handed = (handed, phanded)
+        self._window_keys.append(keys)
+        self.counts.add(t, core)
+        if core is None:  # the whole run: its drifts now, from its own table
+            self._find_drifts(lambda ranks: t)
+        self._count_late(t, owned, ids, w)
+
+    def _add_steps(self, g: ExecutionGraph, core: tuple[int, int] | None) -> None:
+        """The graph's own timed steps: the warm-up, and each rank's step time."""
         own = (lambda s: True) if core is None else (lambda s: core[0] <= s <= core[1])
-        # steps: the warm-up and each rank's step time
         timed = sorted(s for s, st in g.steps.items() if st.iteration_ns and own(s))
         if timed and self.warmup is None:
             self.warmup = timed[0]
@@ -229,10 +242,15 @@ class _Run:
             into = self.warmup_ns if s == self.warmup else self.step_ns
             for r, ns in g.steps[s].iteration_ns.items():
                 into[r] = into.get(r, 0) + ns
-        # A call belongs to the window of its earliest member's step: one whose members
-        # here are all in a margin is another window's (the members of the steps beyond
-        # are not read here, and it would look like a hang).
-        t, p = g.table, g.p2p_table
+
+    def _add_calls(self, t, core: tuple[int, int] | None, w: int) -> tuple[np.ndarray, list[int], set, set]:
+        """Merge the calls of window `w` that may be about a problem, and those of the
+        window before looked up here; (which calls it owns, the rows merged, their keys,
+        the keys it hands to the next window).
+
+        A call belongs to the window of its earliest member's step: one whose members
+        here are all in a margin is another window's (the members of the steps beyond
+        are not read here, and it would look like a hang)."""
         owned = _owned(t, core)
         for key in self._handed[0]:  # seen whole by the window before, which owns them
             i = t.find(*key)
@@ -243,7 +261,6 @@ class _Run:
             last = _reduce_max(t.step, t.starts)
             for i in np.flatnonzero(owned & (last > core[1])).tolist():
                 handed.add((int(t.call_group[i]), int(t.call_seq[i])))
-        # calls that may be about a problem, and those of the window before looked up here
         ids = [i for i in t.interesting() if owned[i]]
         keys = set()
         for i in ids:
@@ -256,6 +273,12 @@ class _Run:
                 self._merge_call(t.call(i), None)
                 ids.append(i)
                 keys.add(key)
+        return owned, ids, keys, handed
+
+    def _add_messages(self, p, core: tuple[int, int] | None) -> tuple[set, set]:
+        """Merge the point-to-point messages of the window that may be about a problem
+        (those whose first step is its own), and those of the window before looked up
+        here; (their keys, the keys it hands to the next window)."""
         pkeys = set()
         phanded = set()
         if core is not None and len(p):
@@ -277,13 +300,7 @@ class _Run:
             i = p.find(key)
             if i is not None:
                 self._merge_p2p(p.match(i))
-        self._last_keys = (keys, pkeys)
-        self._handed = (handed, phanded)
-        self._window_keys.append(keys)
-        self.counts.add(t, core)
-        if core is None:  # the whole run: its drifts now, from its own table
-            self._find_drifts(lambda ranks: t)
-        self._count_late(t, owned, ids, w)
+        return pkeys, phanded
 
     def read_windows(self, bundle: Bundle, windows: list[tuple[int, int]], progress=None) -> None:
         """Each window in turn (with its margins); then the drifts, whose calls are read
@@ -696,8 +713,37 @@ def _recording_off_before(g: "_Run", rank: int, t: int) -> bool:
 
 def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P2PMatch],
            silent: frozenset[int] = frozenset()) -> list[Finding]:
+    """A finding for each run of calls of one group that the same ranks never entered
+    (a hang) or never completed, then for each message stuck."""
     out: list[Finding] = []
-    runs: dict[tuple, list[MatchedCall]] = {}  # (kind, group, ranks) -> calls, coalesced
+    for (kind, group, ranks), run in _hang_runs(g, calls).items():
+        run.sort(key=lambda c: c.seq)
+        call = run[0]
+        seqs = [c.seq for c in run]
+        if _gone(g, kind, call, ranks, silent):
+            out.append(_killed(g, failures, kind, call, ranks, seqs))
+            continue
+        stack = next((m.stack for m in call.members if m.stack), None)
+        details: dict[str, Any] = {
+            "op": call.op, "entered": list(call.entered), "never_completed": list(call.incomplete),
+            "seqs": seqs[:_MAX_LISTED], "calls": len(seqs),
+        }
+        if kind == "hang":
+            msg = _hang_message(g, failures, call, ranks, seqs, details)
+        else:
+            more = f" ({len(seqs) - 1} later calls too)" if len(seqs) > 1 else ""
+            msg = (f"{_call_text(call.op, group, call.seq)} was entered by every member but never "
+                   f"completed on {_ranks_text(ranks)}{more}.")
+        out.append(Finding(kind=kind, ranks=tuple(ranks), group=group, seq=call.seq, message=msg,
+                           stack=stack, details=details))
+    return out + _stuck_p2p(p2p)
+
+
+def _hang_runs(g: "_Run", calls: list[MatchedCall]) -> dict[tuple, list[MatchedCall]]:
+    """{(kind, group, ranks): calls} of the calls some members never entered ("hang",
+    the ranks missing, less those whose recording was off) or never completed
+    ("incomplete", unless they all died in it: the crash says so)."""
+    runs: dict[tuple, list[MatchedCall]] = {}
     for call in calls:
         if not call.members:
             continue
@@ -709,65 +755,52 @@ def _hangs(g: "_Run", failures: _Failures, calls: list[MatchedCall], p2p: list[P
             if all(_crashed_in(g, r) == (call.group, call.seq) for r in call.incomplete):
                 continue  # they died in it: the crash says so (and a mismatch, if there was one, why)
             runs.setdefault(("incomplete", call.group, call.incomplete), []).append(call)
-    for (kind, group, ranks), calls in runs.items():
-        calls.sort(key=lambda c: c.seq)
-        call = calls[0]
-        seqs = [c.seq for c in calls]
-        if _gone(g, kind, call, ranks, silent):
-            out.append(_killed(g, failures, kind, call, ranks, seqs))
-            continue
-        entered = call.entered
-        waiting = [m for m in call.members if m.end_ns is None]
-        stack = next((m.stack for m in call.members if m.stack), None)
-        details: dict[str, Any] = {
-            "op": call.op, "entered": list(entered), "never_completed": list(call.incomplete),
-            "seqs": seqs[:_MAX_LISTED], "calls": len(seqs),
-        }
-        if kind == "hang":
-            doing = {}
-            sentences = []
-            for r in ranks:
-                text, d = _doing_last(g, r, failures)
-                doing[str(r)] = d
-                sentences.append(text)
-            details["missing"] = list(ranks)
-            details["missing_last"] = doing
-            stuck = f"; {_ranks_text(call.incomplete)} waited there and never completed it" if waiting else ""
-            failed = failures.take(group, call.seq)
-            if failed:
-                details["failed"] = {str(r): t for r, t in sorted(failed.items())}
-                stuck += (f"; the wait ended in an error on {_ranks_text(failed)} "
-                          f"({_short(next(iter(failed.values())))})")
-            more = f" ({len(seqs) - 1} later calls of this group lack them too)" if len(seqs) > 1 else ""
-            # ranks whose records end (the process died) before they could show the
-            # call: whether they entered it later is unknown
-            unknown = [r for r in ranks if _abrupt(g, r) and _ends_before(g, r, call.first_arrival.enter_ns)]
-            known = [r for r in ranks if r not in unknown]
-            if unknown:
-                sentences = []
-                for r in unknown:
-                    text, d = _end_text(g, r)
-                    doing[str(r)].update(d)
-                    if g.traces[r].open_calls:  # what its records last show it in
-                        text = _doing_last(g, r, failures)[0] + "; what it did afterwards is unknown"
-                    sentences.append(text)
-                for r in known:
-                    sentences.append(_doing_last(g, r, failures)[0])
-                details["unknown_after"] = unknown
-                never = f" but never by {_ranks_text(known)}" if known else ""
-                msg = (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)}{never}"
-                       f"{stuck}{more}. " + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
-            else:
-                msg = (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)} "
-                       f"but never by {_ranks_text(ranks)}{stuck}{more}. "
-                       + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
-        else:
-            more = f" ({len(seqs) - 1} later calls too)" if len(seqs) > 1 else ""
-            msg = (f"{_call_text(call.op, group, call.seq)} was entered by every member but never "
-                   f"completed on {_ranks_text(ranks)}{more}.")
-        out.append(Finding(kind=kind, ranks=tuple(ranks), group=group, seq=call.seq, message=msg,
-                           stack=stack, details=details))
-    return out + _stuck_p2p(p2p)
+    return runs
+
+
+def _hang_message(g: "_Run", failures: _Failures, call: MatchedCall, ranks: tuple[int, ...], seqs: list[int],
+                  details: dict[str, Any]) -> str:
+    """What a hang's finding says: who entered the call and who never did, what each rank
+    missing last did (or where its records end, if it died before it could show the
+    call); `details` gets the same."""
+    group, entered = call.group, call.entered
+    waiting = [m for m in call.members if m.end_ns is None]
+    doing = {}
+    sentences = []
+    for r in ranks:
+        text, d = _doing_last(g, r, failures)
+        doing[str(r)] = d
+        sentences.append(text)
+    details["missing"] = list(ranks)
+    details["missing_last"] = doing
+    stuck = f"; {_ranks_text(call.incomplete)} waited there and never completed it" if waiting else ""
+    failed = failures.take(group, call.seq)
+    if failed:
+        details["failed"] = {str(r): t for r, t in sorted(failed.items())}
+        stuck += (f"; the wait ended in an error on {_ranks_text(failed)} "
+                  f"({_short(next(iter(failed.values())))})")
+    more = f" ({len(seqs) - 1} later calls of this group lack them too)" if len(seqs) > 1 else ""
+    # ranks whose records end (the process died) before they could show the
+    # call: whether they entered it later is unknown
+    unknown = [r for r in ranks if _abrupt(g, r) and _ends_before(g, r, call.first_arrival.enter_ns)]
+    known = [r for r in ranks if r not in unknown]
+    if not unknown:
+        return (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)} "
+                f"but never by {_ranks_text(ranks)}{stuck}{more}. "
+                + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
+    sentences = []
+    for r in unknown:
+        text, d = _end_text(g, r)
+        doing[str(r)].update(d)
+        if g.traces[r].open_calls:  # what its records last show it in
+            text = _doing_last(g, r, failures)[0] + "; what it did afterwards is unknown"
+        sentences.append(text)
+    for r in known:
+        sentences.append(_doing_last(g, r, failures)[0])
+    details["unknown_after"] = unknown
+    never = f" but never by {_ranks_text(known)}" if known else ""
+    return (f"{_call_text(call.op, group, call.seq)} was entered by {_ranks_text(entered)}{never}"
+            f"{stuck}{more}. " + ". ".join(s[0].upper() + s[1:] for s in sentences) + ".")
 
 
 def _stuck_p2p(p2p: list[P2PMatch]) -> list[Finding]:
@@ -1080,7 +1113,9 @@ def _difference(odd: tuple, ref: tuple) -> tuple[str, str, str]:
 
 def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
                 p2p: list[P2PMatch]) -> list[Finding]:
-    out: list[Finding] = []
+    """A finding for each call whose members disagree on what they pass (the same ranks
+    of a group out of step again counted as later calls of the first), then for each
+    message whose two ends disagree."""
     pending: list[dict] = []
     seen: dict[tuple[int, tuple[int, ...]], dict] = {}  # (group, odd ranks) -> first finding's details
     for call in disagreeing:
@@ -1093,7 +1128,6 @@ def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
         for m in call.members:
             counts.setdefault(m.sig, []).append(m)
         ref_sig = max(counts, key=lambda s: (len(counts[s]), -min(m.rank for m in counts[s])))
-        ref_ranks = [m.rank for m in counts[ref_sig]]
         odd = [m for m in call.members if m.sig != ref_sig]
         odd_ranks = tuple(sorted(m.rank for m in odd))
         prior = seen.get((call.group, odd_ranks))
@@ -1102,51 +1136,67 @@ def _mismatches(g: "_Run", failures: _Failures, disagreeing: list[MatchedCall],
                 prior["later"].append(call.seq)
             prior["later_count"] += 1
             continue
-        parts = []
-        fields: dict[str, Any] = {}
-        for sig, ms in counts.items():
-            if sig == ref_sig:
-                continue
-            name, a, b = _difference(sig, ref_sig)
-            ranks = [m.rank for m in ms]
-            fields[name] = {"ranks": sorted(ranks), "value": a, "expected": b}
-            verb = "called" if name == "op" else "passed"
-            if name == "op":
-                parts.append(f"{_ranks_text(ranks)} called {shown(a)} where {_ranks_text(ref_ranks)} called {shown(b)}")
-            else:
-                parts.append(f"{_ranks_text(ranks)} {verb} {name} {shown(a)} where {_ranks_text(ref_ranks)} "
-                             f"passed {shown(b)}")
-        details = {"op": ref_sig[0], "differences": fields, "later": [], "later_count": 0,
-                   "expected_ranks": sorted(ref_ranks)}
-        # every side's shapes and dtypes, whichever field differed first
-        sides = sorted(counts.items(), key=lambda kv: min(m.rank for m in kv[1]))
-        # (an op this version does not know has no shapes its members must agree on: None)
-        details["members"] = {str(m.rank): {"shapes": None if sig[1] is None else [list(x) for x in sig[1]],
-                                            "dtypes": list(sig[2])}
-                              for sig, ms in sides for m in ms}
-        parts[-1] += " (" + "; ".join(f"{_ranks_text([m.rank for m in ms])}: {_fmt_shapes(sig[1])} "
-                                       f"{shown(', '.join(sig[2])) or 'no tensors'}" for sig, ms in sides) + ")"
-        crashed = {m.rank: g.traces[m.rank].crash for m in call.members
-                   if _crashed_in(g, m.rank) == (call.group, call.seq)}
-        if crashed:
-            details["crashed"] = {str(r): {"signal": c.signal, "where": c.where} for r, c in sorted(crashed.items())}
-            for r, c in sorted(crashed.items()):
-                parts.append(f"rank {r} died in it ({shown(c.signal)}{f' at {shown(c.where)}' if c.where else ''})")
-        failed = failures.take(call.group, call.seq)
-        if failed:
-            details["failed"] = {str(r): t for r, t in sorted(failed.items())}
-            parts.append(f"the call then failed on {_ranks_text(failed)} ({_short(next(iter(failed.values())))})")
+        details, msg = _mismatch(g, failures, call, counts, ref_sig)
         seen[(call.group, odd_ranks)] = details
-        msg = f"Members of {_call_text(ref_sig[0], call.group, call.seq)} disagree: " + "; ".join(parts) + "."
         pending.append(dict(kind="mismatch", ranks=odd_ranks, group=call.group, seq=call.seq, message=msg,
                             stack=next((m.stack for m in odd if m.stack), None), details=details))
+    out: list[Finding] = []
     for kw in pending:
         n = kw["details"]["later_count"]
         if n:
             kw["message"] += (f" {n} later calls of group {kw['group']} disagree the same way "
                               "(the same ranks are likely out of step).")
         out.append(Finding(**kw))
-    # sends and receives that pair up but disagree on what is sent
+    return out + _p2p_mismatches(p2p)
+
+
+def _mismatch(g: "_Run", failures: _Failures, call: MatchedCall, counts: dict[tuple, list[Member]],
+              ref_sig: tuple) -> tuple[dict[str, Any], str]:
+    """(details, message) of a call whose members disagree: what each side passed where
+    the most members (`ref_sig`) passed another, every side's shapes and dtypes, and who
+    died in it or saw it fail."""
+    ref_ranks = [m.rank for m in counts[ref_sig]]
+    parts = []
+    fields: dict[str, Any] = {}
+    for sig, ms in counts.items():
+        if sig == ref_sig:
+            continue
+        name, a, b = _difference(sig, ref_sig)
+        ranks = [m.rank for m in ms]
+        fields[name] = {"ranks": sorted(ranks), "value": a, "expected": b}
+        verb = "called" if name == "op" else "passed"
+        if name == "op":
+            parts.append(f"{_ranks_text(ranks)} called {shown(a)} where {_ranks_text(ref_ranks)} called {shown(b)}")
+        else:
+            parts.append(f"{_ranks_text(ranks)} {verb} {name} {shown(a)} where {_ranks_text(ref_ranks)} "
+                         f"passed {shown(b)}")
+    details = {"op": ref_sig[0], "differences": fields, "later": [], "later_count": 0,
+               "expected_ranks": sorted(ref_ranks)}
+    # every side's shapes and dtypes, whichever field differed first
+    sides = sorted(counts.items(), key=lambda kv: min(m.rank for m in kv[1]))
+    # (an op this version does not know has no shapes its members must agree on: None)
+    details["members"] = {str(m.rank): {"shapes": None if sig[1] is None else [list(x) for x in sig[1]],
+                                        "dtypes": list(sig[2])}
+                          for sig, ms in sides for m in ms}
+    parts[-1] += " (" + "; ".join(f"{_ranks_text([m.rank for m in ms])}: {_fmt_shapes(sig[1])} "
+                                   f"{shown(', '.join(sig[2])) or 'no tensors'}" for sig, ms in sides) + ")"
+    crashed = {m.rank: g.traces[m.rank].crash for m in call.members
+               if _crashed_in(g, m.rank) == (call.group, call.seq)}
+    if crashed:
+        details["crashed"] = {str(r): {"signal": c.signal, "where": c.where} for r, c in sorted(crashed.items())}
+        for r, c in sorted(crashed.items()):
+            parts.append(f"rank {r} died in it ({shown(c.signal)}{f' at {shown(c.where)}' if c.where else ''})")
+    failed = failures.take(call.group, call.seq)
+    if failed:
+        details["failed"] = {str(r): t for r, t in sorted(failed.items())}
+        parts.append(f"the call then failed on {_ranks_text(failed)} ({_short(next(iter(failed.values())))})")
+    msg = f"Members of {_call_text(ref_sig[0], call.group, call.seq)} disagree: " + "; ".join(parts) + "."
+    return details, msg
+
+
+def _p2p_mismatches(p2p: list[P2PMatch]) -> list[Finding]:
+    """Sends and receives that pair up but disagree on what is sent."""
+    out = []
     for pm in p2p:
         if pm.send is None or pm.recv is None:
             continue
