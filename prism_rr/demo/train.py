@@ -182,23 +182,11 @@ def train_spmd(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -
     return net
 
 
-def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> nn.Module:
-    """pp (x dp): each rank owns one pipeline stage, a slice of the layers."""
-    # Imported here: torch.distributed.pipelining pulls in torch._dynamo, about
-    # a second of start-up that the other layouts need not pay.
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    world = dist.get_world_size()
-    if world % args.pp or cfg.n_layer % args.pp:
-        raise SystemExit(f"--pp {args.pp} must divide the world size {world} and --n-layer {cfg.n_layer}")
-    dp = world // args.pp
-    mesh = init_device_mesh(device.type, (dp, args.pp), mesh_dim_names=("dp", "pp"))
-    dp_mesh, pp_mesh = mesh["dp"], mesh["pp"]
-    stage_idx, n_stages = pp_mesh.get_local_rank(), args.pp
-
-    # Build the full model from the seed, then drop what this stage does not
-    # own (torchtitan's manual split): the weights match the unsplit model's.
-    torch.manual_seed(args.seed)
+def split_stage(cfg: GPTConfig, seed: int, stage_idx: int, n_stages: int, device: torch.device) -> GPT:
+    """This stage's slice of the model. Build the full model from the seed, then drop what
+    this stage does not own (torchtitan's manual split): the weights match the unsplit
+    model's."""
+    torch.manual_seed(seed)
     model = GPT(cfg)
     per_stage = cfg.n_layer // n_stages
     keep = range(stage_idx * per_stage, (stage_idx + 1) * per_stage)
@@ -209,12 +197,18 @@ def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> 
         model.wte = model.wpe = None
     if stage_idx != n_stages - 1:
         model.ln_f = model.lm_head = None
-    model.to(device)
+    return model.to(device)
 
-    if args.batch_size % (dp * args.microbatches):
-        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of dp {dp} x --microbatches")
-    rows = args.batch_size // dp
-    mb = rows // args.microbatches
+
+def build_pipeline(args: argparse.Namespace, cfg: GPTConfig, model: nn.Module, stage_idx: int, mb: int,
+                   dp_mesh: DeviceMesh, pp_mesh: DeviceMesh, device: torch.device):
+    """This stage's model over dp (FSDP2 or DDP, where dp > 1) and the pipeline schedule
+    (GPipe or 1F1B) that runs it over the pp group: (model, schedule)."""
+    # Imported here: torch.distributed.pipelining pulls in torch._dynamo, about
+    # a second of start-up that the other layouts need not pay.
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    n_stages = args.pp
     # Example microbatch input and output of this stage: with them the stage
     # skips shape inference (pickled metadata over p2p) on the first step.
     # requires_grad matters: it tells the stage which gradients flow back.
@@ -224,7 +218,7 @@ def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> 
     stage_in = ids if stage_idx == 0 else hidden
     stage_out = logits if stage_idx == n_stages - 1 else hidden
 
-    if dp > 1:
+    if dp_mesh.size() > 1:
         if args.dp_mode == "fsdp":
             apply_fsdp(model, dp_mesh)
         else:
@@ -243,7 +237,25 @@ def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> 
         return F.cross_entropy(out.reshape(-1, cfg.vocab_size), target.reshape(-1))
 
     sched_cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
-    schedule = sched_cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    return model, sched_cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+
+
+def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> nn.Module:
+    """pp (x dp): each rank owns one pipeline stage, a slice of the layers."""
+    world = dist.get_world_size()
+    if world % args.pp or cfg.n_layer % args.pp:
+        raise SystemExit(f"--pp {args.pp} must divide the world size {world} and --n-layer {cfg.n_layer}")
+    dp = world // args.pp
+    mesh = init_device_mesh(device.type, (dp, args.pp), mesh_dim_names=("dp", "pp"))
+    dp_mesh, pp_mesh = mesh["dp"], mesh["pp"]
+    stage_idx, n_stages = pp_mesh.get_local_rank(), args.pp
+    model = split_stage(cfg, args.seed, stage_idx, n_stages, device)
+
+    if args.batch_size % (dp * args.microbatches):
+        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of dp {dp} x --microbatches")
+    rows = args.batch_size // dp
+    model, schedule = build_pipeline(args, cfg, model, stage_idx, rows // args.microbatches, dp_mesh, pp_mesh,
+                                     device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
 
     dp_rank = dp_mesh.get_local_rank()
@@ -251,7 +263,7 @@ def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> 
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = make_batch(step, cfg, args.batch_size, args.seed)
-        # contiguous(): the example input above declares the layout (shape and stride) of
+        # contiguous(): the stage's example input (build_pipeline) declares the layout (shape and stride) of
         # what the stage gets; a slice of the (rows, block_size + 1) sequences has another
         # stride, which the stage's metadata check refuses whenever it runs (torch runs it
         # when the stages vote for inferring shapes, or under TORCH_DISTRIBUTED_DEBUG=DETAIL).
