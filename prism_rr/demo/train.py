@@ -182,6 +182,51 @@ def train_spmd(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -
     return net
 
 
+def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> nn.Module:
+    """pp (x dp): each rank owns one pipeline stage, a slice of the layers."""
+    world = dist.get_world_size()
+    if world % args.pp or cfg.n_layer % args.pp:
+        raise SystemExit(f"--pp {args.pp} must divide the world size {world} and --n-layer {cfg.n_layer}")
+    dp = world // args.pp
+    mesh = init_device_mesh(device.type, (dp, args.pp), mesh_dim_names=("dp", "pp"))
+    dp_mesh, pp_mesh = mesh["dp"], mesh["pp"]
+    stage_idx, n_stages = pp_mesh.get_local_rank(), args.pp
+    model = split_stage(cfg, args.seed, stage_idx, n_stages, device)
+
+    if args.batch_size % (dp * args.microbatches):
+        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of dp {dp} x --microbatches")
+    rows = args.batch_size // dp
+    model, schedule = build_pipeline(args, cfg, model, stage_idx, rows // args.microbatches, dp_mesh, pp_mesh,
+                                     device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+
+    dp_rank = dp_mesh.get_local_rank()
+    is_last = stage_idx == n_stages - 1
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        x, y = make_batch(step, cfg, args.batch_size, args.seed)
+        # contiguous(): the stage's example input (build_pipeline) declares the layout (shape and stride) of
+        # what the stage gets; a slice of the (rows, block_size + 1) sequences has another
+        # stride, which the stage's metadata check refuses whenever it runs (torch runs it
+        # when the stages vote for inferring shapes, or under TORCH_DISTRIBUTED_DEBUG=DETAIL).
+        x = x[dp_rank * rows : (dp_rank + 1) * rows].contiguous().to(device)
+        y = y[dp_rank * rows : (dp_rank + 1) * rows].contiguous().to(device)
+        losses: list[torch.Tensor] = []
+        if stage_idx == 0:
+            schedule.step(x)
+        elif is_last:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        # Only the last stage sees a loss; its first dp rank prints it.
+        if is_last and dp_rank == 0:
+            loss = torch.stack(losses).mean().item()
+            log(args, f"step {step} loss {loss:.4f} time {time.perf_counter() - t0:.6f}s")
+    return model
+
+
 def split_stage(cfg: GPTConfig, seed: int, stage_idx: int, n_stages: int, device: torch.device) -> GPT:
     """This stage's slice of the model. Build the full model from the seed, then drop what
     this stage does not own (torchtitan's manual split): the weights match the unsplit
@@ -238,51 +283,6 @@ def build_pipeline(args: argparse.Namespace, cfg: GPTConfig, model: nn.Module, s
 
     sched_cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
     return model, sched_cls(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
-
-
-def train_pp(args: argparse.Namespace, cfg: GPTConfig, device: torch.device) -> nn.Module:
-    """pp (x dp): each rank owns one pipeline stage, a slice of the layers."""
-    world = dist.get_world_size()
-    if world % args.pp or cfg.n_layer % args.pp:
-        raise SystemExit(f"--pp {args.pp} must divide the world size {world} and --n-layer {cfg.n_layer}")
-    dp = world // args.pp
-    mesh = init_device_mesh(device.type, (dp, args.pp), mesh_dim_names=("dp", "pp"))
-    dp_mesh, pp_mesh = mesh["dp"], mesh["pp"]
-    stage_idx, n_stages = pp_mesh.get_local_rank(), args.pp
-    model = split_stage(cfg, args.seed, stage_idx, n_stages, device)
-
-    if args.batch_size % (dp * args.microbatches):
-        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of dp {dp} x --microbatches")
-    rows = args.batch_size // dp
-    model, schedule = build_pipeline(args, cfg, model, stage_idx, rows // args.microbatches, dp_mesh, pp_mesh,
-                                     device)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
-
-    dp_rank = dp_mesh.get_local_rank()
-    is_last = stage_idx == n_stages - 1
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        x, y = make_batch(step, cfg, args.batch_size, args.seed)
-        # contiguous(): the stage's example input (build_pipeline) declares the layout (shape and stride) of
-        # what the stage gets; a slice of the (rows, block_size + 1) sequences has another
-        # stride, which the stage's metadata check refuses whenever it runs (torch runs it
-        # when the stages vote for inferring shapes, or under TORCH_DISTRIBUTED_DEBUG=DETAIL).
-        x = x[dp_rank * rows : (dp_rank + 1) * rows].contiguous().to(device)
-        y = y[dp_rank * rows : (dp_rank + 1) * rows].contiguous().to(device)
-        losses: list[torch.Tensor] = []
-        if stage_idx == 0:
-            schedule.step(x)
-        elif is_last:
-            schedule.step(target=y, losses=losses)
-        else:
-            schedule.step()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        # Only the last stage sees a loss; its first dp rank prints it.
-        if is_last and dp_rank == 0:
-            loss = torch.stack(losses).mean().item()
-            log(args, f"step {step} loss {loss:.4f} time {time.perf_counter() - t0:.6f}s")
-    return model
 
 
 def main(argv: list[str] | None = None) -> None:
