@@ -158,12 +158,7 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
     theirs: dict[str, np.ndarray] = {}  # the helper's columns, each one array of all its ranks
     t0 = None
     for rank, cols in _read(bundle, reader, recorded, offsets, steps, helper, theirs):
-        trace = _trace(bundle, cols, offsets[rank], reader.values, steps)
-        rs = sums.get(rank, {})
-        trace.dropped = int(rs.get("dropped", 0) or 0)
-        trace.truncated = bool(rs.get("truncated", False))
-        trace.crash = parse_crash(bundle.rank_info(rank).get("crash"))
-        graph.traces[rank] = trace
+        trace = graph.traces[rank] = _rank_trace(bundle, rank, cols, offsets[rank], reader.values, steps, sums)
         if trace.first_ns is not None:
             t0 = trace.first_ns if t0 is None else min(t0, trace.first_ns)
         if not theirs:  # (the helper's ranks come last, their columns already in one)
@@ -178,24 +173,42 @@ def build_graph(bundle: Bundle, *, steps: tuple[int, int] | None = None,
             columns[k].append(theirs[k])
         columns["rank"].append(np.repeat(np.array(helper.theirs, np.int64), theirs["lengths"]))
     graph.t0_ns = t0 or 0
+    _match(graph, columns, reader.values, rset)
+    graph.steps = _step_stats(parts, graph.table)
+    return graph
+
+
+def _rank_trace(bundle: Bundle, rank: int, cols: RankColumns, offset: int, values: list, steps,
+                sums: dict) -> RankTrace:
+    """One rank's trace, with what its summary and rank info say of how it ended."""
+    trace = _trace(bundle, cols, offset, values, steps)
+    rs = sums.get(rank, {})
+    trace.dropped = int(rs.get("dropped", 0) or 0)
+    trace.truncated = bool(rs.get("truncated", False))
+    trace.crash = parse_crash(bundle.rank_info(rank).get("crash"))
+    return trace
+
+
+def _match(graph: ExecutionGraph, columns: dict[str, list[np.ndarray]], values: list, rset: set[int]) -> None:
+    """The graph's call and message tables and maps, from every rank's call columns
+    (`columns` is emptied as they are joined: the whole table is never held twice)."""
     comm = {k: np.concatenate(v) if v else np.zeros(0, bool if k == "p2p" else np.int64) for k, v in columns.items()}
-    del columns
+    columns.clear()
     is_p2p = comm.pop("p2p")
     comm["read_at"] = np.arange(len(comm["rank"]), dtype=np.int64)
-    expected = {gid: tuple(r for r in members if r in rset) if members else () for gid, members in groups.items()}
+    expected = {gid: tuple(r for r in members if r in rset) if members else ()
+                for gid, members in graph.groups.items()}
     matched = is_p2p & (comm["peer"] >= 0) & (comm["seq"] >= 0)  # a receive from any source has no partner
-    graph.p2p_table = P2PTable({k: v[matched] for k, v in comm.items()}, reader.values)
+    graph.p2p_table = P2PTable({k: v[matched] for k, v in comm.items()}, values)
     del comm["peer"]
     if is_p2p.any():
         coll = ~is_p2p
         for k in list(comm):
             comm[k] = comm[k][coll]  # one column at a time: the whole table is never held twice
-    graph.table = table = CallTable(comm, reader.values, expected)
+    graph.table = CallTable(comm, values, expected)
     del comm
-    graph.calls = CallMap(table)
+    graph.calls = CallMap(graph.table)
     graph.p2p = P2PMap(graph.p2p_table)
-    graph.steps = _step_stats(parts, table)
-    return graph
 
 
 class _Helper:
