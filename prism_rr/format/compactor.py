@@ -114,30 +114,8 @@ class Compactor:
             if self._fd < 0:
                 return 0
             calls, dec = self.calls, self._decoder
-            records = []
-            persist, p_head = calls.persisted()
-            try:
-                info_before = dict(dec.info)
-                dec.persist_records = []
-                self._p_at = dec.read_persistent(persist, p_head, self._p_at)
-                records += dec.persist_records
-                info = {k: v for k, v in dec.info.items() if info_before.get(k, _NONE) != v}
-            finally:
-                persist.release()
-            ring, tail, tail_seq, head = calls.view()
-            last = 0
-            # from where the last batch stopped (the tail may lag behind it: a pending call's
-            # ENTER holds it back)
-            at, at_seq = max(self._read, (tail, tail_seq))
-            try:
-                for pos, seq, kind, flags, aux, entry in ring_entries(ring, at, at_seq, head):
-                    records += dec.feed(pos, seq, kind, flags, aux, entry)
-                    last = seq
-                    del entry
-            finally:
-                ring.release()
-            if last:
-                self._read = (head, last + 1)
+            records, info = self._read_persistent()
+            last, (tail, tail_seq, head) = self._read_ring(records)
             if calls.dropped > self.dropped_reported:
                 lost = calls.dropped - self.dropped_reported
                 self.dropped_reported = calls.dropped
@@ -145,29 +123,10 @@ class Compactor:
                 records.insert(0, Marker(start_ns=t, end_ns=t, step=step, name="records_dropped", value=lost))
             if final:
                 records += dec.open_records()
-            # The ring's room is free up to the oldest call still pending (its ENTER is
-            # what a reader after a death needs). A call pending for more than a quarter of
-            # the ring is spilled instead: written to the spool as an open-calls snapshot
-            # (which `pack` reads: FORMAT.md, "Spool"), so it holds the ring back no more;
-            # its completion, when it comes, is an ordinary record that supersedes it.
             pending = dec.pending.values()
-            limit = head - calls.ring_size // 4
-            snapshot = None
-            if not final and any(not c.spilled and c.pos < limit for c in pending):
-                for c in pending:
-                    c.spilled = c.spilled or c.pos < limit
-                snapshot = dec.spilled_records()
+            snapshot = None if final else self._spill(pending, head)
             self._store_blobs(dec)
-            if info:
-                self._index = _write_info(self._fd, self.rank, self._index, info)
-            if records:
-                self._index = _write_frames(self._fd, self.rank, self._index, records)
-            if snapshot is not None:
-                frame = encode_frame(FRAME_OPEN, self.rank, self._index, records=snapshot)
-                self._index += 1
-                view = memoryview(frame)
-                while view:
-                    view = view[os.write(self._fd, view):]
+            self._write(info, records, snapshot)
             oldest = min((c for c in pending if not c.spilled), key=lambda c: c.pos, default=None)
             if last:
                 new_tail, new_seq = (head, last + 1) if oldest is None else (oldest.pos, oldest.seq)
@@ -175,6 +134,67 @@ class Compactor:
             else:
                 calls.consume(tail, tail_seq, self._p_at, None)
             return len(records)
+
+    def _read_persistent(self) -> tuple[list, dict]:
+        """(records, rank info that changed) from the persistent area since the last batch."""
+        dec = self._decoder
+        persist, p_head = self.calls.persisted()
+        try:
+            info_before = dict(dec.info)
+            dec.persist_records = []
+            self._p_at = dec.read_persistent(persist, p_head, self._p_at)
+            info = {k: v for k, v in dec.info.items() if info_before.get(k, _NONE) != v}
+            return list(dec.persist_records), info
+        finally:
+            persist.release()
+
+    def _read_ring(self, records: list) -> tuple[int, tuple[int, int, int]]:
+        """Decode the ring's entries from where the last batch stopped (the tail may lag
+        behind it: a pending call's ENTER holds it back) into `records`; (the seq of the
+        last entry read or 0, the ring's (tail, tail seq, head) as it was viewed)."""
+        ring, tail, tail_seq, head = self.calls.view()
+        dec = self._decoder
+        last = 0
+        at, at_seq = max(self._read, (tail, tail_seq))
+        try:
+            for pos, seq, kind, flags, aux, entry in ring_entries(ring, at, at_seq, head):
+                records += dec.feed(pos, seq, kind, flags, aux, entry)
+                last = seq
+                del entry
+        finally:
+            ring.release()
+        if last:
+            self._read = (head, last + 1)
+        return last, (tail, tail_seq, head)
+
+    def _spill(self, pending, head: int) -> list | None:
+        """The open-calls snapshot to write, if a call has been pending for more than a
+        quarter of the ring, else None.
+
+        The ring's room is free up to the oldest call still pending (its ENTER is what a
+        reader after a death needs). A call pending that long is spilled instead: written
+        to the spool as an open-calls snapshot (which `pack` reads: FORMAT.md, "Spool"), so
+        it holds the ring back no more; its completion, when it comes, is an ordinary
+        record that supersedes it."""
+        limit = head - self.calls.ring_size // 4
+        if not any(not c.spilled and c.pos < limit for c in pending):
+            return None
+        for c in pending:
+            c.spilled = c.spilled or c.pos < limit
+        return self._decoder.spilled_records()
+
+    def _write(self, info: dict, records: list, snapshot: list | None) -> None:
+        """Append the batch's frames to the spool: changed rank info, records, open calls."""
+        if info:
+            self._index = _write_info(self._fd, self.rank, self._index, info)
+        if records:
+            self._index = _write_frames(self._fd, self.rank, self._index, records)
+        if snapshot is not None:
+            frame = encode_frame(FRAME_OPEN, self.rank, self._index, records=snapshot)
+            self._index += 1
+            view = memoryview(frame)
+            while view:
+                view = view[os.write(self._fd, view):]
 
     def _store_blobs(self, dec: LogDecoder) -> None:
         """Store the small payloads the batch found, and wait for the large ones its
