@@ -974,64 +974,79 @@ class LogDecoder:
         """The records entry `seq` (at ring position `pos`) makes (a list, often empty)."""
         quiet = seq < self.quiet_below
         if kind == T_ENTER:
-            (_, _, _, _, start, prev, cid, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
-             reduce_op, alloc, peak) = ENTER_BODY.unpack_from(entry, 0)
-            known = self.pending.get(cid)
-            if known is not None:  # a copy of a call's ENTER (E_COPY): the call is known already
-                known.pos, known.seq = pos, seq
-                return []
-            payload = _payload(entry, ENTER_BODY.size, self.where) if aux & AUX_PAYLOAD else None
-            mem_alloc = None if alloc < 0 else alloc
-            mem_peak = None if peak < 0 else peak
-            self.pending[cid] = _Open((start, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
-                                       reduce_op, mem_alloc, mem_peak), flags, payload, pos, seq,
-                                      waiting_in=bool(flags & E_IN_LATER))
-            if quiet or flags & E_COPY or prev <= 0 or start <= prev:
-                return []
-            return [_compute(prev, start, step, mem_alloc, mem_peak)]
+            return self._enter(pos, seq, flags, aux, entry, quiet)
         if kind == T_DONE:
-            _, _, _, _, cid, end, issued, peer, _, call_seq = DONE_BODY.unpack_from(entry, 0)
-            call = self.pending.get(cid)
-            if call is None:
-                return []  # its ENTER is older than what was kept (a flight ring)
-            call.end = end
-            call.issued = issued or None
-            if flags & D_SOURCED:
-                call.peer, call.call_seq = peer, call_seq
-            if aux & AUX_PAYLOAD:
-                call.payload_out = _payload(entry, DONE_BODY.size, self.where)
-            if flags & D_OUT_LATER and not call.got_out:  # (its OUT may have come first: a backend thread's DONE)
-                call.waiting_out = True
-                return []
-            if call.waiting_in:
-                return []
-            del self.pending[cid]
-            return [] if quiet else [self._call_record(call)]
+            return self._done(flags, aux, entry, quiet)
         if kind == T_OUT:
-            cid = OUT_BODY.unpack_from(entry, 0)[4]
-            call = self.pending.get(cid)
-            if call is None:
-                return []
-            payload = _payload(entry, OUT_BODY.size, self.where) if aux & AUX_PAYLOAD else None
-            if flags & O_INPUTS:
-                call.payload_in, call.waiting_in = payload, False
-            else:
-                call.payload_out, call.waiting_out, call.got_out = payload, False, True
-            if call.end is None or call.waiting_in or call.waiting_out:
-                return []  # its DONE, or another payload, is still to come
-            del self.pending[cid]
-            return [] if quiet else [self._call_record(call)]
+            return self._out(flags, aux, entry, quiet)
         if kind == T_REC:
-            if quiet:
-                return []
-            if len(entry) < BODY_AT + 8:
-                raise FormatError(f"{self.where}: a record entry is too short")
-            size = BODY_HEAD.unpack_from(entry, 0)[4]
-            if BODY_AT + size + 8 > len(entry):
-                raise FormatError(f"{self.where}: a record entry's body overruns it")
-            rec = self._record(entry[BODY_AT : BODY_AT + size])
-            return [] if rec is None else [rec]
+            return [] if quiet else self._rec(entry)
         return []  # padding; a kind from a newer writer
+
+    def _enter(self, pos: int, seq: int, flags: int, aux: int, entry, quiet: bool) -> list:
+        """A call entered: pending until it completes; the compute before it, if any."""
+        (_, _, _, _, start, prev, cid, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
+         reduce_op, alloc, peak) = ENTER_BODY.unpack_from(entry, 0)
+        known = self.pending.get(cid)
+        if known is not None:  # a copy of a call's ENTER (E_COPY): the call is known already
+            known.pos, known.seq = pos, seq
+            return []
+        payload = _payload(entry, ENTER_BODY.size, self.where) if aux & AUX_PAYLOAD else None
+        mem_alloc = None if alloc < 0 else alloc
+        mem_peak = None if peak < 0 else peak
+        self.pending[cid] = _Open((start, step, group, call_seq, peer, tag, in_desc, out_desc, stack, op,
+                                   reduce_op, mem_alloc, mem_peak), flags, payload, pos, seq,
+                                  waiting_in=bool(flags & E_IN_LATER))
+        if quiet or flags & E_COPY or prev <= 0 or start <= prev:
+            return []
+        return [_compute(prev, start, step, mem_alloc, mem_peak)]
+
+    def _done(self, flags: int, aux: int, entry, quiet: bool) -> list:
+        """A call completed: its record, unless a payload of it is still to come."""
+        _, _, _, _, cid, end, issued, peer, _, call_seq = DONE_BODY.unpack_from(entry, 0)
+        call = self.pending.get(cid)
+        if call is None:
+            return []  # its ENTER is older than what was kept (a flight ring)
+        call.end = end
+        call.issued = issued or None
+        if flags & D_SOURCED:
+            call.peer, call.call_seq = peer, call_seq
+        if aux & AUX_PAYLOAD:
+            call.payload_out = _payload(entry, DONE_BODY.size, self.where)
+        if flags & D_OUT_LATER and not call.got_out:  # (its OUT may have come first: a backend thread's DONE)
+            call.waiting_out = True
+            return []
+        if call.waiting_in:
+            return []
+        del self.pending[cid]
+        return [] if quiet else [self._call_record(call)]
+
+    def _out(self, flags: int, aux: int, entry, quiet: bool) -> list:
+        """A call's input or output payload, written after it: its record, once it is done
+        and no other payload is to come."""
+        cid = OUT_BODY.unpack_from(entry, 0)[4]
+        call = self.pending.get(cid)
+        if call is None:
+            return []
+        payload = _payload(entry, OUT_BODY.size, self.where) if aux & AUX_PAYLOAD else None
+        if flags & O_INPUTS:
+            call.payload_in, call.waiting_in = payload, False
+        else:
+            call.payload_out, call.waiting_out, call.got_out = payload, False, True
+        if call.end is None or call.waiting_in or call.waiting_out:
+            return []  # its DONE, or another payload, is still to come
+        del self.pending[cid]
+        return [] if quiet else [self._call_record(call)]
+
+    def _rec(self, entry) -> list:
+        """A record written whole (a row in the entry's body)."""
+        if len(entry) < BODY_AT + 8:
+            raise FormatError(f"{self.where}: a record entry is too short")
+        size = BODY_HEAD.unpack_from(entry, 0)[4]
+        if BODY_AT + size + 8 > len(entry):
+            raise FormatError(f"{self.where}: a record entry's body overruns it")
+        rec = self._record(entry[BODY_AT : BODY_AT + size])
+        return [] if rec is None else [rec]
 
     def open_records(self) -> list:
         """Records of the calls still pending: entered and never completed (end_ns nil), or
