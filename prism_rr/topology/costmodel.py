@@ -222,50 +222,18 @@ def fit(data: list[Sample], *, latency: str = "constant") -> CostModel:
 
 
 def _fit(rows, latency: str) -> CostModel:
+    """The model of `rows` (sample, x, y): one line per family where the family's own
+    samples support one, else the pooled slope; with each fit's errors and the model's."""
     by: dict[str, list] = {}
     for row in rows:
         by.setdefault(row[0].fam, []).append(row)
-    # Pooled slope: a regression within each family (each centred on its means), one
-    # slope for all.
-    centred = []  # (x - mean x, y - mean y) of every sample, family by family
-    for rs in by.values():
-        mx = sum(r[1] for r in rs) / len(rs)
-        my = sum(r[2] for r in rs) / len(rs)
-        centred += [(r[1] - mx, r[2] - my) for r in rs]
-    num = sum(dx * dy for dx, dy in centred)
-    den = sum(dx * dx for dx, _ in centred)
-    pooled = max(0.0, num / den) if den > 0 else 0.0
-    sse = sum((dy - pooled * dx) ** 2 for dx, dy in centred)
-    dof = len(centred) - len(by)  # one mean per family
-    pooled_ok = _supported(pooled, den, sse, dof - 1)
-    if not pooled_ok:
-        pooled = 0.0  # the recording cannot tell what bytes cost
+    pooled, pooled_ok = _pooled_slope(by)
     model = CostModel(pooled_ns_per_byte=pooled, latency=latency, pooled_identified=pooled_ok)
     sq = ape = 0.0
     count = 0
     for fam, rs in sorted(by.items()):
         ss = [r[0] for r in rs]
-        xs = [r[1] for r in rs]
-        ys = [r[2] for r in rs]
-        line = _line(xs, ys) if len(ss) >= 3 and _moves_bytes(fam) else None
-        supported = False
-        if line is not None:
-            mx = sum(xs) / len(xs)
-            sxx = sum((x - mx) ** 2 for x in xs)
-            sse = sum((y - line[0] - line[1] * x) ** 2 for x, y in zip(xs, ys))
-            supported = _supported(line[1], sxx, sse, len(xs) - 2)
-        identified = supported or not _moves_bytes(fam)
-        if line is not None and supported and line[0] >= 0:
-            a, b, shared = line[0], line[1], False
-        else:
-            identified = identified or (pooled_ok and _moves_bytes(fam))
-            b = pooled if _moves_bytes(fam) else 0.0
-            a = max(0.0, sum(ys) / len(ys) - b * sum(xs) / len(xs))
-            shared = True
-            if line is not None and supported and line[0] < 0:  # through the origin
-                b = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-                a, shared = 0.0, False
-        f = Fit(fam, a, b, len(ss), pooled=shared, latency=latency, identified=identified)
+        f = _family_fit(fam, rs, pooled, pooled_ok, latency)
         errs = [f.predict_ns(s.nbytes, s.n) - s.transfer_ns for s in ss]
         ys = [float(s.transfer_ns) for s in ss]
         f.rmse_ns = (sum(e * e for e in errs) / len(errs)) ** 0.5
@@ -282,3 +250,48 @@ def _fit(rows, latency: str) -> CostModel:
         model.rmse_ns = (sq / count) ** 0.5
         model.mape_pct = 100.0 * ape / count
     return model
+
+
+def _pooled_slope(by: dict[str, list]) -> tuple[float, bool]:
+    """(slope, whether the samples support it): a regression within each family (each
+    centred on its means), one slope for all; 0.0 where the recording cannot tell what
+    bytes cost."""
+    centred = []  # (x - mean x, y - mean y) of every sample, family by family
+    for rs in by.values():
+        mx = sum(r[1] for r in rs) / len(rs)
+        my = sum(r[2] for r in rs) / len(rs)
+        centred += [(r[1] - mx, r[2] - my) for r in rs]
+    num = sum(dx * dy for dx, dy in centred)
+    den = sum(dx * dx for dx, _ in centred)
+    pooled = max(0.0, num / den) if den > 0 else 0.0
+    sse = sum((dy - pooled * dx) ** 2 for dx, dy in centred)
+    dof = len(centred) - len(by)  # one mean per family
+    pooled_ok = _supported(pooled, den, sse, dof - 1)
+    return (pooled if pooled_ok else 0.0), pooled_ok
+
+
+def _family_fit(fam: str, rs: list, pooled: float, pooled_ok: bool, latency: str) -> Fit:
+    """One family's line: its own where its samples support one with a latency of 0 or
+    more (through the origin where they support one below 0), else its mean time with
+    the pooled slope."""
+    xs = [r[1] for r in rs]
+    ys = [r[2] for r in rs]
+    line = _line(xs, ys) if len(rs) >= 3 and _moves_bytes(fam) else None
+    supported = False
+    if line is not None:
+        mx = sum(xs) / len(xs)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        sse = sum((y - line[0] - line[1] * x) ** 2 for x, y in zip(xs, ys))
+        supported = _supported(line[1], sxx, sse, len(xs) - 2)
+    identified = supported or not _moves_bytes(fam)
+    if line is not None and supported and line[0] >= 0:
+        a, b, shared = line[0], line[1], False
+    else:
+        identified = identified or (pooled_ok and _moves_bytes(fam))
+        b = pooled if _moves_bytes(fam) else 0.0
+        a = max(0.0, sum(ys) / len(ys) - b * sum(xs) / len(xs))
+        shared = True
+        if line is not None and supported and line[0] < 0:  # through the origin
+            b = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+            a, shared = 0.0, False
+    return Fit(fam, a, b, len(rs), pooled=shared, latency=latency, identified=identified)
