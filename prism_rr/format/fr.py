@@ -864,18 +864,8 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
                 note["coalesced"] += 1
                 continue
             seen.add((e.pg_name, e.seq))
-        # pg_status counts what completed only where the backend tracks states (nccl):
-        # gloo's counter also counts sends and receives, which its collective seqs do not
-        done = (e.state == "completed" or e.completed_ns is not None
-                or (tracks_state and e.seq <= dump.completed.get((e.pg_id, e.p2p is not None), -1))
-                or (e.retired and not tracks_state))
-        start = e.created_ns
-        end = None
-        if done:
-            begun = e.started_ns or start
-            end = (e.completed_ns if e.completed_ns and e.completed_ns >= start
-                   else begun + int(e.duration_ms * 1e6) if e.duration_ms is not None else start)
-        else:
+        start, end = _span(e, dump, tracks_state)
+        if end is None:
             open_calls += 1
         last = max(last, start if end is None else end)
         gid = plan.ids[e.pg_name]
@@ -887,22 +877,49 @@ def _records(dump: Dump, plan: _Plan, note: dict) -> Iterator[Record]:
                 stack=e.stack,
             )
             continue
-        kind, src, dst = e.p2p
-        members = plan.ranks[e.pg_name]
-        if e.pg_name not in plan.configured and not _is_world(e.pg_name, plan.names[e.pg_name]) \
-                or max(src, dst) >= len(members):
+        message = _message(e, plan, gid, start, end, messages)
+        if message is None:
             note["unplaced"] += 1  # group ranks to global ranks: unknown
             continue
-        src, dst = members[src], members[dst]
-        peer = src if ops.receives(kind) else dst
-        key = (gid, src, dst)
-        seq = messages[key] = messages.get(key, -1) + 1
-        sizes, dtypes = (e.out_sizes or e.in_sizes, e.out_dtypes or e.in_dtypes) if ops.receives(kind) else \
-            (e.in_sizes, e.in_dtypes)
-        yield PointToPoint(start_ns=start, end_ns=end, step=0, op=kind, group=gid, seq=seq, peer=peer,
-                           shapes=sizes, dtypes=dtypes, nbytes=_bytes(sizes, dtypes), stack=e.stack)
+        yield message
     yield Marker(start_ns=last, end_ns=last, step=0, name="recording_end", value=open_calls,
                  text=f"Flight Recorder dump {dump.path.name}")
+
+
+def _span(e: Entry, dump: Dump, tracks_state: bool) -> tuple[int, int | None]:
+    """(start, end) of an entry; end None where it never completed.
+
+    pg_status counts what completed only where the backend tracks states (nccl): gloo's
+    counter also counts sends and receives, which its collective seqs do not."""
+    done = (e.state == "completed" or e.completed_ns is not None
+            or (tracks_state and e.seq <= dump.completed.get((e.pg_id, e.p2p is not None), -1))
+            or (e.retired and not tracks_state))
+    start = e.created_ns
+    if not done:
+        return start, None
+    begun = e.started_ns or start
+    end = (e.completed_ns if e.completed_ns and e.completed_ns >= start
+           else begun + int(e.duration_ms * 1e6) if e.duration_ms is not None else start)
+    return start, end
+
+
+def _message(e: Entry, plan: _Plan, gid: int, start: int, end: int | None,
+             messages: dict[tuple[int, int, int], int]) -> PointToPoint | None:
+    """A p2p entry's record, numbered in `messages` by (group, src, dst); None where its
+    group's ranks cannot be placed among the global ranks."""
+    kind, src, dst = e.p2p
+    members = plan.ranks[e.pg_name]
+    if e.pg_name not in plan.configured and not _is_world(e.pg_name, plan.names[e.pg_name]) \
+            or max(src, dst) >= len(members):
+        return None
+    src, dst = members[src], members[dst]
+    peer = src if ops.receives(kind) else dst
+    key = (gid, src, dst)
+    seq = messages[key] = messages.get(key, -1) + 1
+    sizes, dtypes = (e.out_sizes or e.in_sizes, e.out_dtypes or e.in_dtypes) if ops.receives(kind) else \
+        (e.in_sizes, e.in_dtypes)
+    return PointToPoint(start_ns=start, end_ns=end, step=0, op=kind, group=gid, seq=seq, peer=peer,
+                        shapes=sizes, dtypes=dtypes, nbytes=_bytes(sizes, dtypes), stack=e.stack)
 
 
 def entry_views(call: Collective, group_size: int) -> list[Collective]:
