@@ -122,10 +122,7 @@ def export_parquet(
     sums = bundle.summaries["ranks"]
     firsts = [sums[r]["t_first"] - offsets[r] for r in chosen if sums.get(r, {}).get("t_first") is not None]
     t0 = min(firsts) if firsts else 0
-    for name in PARTITIONED:
-        (out / name).mkdir(exist_ok=True)
-        for old in (out / name).glob("ranks-*.parquet"):  # another export's files: its ranks were others
-            old.unlink()
+    _clear_parts(out)
     tables = {name: _Table(pa, pq, out / f"{name}.parquet", cols) for name, cols in PARQUET_TABLES.items()
               if name not in PARTITIONED}
     step_rows = tables["steps"]
@@ -134,32 +131,7 @@ def export_parquet(
     try:
         for i, rank in enumerate(chosen):
             calls, compute = parts.at(chosen[i - i % RANKS_A_FILE: i - i % RANKS_A_FILE + RANKS_A_FILE])
-            zero = offsets[rank] + t0
-            unended = OpenSteps()
-            for r in bundle.events(rank, steps=steps):
-                cls = type(r)
-                if r.step in failed:
-                    unended.see(r)
-                start = r.start_ns - zero
-                end = None if r.end_ns is None else r.end_ns - zero
-                dur = None if r.end_ns is None else r.end_ns - r.start_ns
-                if cls is Collective or cls is PointToPoint:
-                    issued = None if r.issued_ns is None else r.issued_ns - zero
-                    stack = " <- ".join(r.stack) if r.stack else None
-                    if cls is Collective:
-                        calls.add(rank, "collective", r.group, r.seq, r.op, r.step, None, r.root, r.reduce_op, None,
-                                  r.in_bytes, r.out_bytes, json.dumps([list(s) for s in r.in_shapes]),
-                                  json.dumps(list(r.in_dtypes)), r.async_op, start, end, issued, dur, stack)
-                    else:
-                        calls.add(rank, "p2p", r.group, r.seq, r.op, r.step, r.peer, None, None, r.tag,
-                                  r.nbytes, None, json.dumps([list(s) for s in r.shapes]),
-                                  json.dumps(list(r.dtypes)), r.async_op, start, end, issued, dur, stack)
-                elif cls is Compute:
-                    compute.add(rank, r.step, r.name, start, end, dur)
-                elif cls is Step:
-                    step_rows.add(rank, r.step, start, end, dur, r.mem_peak)
-            for step, first, _ in unended.open():  # the step it failed or hung in: never ended
-                step_rows.add(rank, step, first - zero, None, None, None)
+            _write_rank(bundle, rank, offsets[rank] + t0, steps, failed, calls, compute, step_rows)
             if progress is not None:
                 progress(i + 1, len(chosen))
         for g in bundle.groups:
@@ -169,6 +141,46 @@ def export_parquet(
             t.abandon()
         raise
     return {**parts.close(), **{name: t.close() for name, t in tables.items()}}
+
+
+def _clear_parts(out: Path) -> None:
+    """The partitioned tables' folders made, emptied of another export's files (its
+    ranks were others)."""
+    for name in PARTITIONED:
+        (out / name).mkdir(exist_ok=True)
+        for old in (out / name).glob("ranks-*.parquet"):
+            old.unlink()
+
+
+def _write_rank(bundle: Bundle, rank: int, zero: int, steps, failed: frozenset[int], calls: _Table,
+                compute: _Table, step_rows: _Table) -> None:
+    """One rank's rows of the calls, compute and steps tables, times from `zero`; a step
+    it failed or hung in, and never ended, a row without an end."""
+    unended = OpenSteps()
+    for r in bundle.events(rank, steps=steps):
+        cls = type(r)
+        if r.step in failed:
+            unended.see(r)
+        start = r.start_ns - zero
+        end = None if r.end_ns is None else r.end_ns - zero
+        dur = None if r.end_ns is None else r.end_ns - r.start_ns
+        if cls is Collective or cls is PointToPoint:
+            issued = None if r.issued_ns is None else r.issued_ns - zero
+            stack = " <- ".join(r.stack) if r.stack else None
+            if cls is Collective:
+                calls.add(rank, "collective", r.group, r.seq, r.op, r.step, None, r.root, r.reduce_op, None,
+                          r.in_bytes, r.out_bytes, json.dumps([list(s) for s in r.in_shapes]),
+                          json.dumps(list(r.in_dtypes)), r.async_op, start, end, issued, dur, stack)
+            else:
+                calls.add(rank, "p2p", r.group, r.seq, r.op, r.step, r.peer, None, None, r.tag,
+                          r.nbytes, None, json.dumps([list(s) for s in r.shapes]),
+                          json.dumps(list(r.dtypes)), r.async_op, start, end, issued, dur, stack)
+        elif cls is Compute:
+            compute.add(rank, r.step, r.name, start, end, dur)
+        elif cls is Step:
+            step_rows.add(rank, r.step, start, end, dur, r.mem_peak)
+    for step, first, _ in unended.open():
+        step_rows.add(rank, step, first - zero, None, None, None)
 
 
 class _Parts:
