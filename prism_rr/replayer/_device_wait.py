@@ -1,7 +1,7 @@
 """Waits that occupy the program's stream: how a virtual peer's call will take its time on a GPU.
 
 On a GPU the host runs ahead of the device, so a virtual peer that completes its call by
-blocking the host (what `_session.sleep_until` does on CPU) shifts the device's timeline
+blocking the host (what `_timing.sleep_until` does on CPU) shifts the device's timeline
 in ways the recording never had (issue 27). A waiter makes the wait where NCCL's would
 be: on the call's stream, in device time, with the host free to queue the work after it.
 
@@ -140,7 +140,7 @@ class HostWaiter(Waiter):
 
     def __init__(self, slots: int = SLOTS, *, clock=monotonic_ns, sleep_until=None):
         if sleep_until is None:
-            from prism_rr.replayer._session import sleep_until
+            from prism_rr.replayer._timing import sleep_until
         self.slots = slots
         self._v = [0] * slots
         self._clock, self._sleep_until = clock, sleep_until

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections import deque
 from time import monotonic_ns
 
@@ -29,12 +28,11 @@ from prism_rr.replayer._environment import _cuda_here
 from prism_rr.replayer._hang import WAITED_FOR, RecordingEnd, sentence
 from prism_rr.replayer._options import ReplayOptions, stats_path
 from prism_rr.replayer._schedule import Schedule
-from prism_rr.replayer._timing import PeerClock
+from prism_rr.replayer._timing import PeerClock, sleep_until
 
 __all__ = ["ReplaySession"]
 
 log = logging.getLogger("prism_rr.replayer")
-_SPIN_NS = 1_500_000
 # A step's start is stamped in a slot of its own (the step modulo this): a wait queued on
 # the waiter's side stream that runs late must still read its own step's start, not the
 # next one's that the program's stream may have stamped meanwhile
@@ -96,17 +94,6 @@ class _Alarm:
             # thread drops once the call completes. Kept until the next alarm, they would
             # be live, for the memory tracker, into a later step.
             del fn
-
-
-def sleep_until(t_ns: int, spin_ns: int = _SPIN_NS) -> None:
-    """Sleep, then spin the last `spin_ns`: a thread woken from sleep on a loaded machine can
-    be late by milliseconds, a waiting rank must not be."""
-    while True:
-        left = t_ns - monotonic_ns()
-        if left <= 0:
-            return
-        if left > spin_ns:
-            time.sleep((left - spin_ns) / 1e9)
 
 
 def _own_bytes(rec) -> int:

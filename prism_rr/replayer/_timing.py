@@ -35,7 +35,23 @@ synchronous record starts at its last arrival, so its own end - start is its tra
 
 from __future__ import annotations
 
-__all__ = ["PeerClock"]
+import time
+from time import monotonic_ns
+
+__all__ = ["PeerClock", "sleep_until"]
+
+_SPIN_NS = 1_500_000
+
+
+def sleep_until(t_ns: int, spin_ns: int = _SPIN_NS) -> None:
+    """Sleep, then spin the last `spin_ns`: a thread woken from sleep on a loaded machine can
+    be late by milliseconds, a waiting rank must not be."""
+    while True:
+        left = t_ns - monotonic_ns()
+        if left <= 0:
+            return
+        if left > spin_ns:
+            time.sleep((left - spin_ns) / 1e9)
 
 
 class PeerClock:

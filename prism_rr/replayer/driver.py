@@ -47,7 +47,7 @@ from prism_rr.replayer import _divergence
 from prism_rr.replayer._hang import failed, recorded_exit
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 from prism_rr.replayer._program import DTYPE_BYTES, Program, program_of
-from prism_rr.replayer._session import sleep_until
+from prism_rr.replayer._timing import sleep_until
 from prism_rr.replayer._transfers import Transfers
 
 # Forms whose call writes its result into its input (torch's in-place collectives), and
