@@ -6,14 +6,13 @@ PRISM_RR_RECORD is set and the replayer when PRISM_RR_REPLAY is set. Arming impo
 nothing heavy: torch is patched when the program itself imports torch.distributed.
 """
 
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
 
 def _chain_previous() -> None:
-    import importlib.machinery
-    import importlib.util
-
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
@@ -26,8 +25,6 @@ def _chain_previous() -> None:
 
 
 def _find_prism_rr() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("prism_rr") is None:
         # A launcher may start ranks with another sys.path: use the copy we ship in.
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

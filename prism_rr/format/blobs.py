@@ -17,6 +17,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
 
 __all__ = ["KEEP_SMALL", "BlobWriter", "blob_id", "blob_level", "blob_path", "host_packs", "pack_entries",
@@ -58,8 +59,6 @@ def blob_path(spool_dir: str | os.PathLike, ident: bytes) -> Path:
     """Where a spool directory keeps blob `ident`: always under `spool_dir/blobs`, since
     only a 16-byte id is taken (an id read from a bundle is anything a stranger wrote)."""
     if type(ident) is not bytes or len(ident) != layout.BLOB_ID_LEN:
-        from prism_rr.errors import FormatError
-
         what = f"{len(ident)} bytes" if type(ident) is bytes else type(ident).__name__
         raise FormatError(f"a blob id is {layout.BLOB_ID_LEN} bytes, not {what}")
     h = ident.hex()

@@ -15,9 +15,13 @@ import zstandard
 
 from prism_rr.errors import FormatError, UnsupportedVersionError, UsageError
 from prism_rr.format import codec, layout
+from prism_rr.format.facts import bundle_facts, failed_steps
 from prism_rr.format.records import Record
 from prism_rr.format.spool import Frame, parse_frame
-from prism_rr.format.text import quoted, shown
+from prism_rr.format.text import quoted, safe, shown
+
+# Deferred imports: format.summaries (numpy) until a 1.1 bundle's summary tables are read;
+# `prism-rr info` on an older bundle, and a rank's start-up, never pay for numpy.
 
 __all__ = ["Bundle", "ChunkRef", "open_bundle"]
 
@@ -180,7 +184,7 @@ class Bundle:
         for key, check in _MANIFEST_FIELDS.items():
             if key in m and not check(m[key]):
                 raise FormatError(f"{where}: manifest field {key!r} has the wrong type")
-        return m
+        return safe(m)
 
     def _choose_attempt(self) -> None:
         """Read the manifest's `attempts`; for an attempt other than the default one, point
@@ -275,7 +279,7 @@ class Bundle:
                     v = ""
                 if type(v) is not str:
                     raise FormatError(f"{where}: group {g['id']}: {key} is not a string")
-                entry[key] = v
+                entry[key] = safe(v)
             out.append(entry)
         return out
 
@@ -300,8 +304,22 @@ class Bundle:
         return infos
 
     def rank_info(self, rank: int) -> dict:
-        """What the recorder knew of one rank: argv, cwd, versions, clock, environment, ..."""
+        """What the recorder knew of one rank: argv, cwd, versions, clock, environment, ...,
+        its strings display-safe (format/text.safe), as every string a bundle hands out."""
+        info = self._rank_infos.get(rank, {})
+        shown_info = self._shown_infos.get(rank)
+        if shown_info is None:
+            shown_info = self._shown_infos[rank] = safe(info)
+        return shown_info
+
+    def raw_rank_info(self, rank: int) -> dict:
+        """One rank's info as recorded, strings unescaped: only for what runs it again (a
+        replay's argument vector and environment), never for a person to read."""
         return self._rank_infos.get(rank, {})
+
+    @cached_property
+    def _shown_infos(self) -> dict:
+        return {}
 
     @cached_property
     def summaries(self) -> dict:
@@ -320,7 +338,7 @@ class Bundle:
         raw = codec.decompress(stored, layout.MAX_SUMMARIES_RAW, where, budget="frame")
         s = codec.unpack(raw, where, budget=layout.objects_limit(len(stored)))
         if type(s) is dict and layout.STEP_TABLE in s:
-            from prism_rr.format import summaries  # (numpy: imported for 1.1's tables only)
+            from prism_rr.format import summaries
 
             tables = {k: s.pop(k, None) for k in (layout.RANK_TABLE, layout.STEP_TABLE)}
             device = s.pop(layout.DEVICE_STEP_TABLE, None)
@@ -365,8 +383,6 @@ class Bundle:
         """The recording's steps as every command numbers them: each a rank ended (the step
         summaries), and each a run failed or hung in (`facts.failed_steps`), which no rank
         may have ended."""
-        from prism_rr.format.facts import failed_steps
-
         return sorted(set(self.summaries["steps"]) | set(failed_steps(self)))
 
     @property
@@ -386,8 +402,6 @@ class Bundle:
     def facts(self) -> dict:
         """What `prism-rr info --json` prints (see `facts.bundle_facts`): format, world,
         ranks, groups, steps, events, size, losses, and the manifest's own notes."""
-        from prism_rr.format.facts import bundle_facts
-
         return bundle_facts(self)
 
     # --- chunks and events ---------------------------------------------------------

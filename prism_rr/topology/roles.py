@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
+from pathlib import Path
 from typing import Any, Iterable
 
 from prism_rr.errors import UsageError
+from prism_rr.format import layout
+from prism_rr.format.spool import frame_info, read_spool
 from prism_rr.format.text import shown
 
 __all__ = ["Mesh", "Roles", "derive_roles", "is_replica_dim", "parse_mesh", "roles_for_mesh", "slice_ranks"]
@@ -365,11 +368,6 @@ def spool_roles(spool_dir, mesh: str | Mesh | dict | None, extra: Iterable[int] 
     (what `record` passes to `pack(..., manifest_extra={"roles": ...})`). Without `mesh`,
     the layout the ranks found while recording (their `slice_mesh`); None when they found
     none (then every rank was recorded)."""
-    from pathlib import Path
-
-    from prism_rr.format.spool import frame_info, read_spool
-    from prism_rr.format import layout
-
     world = 0
     recorded = []
     found, by = None, "mesh"
