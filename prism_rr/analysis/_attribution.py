@@ -208,7 +208,9 @@ def _assemble(c: _Calls, unended: "_Unended | None" = None) -> _Graph:
     where = np.full(len(c.ranks), -1, np.int64)
     where[kept] = np.arange(len(kept))
     ws, we, open_ranks = _windows(c, kept, unended)
-    order = np.lexsort((c.start, c.rank_pos))  # stable: equal entries keep record order
+    order = np.arange(len(c.start))  # each rank's calls in record order: by entry, almost always
+    if not ((c.rank_pos[1:] > c.rank_pos[:-1]) | (c.start[1:] >= c.start[:-1])).all():
+        order = np.lexsort((c.start, c.rank_pos))  # stable: equal entries keep record order
     rank_of = where[c.rank_pos[order]]
     start = c.start[order]
     is_open = c.open[order]
@@ -278,9 +280,17 @@ def _ids(*fields: np.ndarray) -> np.ndarray:
     n = len(fields[0])
     if not n:
         return np.zeros(0, np.int64)
-    by = np.lexsort(fields[::-1])
-    new = np.ones(n, bool)
-    new[1:] = np.any([f[by[1:]] != f[by[:-1]] for f in fields], axis=0)
+    bits = [int(f.max()).bit_length() for f in fields]
+    if min(int(f.min()) for f in fields) >= 0 and sum(bits) <= 62:  # one integer a row: one sort
+        packed = np.zeros(n, np.int64)
+        for f, b in zip(fields, bits):
+            packed = (packed << b) | f
+        by = np.argsort(packed, kind="stable")
+        new = np.r_[True, packed[by[1:]] != packed[by[:-1]]]
+    else:
+        by = np.lexsort(fields[::-1])
+        new = np.ones(n, bool)
+        new[1:] = np.any([f[by[1:]] != f[by[:-1]] for f in fields], axis=0)
     out = np.empty(n, np.int64)
     out[by] = np.cumsum(new) - 1
     return out
@@ -414,8 +424,8 @@ class _Batch:
 
     ranks: list[int]
     columns: dict[str, np.ndarray]  # _CALL_COLUMNS, "step", "rank_pos" and "index" (its place in its rank's step)
-    bounds: list[dict]  # rank index -> {step: (first start, last end)}
-    spans: list[dict]  # rank index -> {step: its Step record's (start, end)}
+    bounds: np.ndarray  # rows (rank index, step, first start, last end)
+    spans: np.ndarray  # rows (rank index, step, its Step record's start, end)
     values: list
     receives: np.ndarray
 
@@ -439,7 +449,10 @@ def _batch(cols: list, ranks: list[int], values: list) -> _Batch:
     new[1:] = (step[1:] != step[:-1]) | (pos[1:] != pos[:-1])
     first = np.flatnonzero(new)
     out["index"] = np.arange(len(step)) - np.repeat(first, np.diff(np.r_[first, len(step)]))
-    return _Batch(ranks, out, [c.bounds for c in cols], [c.step_span for c in cols], values, _receives(values))
+    bounds = [(k, s, *v) for k, c in enumerate(cols) for s, v in c.bounds.items()]
+    spans = [(k, s, *v) for k, c in enumerate(cols) for s, v in c.step_span.items()]
+    return _Batch(ranks, out, np.array(bounds, np.int64).reshape(-1, 4), np.array(spans, np.int64).reshape(-1, 4),
+                  values, _receives(values))
 
 
 def _slim(c):
@@ -453,8 +466,15 @@ def _slim(c):
 def _step_calls(b: _Batch, step: int) -> _Calls:
     lo, hi = np.searchsorted(b.columns["step"], [step, step + 1])
     got = {k: v[lo:hi] for k, v in b.columns.items() if k != "step"}
-    per_rank = [(*bounds.get(step, (None, None)), spans.get(step)) for bounds, spans in zip(b.bounds, b.spans)]
-    return _Calls(b.ranks, **got, **_rank_bounds(per_rank), values=b.values, receives=b.receives)
+    cols = {}
+    for rows, names in ((b.bounds, ("lo", "hi", "has")), (b.spans, ("step_lo", "step_hi", "has_step"))):
+        mine = rows[rows[:, 1] == step]
+        for j, name in enumerate(names[:2]):
+            cols[name] = np.zeros(len(b.ranks), np.int64)
+            cols[name][mine[:, 0]] = mine[:, 2 + j]
+        cols[names[2]] = np.zeros(len(b.ranks), bool)
+        cols[names[2]][mine[:, 0]] = True
+    return _Calls(b.ranks, **got, **cols, values=b.values, receives=b.receives)
 
 
 # --- the time split ----------------------------------------------------------------------
@@ -479,12 +499,10 @@ def _split(g: _Graph) -> dict[int, RankTime]:
     late_ns = _sum_by_rank(rank[held], g.held[held], len(g.ranks))  # nodes are in rank order
     late_calls = np.bincount(rank[held], minlength=len(g.ranks))
     total = g.we - g.ws
-    out = {}
-    for r, t, wt, ic, bz, ln, lc in zip(g.ranks, total.tolist(), wait.tolist(), in_calls.tolist(), busy.tolist(),
-                                        late_ns.tolist(), late_calls.tolist()):
-        out[r] = RankTime(rank=r, total_ns=t, compute_ns=max(0, t - bz), overlapped_ns=bz - ic, exposed_ns=ic - wt,
-                          waiting_ns=wt, late_ns=ln, late_calls=lc)
-    return out
+    columns = (total, np.maximum(0, total - busy), busy - in_calls, in_calls - wait, wait, late_ns, late_calls)
+    return {r: RankTime(rank=r, total_ns=t, compute_ns=c, overlapped_ns=o, exposed_ns=e, waiting_ns=w, late_ns=ln,
+                        late_calls=lc)
+            for r, t, c, o, e, w, ln, lc in zip(g.ranks, *(x.tolist() for x in columns))}
 
 
 def _sum_by_rank(rank: np.ndarray, values: np.ndarray, ranks: int) -> np.ndarray:
