@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import sys
 
+# Deferred imports: torch.distributed (heavy) until blocking_p2p is first asked; the walk
+# itself needs only os and sys.
+
 __all__ = ["WALK_CACHES", "blocking_p2p", "caller_stack", "fast_walk", "frame_stack", "user_code"]
 
 # The walk below in C, from the same caches (prism_rr/_speedups.c), or None: optional.

@@ -32,11 +32,15 @@ import sys
 import threading
 from time import monotonic_ns
 
+import torch
+from torch.autograd import Variable
+
 from prism_rr.format.calllog import (D_FAILED, D_OUT_LATER, D_SOURCED, E_ASYNC, E_IN_LATER, E_P2P, E_RECV, E_SAME_OUT,
                                      CallLog)
 from prism_rr.format.records import Marker
 from prism_rr.intercept import dispatch
 from prism_rr.intercept import payload as _payload
+from prism_rr.intercept.group import Call, completed_work, op_names
 from prism_rr.intercept.stack import WALK_CACHES, fast_walk, frame_stack
 
 _log_payload = _payload.log_payload
@@ -392,9 +396,6 @@ class PyCallRecorder:
         pass's thread, before the program has its results."""
         task = self._graph_task
         if task is None:
-            import torch
-            from torch.autograd import Variable
-
             task = self._graph_task = torch._C._current_graph_task_id
             self._queue_callback = Variable._execution_engine.queue_callback
         tid = task()
@@ -490,8 +491,6 @@ def _enter_args() -> tuple[str, ...]:
 if _speedups is None:
     CallRecorder = PyCallRecorder
 else:
-    from prism_rr.intercept.group import Call, op_names
-
     # A mismatch is an error here, at import, naming what does not agree.
     _speedups.bind(Call, Call("", 0, 0, (), (), None, ()), _enter_args(), _payload.FULL)
 
@@ -527,7 +526,5 @@ _DONE: list = []
 def _done_work():
     """A Work that is complete (one for all: its wait() returns at once, its result is empty)."""
     if not _DONE:
-        from prism_rr.intercept.group import completed_work
-
         _DONE.append(completed_work())
     return _DONE[0]
