@@ -13,7 +13,8 @@ of them prints or exits, so a script gets what the command line gets:
 
 Where a command has something to say to people, its result's `lines()` says it, every
 string from a bundle made safe for a terminal (`prism_rr.format.text.shown`); its
-`json()` (and the results' fields) hold the bundle's values exact. Errors are
+`json()` (and the results' fields) hold the bundle's strings whole, escaped as the reader
+hands them out (`prism_rr.format.text.safe`). Errors are
 `prism_rr.errors` exceptions; what a user should hear about comes back as data (or,
 where it must be heard before the work goes on, through a `warn` callback). Importing
 this module is cheap: each function loads what it needs.
@@ -612,7 +613,7 @@ class Diagnosis:
         return sum(costs.get(r, 0) for r in finding.ranks)
 
     def json(self) -> dict[str, Any]:
-        """`diagnose --json`: {findings: [...], summary, straggler_cost}, values exact."""
+        """`diagnose --json`: {findings: [...], summary, straggler_cost}, values whole."""
         from prism_rr.analysis import diagnosis_json
 
         out = diagnosis_json(list(self.findings))

@@ -7,8 +7,8 @@ bidi overrides, Rich/Textual markup (`[reverse]`, `[blink]`, `[@click=app.quit]`
 places, a value far too long for a line; every checksum is valid. Every inspecting command
 runs as a user runs it, in a fresh interpreter, and the TUI under `run_test()` visits every
 screen, the details pane, the palette and a screenshot. No raw control or bidi character
-reaches stdout, stderr or the screen, markup is shown as text, and `--json` keeps the
-bundle's values exact.
+reaches stdout, stderr or the screen, markup is shown as text, and `--json` gives the
+values whole, escaped as `format/` hands them out (format/text.safe).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from cli_helpers import run_cli
 from prism_rr.format import layout, pack
 from prism_rr.format.records import RECORD_TYPES, Collective, Compute, GroupInfo, Marker, Memory, PointToPoint
 from prism_rr.format.spool import encode_frame, spool_header, spool_path
+from prism_rr.format.text import safe
 from prism_rr.format.synthetic import synthetic_records
 
 sys.path.insert(0, str(Path(__file__).parent / "tui"))
@@ -217,13 +218,15 @@ def test_no_command_puts_a_raw_control_character_on_the_terminal(hostile, tmp_pa
         "collective sequences match" in seen[("diff", b, str(hostile["other"]))].stdout
     assert "F:fr.version" in seen[("import", "fr", str(hostile["fr"]), "-o", str(tmp_path / "fr.prism"),
                                    "--json")].stderr
-    # JSON keeps the bundle's values exact: json escapes the characters itself
+    # JSON gives the values as format/ hands them out: whole (never cut), escaped, so a
+    # script that prints one cannot drive a terminal either
     facts = json.loads(seen[("info", b, "--json")].stdout)
-    assert facts["tool"] == MANIFEST["tool"] and facts["nodes"][0]["node"] == evil("nodes.node")
-    assert facts["recorder_failures"][0]["reason"] == evil("recorder_failed.reason")
+    assert facts["tool"] == safe(MANIFEST["tool"]) and facts["nodes"][0]["node"] == safe(evil("nodes.node"))
+    assert facts["recorder_failures"][0]["reason"] == safe(evil("recorder_failed.reason"))
+    assert "\\x1b]0;PWNED" in facts["tool"] and len(facts["tool"]) > len(LONG)
     found = json.loads(seen[("diagnose", b, "--json")].stdout)["findings"]
     mismatch = next(f for f in found if f["kind"] == "mismatch")
-    assert mismatch["stack"][0] == evil("Collective.stack[0]")
+    assert mismatch["stack"][0] == safe(evil("Collective.stack[0]"))
 
 
 def test_errors_that_quote_a_bundle_quote_it_safely(hostile, tmp_path):

@@ -26,6 +26,7 @@ from prism_rr.format.records import (
     K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
     K_VALUE, K_ISSUED, K_TAG, DeviceTime, Marker, Memory, PointToPoint, Step,
 )
+from prism_rr.format.text import safe
 from prism_rr.analysis._divergence import structure_of
 
 __all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
@@ -160,10 +161,12 @@ class ColumnReader:
         return arrays
 
     def intern(self, value) -> int:
+        """`value`'s id; what `values` holds for it is display-safe (format/text.safe), as
+        every string a bundle hands out."""
         i = self._ids.get(value)
         if i is None:
             i = self._ids[value] = len(self.values)
-            self.values.append(value)
+            self.values.append(safe(value))
         return i
 
     # --- a rank ---------------------------------------------------------------------
@@ -370,7 +373,7 @@ class ColumnReader:
             values, _ = self._column(kind, cols, consts, K_VALUE, n, None, _plain(_opt_int))
             texts, _ = self._column(kind, cols, consts, K_TEXT, n, None, _plain(_opt_str))
             raw_start, raw_end = start.tolist(), end.tolist()
-            t["records"] = [Marker(start_ns=s, end_ns=None if o else e, step=st, name=nm, value=v, text=tx)
+            t["records"] = [Marker(start_ns=s, end_ns=None if o else e, step=st, name=safe(nm), value=v, text=safe(tx))
                             for s, e, o, st, nm, v, tx in zip(raw_start, raw_end, is_open.tolist(),
                                                                step.tolist(), names, values, texts)]
         return t

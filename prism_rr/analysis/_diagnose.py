@@ -44,7 +44,7 @@ class Finding:
     The sentence quotes the bundle (op names, error texts, crash reports): each value is
     cut where it is quoted, and the sentence as a whole is made safe for a terminal here,
     so that no screen showing it, nor a `--json` reader printing it, meets a stranger's
-    escape sequence. `stack` and `details` keep the bundle's values exact."""
+    escape sequence. `stack` and `details` keep the bundle's values whole (escaped as read)."""
 
     kind: str
     ranks: tuple[int, ...]

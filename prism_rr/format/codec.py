@@ -15,6 +15,7 @@ import zstandard
 
 from prism_rr.errors import FormatError
 from prism_rr.format import layout
+from prism_rr.format.text import safe
 from prism_rr.format.records import (
     K_END,
     K_RANKS,
@@ -689,7 +690,25 @@ def _table_fields(cls, columns, constants, n: int, where: str) -> tuple[dict[str
         check = field_check(cls, name)
         if not all(map(check, distinct)):
             raise FormatError(f"{where}: field {name} has a value of the wrong type")
+        if name in _TEXT_FIELDS[cls] and not all(map(_printable, distinct)):
+            if name in varying:  # display-safe as read (format/text.safe): rare, a stranger's bundle
+                varying[name] = tuple(map(safe, varying[name]))
+            else:
+                fixed[name] = safe(fixed[name])
     return varying, fixed
+
+
+def _printable(value) -> bool:
+    """A string field's value (a string, strings, or None) holds only printable text."""
+    if value is None:
+        return True
+    if type(value) is str:
+        return value.isprintable()
+    return all(v.isprintable() for v in value)
+
+
+# Each record kind's fields that hold text (a string or strings): made display-safe as read.
+_TEXT_FIELDS = {cls: frozenset(f.name for f in fields(cls) if "str" in str(f.type)) for cls in RECORD_TYPES.values()}
 
 
 def _table_times(varying: dict, fixed: dict, n: int, where: str) -> tuple[list, list]:

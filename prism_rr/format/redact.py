@@ -235,7 +235,7 @@ def redact(in_path: str | os.PathLike, out_path: str | os.PathLike, *, stacks: b
         views = [bundle] + [type(bundle)(bundle.path, e["attempt"]) for e in bundle.attempts
                             if e["attempt"] != bundle.attempt]
         try:
-            infos = {(v.attempt, r): v.rank_info(r) for v in views for r in v.recorded_ranks}
+            infos = {(v.attempt, r): v.raw_rank_info(r) for v in views for r in v.recorded_ranks}
             # Host names first, so that free text anywhere can be cleaned of them.
             _learn_hosts(scrub, run, infos.values())
             truncated = sorted({r for v in views for r in v.recorded_ranks

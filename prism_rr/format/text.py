@@ -6,13 +6,14 @@ line, an argv, a group description or a stack frame may carry terminal escape se
 `\\x9b` does both on some terminals), bidi overrides that make a line read other than it
 is, or a megabyte where a word belongs. `shown` is what every line for people, every error
 message that quotes a bundle and every screen of the terminal UI passes such a string
-through. JSON output does not: json escapes control characters itself, and a script
-reading `--json` gets the bundle's values exact.
+through, to be cut to its place. The escaping itself is applied where format/ hands a
+string out (`safe`: the reader's manifest, rank info and groups, every record's text
+fields), so nothing downstream sees a raw one; `--json` gives those escaped strings whole.
 """
 
 from __future__ import annotations
 
-__all__ = ["LIMIT", "human_bytes", "quoted", "shown"]
+__all__ = ["LIMIT", "human_bytes", "quoted", "safe", "shown"]
 
 LIMIT = 200  # characters of one value shown before it is cut
 
@@ -45,6 +46,27 @@ def quoted(value: object, limit: int | None = LIMIT) -> str:
     """`value` shown (see `shown`) between single quotes: how an error message names a
     bundle's string, so that an empty or blank one is still seen."""
     return f"'{shown(value, limit)}'"
+
+
+def safe(value):
+    """`value` as `format/` hands it to the rest of the code: every string in it (a
+    container's items, keys and values too) with its unprintable characters escaped as
+    `shown` escapes them, never cut. What holds no such character comes back as it is, the
+    same object, so a bundle of plain strings costs one `isprintable()` a string. The raw
+    value stays reachable by name only where a command needs it (`Bundle.raw_rank_info`:
+    a replay's argument vector and environment)."""
+    kind = type(value)
+    if kind is str:
+        return value if value.isprintable() else shown(value, None)
+    if kind is tuple or kind is list:
+        items = [safe(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else kind(items)
+    if kind is dict:
+        pairs = [(safe(k), safe(v)) for k, v in value.items()]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items())):
+            return value
+        return dict(pairs)
+    return value
 
 
 def _escaped(c: str) -> str:

@@ -150,7 +150,7 @@ def recorded_commands(bundle_path, ranks=(0,), attempt: int | None = None) -> di
         recorded = bundle.recorded_ranks
         for r in real:
             source = r if r in recorded else _representative(bundle, r)
-            info = bundle.rank_info(source)
+            info = bundle.raw_rank_info(source)  # to run it again: shown escaped where shown
             info = info if isinstance(info, dict) else {}
             out[r] = (rank_command(info), _recorded_cwd(info))
     return out
@@ -395,7 +395,7 @@ def _plan(request: ReplayRequest, bundle_path: Path, real: tuple, first: _FirstL
                 program_of(bundle, r)
         plan = _Plan(bundle=bundle_path, real=real, world=first.world, attempt=first.attempt,
                      default_attempt=first.default_attempt, attempts=[e["attempt"] for e in bundle.attempts],
-                     infos={r: bundle.rank_info(r) for r in real}, endings=_recorded_endings(bundle),
+                     infos={r: bundle.raw_rank_info(r) for r in real}, endings=_recorded_endings(bundle),
                      replacements=first.replacements, dump=isinstance(bundle.manifest.get("imported"), dict),
                      cmd=cmd,
                      launcher=False if request.from_bundle else

@@ -253,7 +253,7 @@ def scale(
         model = _model(bundle, model, latency, bandwidth)
         transfers = {s.key: s.transfer_ns for s in samples(bundle)}
         group_ranks = {g["id"]: tuple(g["ranks"]) for g in bundle.groups}
-        infos = {r: bundle.rank_info(r) for r in recorded}
+        infos = {r: bundle.raw_rank_info(r) for r in recorded}  # copied as recorded
         run = dict(bundle.manifest.get("run", {}))
         counts = {"records": 0, "rescaled_calls": 0, "predicted_shapes": 0}
         with Rewrite(out_path, prefix=".scale-") as rewrite:

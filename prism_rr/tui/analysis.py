@@ -426,7 +426,7 @@ def replay_warning(recorded: Bundle, replayed: Bundle) -> str | None:
     names the bundle each replayed."""
     names = set()
     for r in replayed.recorded_ranks[:64]:
-        of = replayed.rank_info(r).get("replay_of")
+        of = replayed.raw_rank_info(r).get("replay_of")  # a path, held against a file's name; shown below
         if isinstance(of, dict) and isinstance(of.get("bundle"), str):
             names.add(of["bundle"].replace("\\", "/").rsplit("/", 1)[-1])
     if not names:
