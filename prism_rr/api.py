@@ -855,14 +855,15 @@ def record_demo(output, plan: DemoPlan, *, warn: Warn | None = None, progress: P
     """Record the embedded demo (steps 1-3 after a warm-up, digests, memory) into `output`."""
     from prism_rr import demo
 
-    return demo.record(output, plan, warn=warn, progress=progress)
+    return record(plan.launch, output, steps=demo.STEPS, payload=demo.PAYLOAD, memory=True,
+                  timeout=demo.RECORD_TIMEOUT_S, warn=warn, progress=progress)
 
 
 def replay_demo(output, plan: DemoPlan) -> ReplayResult:
     """Replay rank 0 of the demo's recording against virtual peers."""
     from prism_rr import demo
 
-    return demo.replay(output, plan)
+    return replay(output, ranks="0", cmd=plan.train, timeout=demo.REPLAY_TIMEOUT_S)
 
 
 def browse(bundle, compare=None, *, attempt: int | None = None) -> int:

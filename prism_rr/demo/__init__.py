@@ -1,9 +1,10 @@
-"""The embedded demo: a small GPT (`model.py`) trained on gloo (`train.py`), recorded and
-replayed through `prism_rr.api`. This module is torch-free; the ranks import torch.
+"""The embedded demo: a small GPT (`model.py`) trained on gloo (`train.py`). This module
+says what the demo runs (`plan`), torch-free; `prism_rr.api` records and replays it
+(`api.record_demo`, `api.replay_demo`); the ranks import torch.
 
     plan = demo.plan(world=4)
-    result = demo.record("demo.prism", plan)
-    replayed = demo.replay("demo.prism", plan)
+    plan.launch  # the command that starts its ranks under the recorder
+    plan.train   # one rank's command, what a replay runs
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 
 from prism_rr.errors import UsageError
 
-__all__ = ["DemoPlan", "STEPS", "plan", "record", "replay"]
+__all__ = ["DemoPlan", "PAYLOAD", "RECORD_TIMEOUT_S", "REPLAY_TIMEOUT_S", "STEPS", "plan"]
 
 STEPS = "1:4"  # 3 recorded steps after 1 warm-up
+PAYLOAD = "digest"  # small calls whole, a hash of every larger tensor (the recorder's default)
+RECORD_TIMEOUT_S = 600
+REPLAY_TIMEOUT_S = 300
 _TRAIN_STEPS = 4
 _RANK_TIMEOUT_S = 300
-_RECORD_TIMEOUT_S = 600
-_REPLAY_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +32,13 @@ class DemoPlan:
     pp: int
     layout: str  # "dp2 x tp2 (FSDP2 x DTensor TP)" or "pp2 x dp2"
     train: list[str]  # one rank's command; also what replay runs
+
+    @property
+    def launch(self) -> list[str]:
+        """The command that starts the demo's ranks (local ranks with torchrun's
+        environment), each ending within its own time limit."""
+        return [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(self.world),
+                "--timeout", str(_RANK_TIMEOUT_S), "--", *self.train]
 
 
 def plan(world: int = 4, pp: int = 1) -> DemoPlan:
@@ -45,20 +54,3 @@ def plan(world: int = 4, pp: int = 1) -> DemoPlan:
         train += ["--tp", str(tp)]
         layout = f"dp{world // tp} x tp{tp} (FSDP2 x DTensor TP)"
     return DemoPlan(world=world, pp=pp, layout=layout, train=train)
-
-
-def record(output, demo: DemoPlan, *, warn=None, progress=None):
-    """Record the demo's ranks (steps 1-3, digests, memory) into `output`: an api.RecordResult."""
-    from prism_rr import api
-
-    cmd = [sys.executable, "-m", "prism_rr.localrun", "--nproc", str(demo.world),
-           "--timeout", str(_RANK_TIMEOUT_S), "--", *demo.train]
-    return api.record(cmd, output, steps=STEPS, payload="digest", memory=True, timeout=_RECORD_TIMEOUT_S,
-                      warn=warn, progress=progress)
-
-
-def replay(output, demo: DemoPlan):
-    """Replay rank 0 of the demo's recording against virtual peers: an api ReplayResult."""
-    from prism_rr import api
-
-    return api.replay(output, ranks="0", cmd=demo.train, timeout=_REPLAY_TIMEOUT_S)
