@@ -17,6 +17,10 @@ from __future__ import annotations
 import inspect
 import threading
 
+# Deferred imports: torch.distributed and intercept.group (torch) until a side installs or
+# torch creates a group: the start-up hook imports this module before the program imports
+# torch, and importing torch.distributed here could run mid-import of torch itself.
+
 __all__ = ["GroupCreation", "Plan", "fix_books", "make_real", "real_device_map"]
 
 _REAL = ("gloo", "nccl")  # the backends an InterceptGroup can wrap

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from time import monotonic_ns
 
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 __all__ = ["OpsMode", "aside", "start"]
 
@@ -59,8 +59,6 @@ class OpsMode(TorchDispatchMode):
     def stop(self) -> None:
         self.enabled = False
         try:
-            from torch.utils._python_dispatch import _get_current_dispatch_mode
-
             if _get_current_dispatch_mode() is self:
                 self.__exit__(None, None, None)
         except Exception:

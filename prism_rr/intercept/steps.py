@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import weakref
 
+# Deferred imports: torch.optim until a side starts following steps; `prism_rr.step()` and
+# the recorder's start-up import this module before the program has imported torch.
+
 __all__ = ["OptimizerSteps", "by_hand"]
 
 _started: list[OptimizerSteps] = []  # this process's: a recording's, a replay's, or both

@@ -23,6 +23,7 @@ still changes. Importing this module imports nothing heavy.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import sys
 import threading
@@ -39,11 +40,9 @@ _registered = False
 def _thread_states():
     """A function counting the interpreter's thread states, or None where ctypes cannot."""
     try:
-        import ctypes
-
         api = ctypes.pythonapi
         head, nxt, get = api.PyInterpreterState_ThreadHead, api.PyThreadState_Next, api.PyInterpreterState_Get
-    except (ImportError, AttributeError, OSError):
+    except (AttributeError, OSError):
         return None
     get.restype = ctypes.c_void_p
     head.restype, head.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
