@@ -12,6 +12,11 @@ from __future__ import annotations
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._record import record, step
 
+# Deferred imports: recorder._device (torch) until `clock_for` is asked for; recorder._install
+# and recorder._flight (no torch, but the import hook, the manifest and statistics: some 20
+# modules) until their names are: `import prism_rr` and `prism-rr info` pass through here,
+# and only a flight recording needs _flight.
+
 __all__ = ["RecordOptions", "arm", "clock_for", "current_observer", "finish_flight", "flight_bundles", "record",
            "record_replay", "step"]
 

@@ -26,6 +26,8 @@ import time
 from collections import deque
 from time import monotonic_ns
 
+import torch
+
 from prism_rr.intercept.device_reads import Passing
 
 __all__ = ["ENV_VAR", "CudaClock", "DeviceClock", "HostEventClock", "NOT_YET", "clock_for",
@@ -106,8 +108,6 @@ class CudaClock(DeviceClock):
     name = "cuda-events"
 
     def __init__(self, device=None):
-        import torch
-
         self._cuda = torch.cuda
         self._asked = None if device is None or getattr(device, "index", None) is None else device.index
         self._index: int | None = None
@@ -178,8 +178,6 @@ def clock_for(device) -> DeviceClock | None:
         return HostEventClock()
     kind = device if isinstance(device, str) else getattr(device, "type", None)
     if kind is not None and str(kind).split(":")[0] == "cuda":
-        import torch
-
         if torch.cuda.is_available():
             return CudaClock(device if not isinstance(device, str) else None)
     return None

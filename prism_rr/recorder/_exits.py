@@ -13,6 +13,8 @@ import re
 import sys
 import threading
 
+from prism_rr.intercept.stack import frame_stack
+
 __all__ = ["how", "on_failing_exit", "watch"]
 
 _seen: dict = {}  # {"code": ..., "how": ...} of the process's way out, once known
@@ -80,8 +82,6 @@ def _main_stack(depth: int) -> tuple[str, ...] | None:
     if depth <= 0:
         return None
     try:
-        from prism_rr.intercept.stack import frame_stack
-
         frame = sys._current_frames().get(threading.main_thread().ident)
         # a signal may come deep in an import or in torch: look past more than a call's 64 frames
         return frame_stack(frame, depth, hops=1000) if frame is not None else None

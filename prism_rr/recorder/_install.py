@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+from math import ceil, prod
 from time import monotonic_ns
 
+from prism_rr.intercept import teardown
 from prism_rr.intercept.creation import GroupCreation, Plan, fix_books, make_real, real_device_map
 from prism_rr.intercept.hook import on_import
 from prism_rr.recorder import _manifest
 from prism_rr.recorder._options import ENV_VAR, RecordOptions
+
+# Deferred imports: torch, and the modules that import it (the recording, its policy,
+# intercept.group and intercept.memory), until the program's world group is made: the
+# start-up hook arms the recorder from this module before the program imports torch.
 
 __all__ = ["BACKEND", "arm", "current_observer", "install", "installed_options", "record_replay", "uninstall"]
 
@@ -115,8 +121,6 @@ def installed_options() -> RecordOptions | None:
 
 def install(options: RecordOptions) -> None:
     """Register the backend and patch group creation (idempotent)."""
-    from prism_rr.intercept import teardown
-
     teardown.register()  # torch's gloo threads must not abort the process after its last line
     _recorder.options = options
     _creation.install()
@@ -130,8 +134,6 @@ def uninstall() -> None:
 
 def arm() -> None:
     """From the start-up hook: read PRISM_RR_RECORD and wait for torch.distributed."""
-    from prism_rr.intercept import teardown
-
     teardown.register()  # first of all atexit functions, so it runs last (install's is a no-op then)
     options = RecordOptions.from_json(os.environ[ENV_VAR])
 
@@ -256,8 +258,6 @@ def _note_fsdp_layout(kind: str, fsdp_params, group) -> None:
     if rec is None or not rec.on or group is None:
         return
     try:
-        from math import ceil, prod
-
         n = int(group.size())
         seen = (kind, id(fsdp_params), n)  # a param group passes the same list every step
         if seen in rec.fsdp_seen:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
 import sys
 import time
+from datetime import timedelta
+
+from prism_rr.specs import format_ranks
+
+# Deferred imports: torch until a rank's facts are written (its world group is made): the
+# recorder's start-up hook imports this module before the program imports torch.
 
 __all__ = ["mesh_info", "rank_info", "safe_env", "store_clock_offset"]
 
@@ -94,8 +101,6 @@ def cpu_info() -> dict:
     that shared cores when recorded computed slower than a replay of fewer ranks will."""
     import torch
 
-    from prism_rr.specs import format_ranks
-
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -133,9 +138,6 @@ def store_clock_offset(store, rank: int, world_size: int, *, prefix: str, rounds
     as `attempt` in the result: one number for every rank of the incarnation, whatever each
     found in its own directory.
     """
-    import json
-    from datetime import timedelta
-
     def wait(key: str, seconds: float) -> None:
         store.wait([key], timedelta(seconds=seconds))
 

@@ -7,7 +7,13 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+from prism_rr.format.pack import pack as pack_spools  # record()'s `pack` is its flag
+from prism_rr.intercept.steps import by_hand
 from prism_rr.recorder._options import RecordOptions, spool_dir_for
+
+# Deferred imports: torch.distributed and the recording (recorder._install, _session) until
+# a block is entered, and recorder._flight until a flight recording's block ends: `import
+# prism_rr` reaches this module, and a laptop reading bundles pays for neither.
 
 __all__ = ["record", "step"]
 
@@ -19,8 +25,6 @@ def step() -> None:
     """Mark a training step boundary by hand (optimizer steps then no longer do). Under
     `prism-rr replay` the replayer follows the same boundaries (and so does the replay's
     own recording, with `-o`)."""
-    from prism_rr.intercept.steps import by_hand
-
     by_hand()
 
 
@@ -88,8 +92,6 @@ def _pack_when_all_closed(spool_dir: Path, out: Path) -> None:
     if rank != 0:
         return
     try:
-        from prism_rr.format import pack
-
-        pack(spool_dir, out)
+        pack_spools(spool_dir, out)
     except Exception as exc:
         log.warning("prism-rr: packing %s failed: %s", out, exc)

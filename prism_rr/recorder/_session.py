@@ -25,15 +25,24 @@ import threading
 from pathlib import Path
 from time import monotonic_ns
 
+import torch
+
 from prism_rr.format import codec
+from prism_rr.format.blobs import BlobWriter
 from prism_rr.format.calllog import CallLog, log_path
 from prism_rr.format.compactor import Compactor
 from prism_rr.format.names import claim_attempt
 from prism_rr.format.records import Compute, GroupInfo, Marker, Memory
 from prism_rr.format.spool import spool_path
+from prism_rr.intercept import dispatch
+from prism_rr.intercept.payload import DIGEST, SMALL
 from prism_rr.intercept.steps import OptimizerSteps
 from prism_rr.recorder import _exits, _manifest, _signals
 from prism_rr.recorder._calls import CallRecorder
+from prism_rr.recorder._device import clock_for
+from prism_rr.recorder._device_times import DeviceTimes
+from prism_rr.recorder._flight import Flight
+from prism_rr.recorder._later import DevicePayloads
 from prism_rr.recorder._options import RecordOptions
 from prism_rr.recorder._slicing import Slicing
 from prism_rr.recorder._window import MemoryReadings, StepWindow
@@ -146,9 +155,6 @@ class Recording:
     def read_payloads_later(self, device: str = "cuda") -> None:
         """Read `device` tensors' payloads once the device has passed them, not at once
         (recorder/_later.py), where the payload mode reads any (small, digest). Before start()."""
-        from prism_rr.intercept.payload import DIGEST, SMALL
-        from prism_rr.recorder._later import DevicePayloads
-
         if self.calls.mode in (SMALL, DIGEST):
             self.calls.later = DevicePayloads(self.log, self.calls.mode, device)
 
@@ -164,9 +170,6 @@ class Recording:
         """Mark steps and calls on `device`'s clock (recorder/_device.py: none on CPU unless
         PRISM_RR_DEVICE_CLOCK=host); `durations`: ask each call's Work for its backend's
         own timing (NCCL). Before start()."""
-        from prism_rr.recorder._device import clock_for
-        from prism_rr.recorder._device_times import DeviceTimes
-
         clock = clock_for(device)
         if clock is not None:
             self.device_times = DeviceTimes(self, clock, durations=durations)
@@ -182,8 +185,6 @@ class Recording:
         _signals.install(self)
         _exits.watch(self)
         if self.options.flight is not None:
-            from prism_rr.recorder._flight import Flight
-
             self.flight = Flight(self)
             self.flight.start()
         if self.active:
@@ -326,8 +327,6 @@ class Recording:
     def operator_ran(self, func, args, t0: int, t1: int) -> None:
         """--ops: one Compute record per operator of the program, in the window."""
         if self.active:
-            import torch
-
             alloc, peak = self.memory.now()
             shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
             self.write(Compute(start_ns=t0, end_ns=t1, step=self.step, name=func.__name__, shapes=shapes,
@@ -348,14 +347,10 @@ class Recording:
     def outside(self, fn, *args):
         """fn(*args), which is not the program's work (the recorder's own): the
         per-operator mode (memory tracker, --ops) looks away."""
-        from prism_rr.intercept import dispatch
-
         return dispatch.aside(self.window.ops_mode, fn, *args)
 
     def _blob_writer(self):
         if self.blob_writer is None:
-            from prism_rr.format.blobs import BlobWriter
-
             self.blob_writer = BlobWriter(self.spool_dir)
             if self.compactor is not None:
                 self.compactor.blobs = self.blob_writer

@@ -22,6 +22,8 @@ import signal
 import threading
 import time
 
+from prism_rr.format.names import rank_file
+
 __all__ = ["crash_path", "install", "on_usr1"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -153,8 +155,6 @@ _crash_file = None  # kept open for the process's life: faulthandler writes to i
 
 
 def crash_path(spool_dir, rank: int, attempt: int = 0):
-    from prism_rr.format.names import rank_file
-
     return rank_file(spool_dir, rank, attempt, "crash")
 
 

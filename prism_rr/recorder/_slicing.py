@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 
+from prism_rr.topology.roles import Mesh, mesh_from_groups, slice_ranks
+
 __all__ = ["Slicing"]
 
 log = logging.getLogger("prism_rr.recorder")
@@ -29,8 +31,6 @@ class Slicing:
         rec = self.rec
         groups, self._groups = self._groups, []
         try:
-            from prism_rr.topology.roles import Mesh, mesh_from_groups, slice_ranks
-
             by = "mesh"
             if isinstance(mesh, dict):
                 mesh = Mesh.from_dict(mesh)

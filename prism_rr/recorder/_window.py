@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from time import monotonic_ns
 
+import torch
+
 from prism_rr.format.records import Compute, Marker, Step
 from prism_rr.intercept import dispatch
+from prism_rr.intercept.memory import cuda_step_peak
 
 __all__ = ["MemoryReadings", "StepWindow"]
 
@@ -30,8 +33,6 @@ class MemoryReadings:
 
     def now(self) -> tuple[int | None, int | None]:
         if self.cuda:
-            import torch
-
             return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
         if self.cpu is not None:
             return self.cpu.allocated, self.cpu.peak
@@ -39,8 +40,6 @@ class MemoryReadings:
 
     def step_peak(self) -> int | None:
         if self.cuda:
-            from prism_rr.intercept.memory import cuda_step_peak
-
             return cuda_step_peak()
         if self.cpu is not None:
             return self.cpu.take_peak()
@@ -48,8 +47,6 @@ class MemoryReadings:
 
     def reset(self) -> None:
         if self.cuda:
-            import torch
-
             torch.cuda.reset_peak_memory_stats()
 
 
