@@ -17,25 +17,41 @@ string from a bundle made safe for a terminal (`prism_rr.format.text.shown`); it
 hands them out (`prism_rr.format.text.safe`). Errors are
 `prism_rr.errors` exceptions; what a user should hear about comes back as data (or,
 where it must be heard before the work goes on, through a `warn` callback). Importing
-this module is cheap: each function loads what it needs.
+this module loads neither torch, numpy nor a UI library (see its deferred imports).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prism_rr.errors import PrismError, RecorderError, UsageError
+from prism_rr import demo
+from prism_rr.errors import FormatError, PrismError, RecorderError, UsageError
+from prism_rr.format import open_bundle, repair_spool
+from prism_rr.format import pack as pack_spools
+from prism_rr.format import verify as verify_bundle
+from prism_rr.format.facts import flight_line, info_lines
+from prism_rr.format.fr import import_fr as read_dumps
+from prism_rr.format.pack import spool_dirs
+from prism_rr.format.redact import redact as redact_bundle
+from prism_rr.format.text import shown
 from prism_rr.localrun import describe_exit
-from prism_rr.recorder import RecordOptions
-from prism_rr.recorder.launch import spool_dir_for
+from prism_rr.recorder import RecordOptions, finish_flight, launch
+from prism_rr.recorder.launch import hook_env, spool_dir_for
 from prism_rr.specs import format_ranks, parse_bandwidth, parse_ranks, step_window
+from prism_rr.topology.roles import spool_roles
+from prism_rr.topology.scale import compare_transfers
+from prism_rr.topology.scale import scale as scale_bundle
+
+# Deferred imports: prism_rr.analysis (numpy), the replay launcher (numpy, through the
+# analysis it runs) and the terminal UI (textual), each in the functions that use them,
+# so that `prism-rr info`, `verify` and `record` start without them.
 
 if TYPE_CHECKING:
     from prism_rr.analysis import BundleDiff, Finding, StepAttribution
-    from prism_rr.demo import DemoPlan
     from prism_rr.format import PackResult, VerifyReport
     from prism_rr.format.spool import SpoolScan
     from prism_rr.replayer import ReplayResult
@@ -155,7 +171,6 @@ class RecordResult:
     def failure_lines(self) -> list[str]:
         """A warning for each rank whose recorder turned itself off (the reason is the
         rank's words, made safe for a terminal)."""
-        from prism_rr.format.text import shown
 
         return [f"rank {f['rank']}: the recorder turned itself off at step {'?' if f['step'] is None else f['step']} "
                 f"({shown(f['reason'])}); the training went on, the rank's records stop there"
@@ -200,7 +215,6 @@ def record(
     `warn` hears the warnings before packing as they come, and one that the spools could
     not all be removed. The result's `lines()` and `exit_status`: what `record` says and exits with.
     """
-    from prism_rr.recorder import launch
 
     request = launch.RecordRequest.make(cmd, output, options, nproc=nproc, node=node, timeout=timeout, **fields)
     said = _Warnings(warn)
@@ -257,7 +271,6 @@ def _spools_left(spool_dir: Path) -> bool:
 
 def _node_result(request, code: int, said: _Warnings) -> RecordResult:
     """One node of many: its spools wait for the others', and the command that packs them all."""
-    import shlex
 
     command = (f"prism-rr pack {shlex.quote(str(spool_dir_for(request.output)))} "
                f"-o {shlex.quote(str(request.output))}")
@@ -292,12 +305,10 @@ def _packed_result(request, code: int, said: _Warnings, *, keep_spools: bool,
 
 def _pack_spools(request, said: _Warnings, progress: Progress | None) -> PackResult:
     """The spools packed into the bundle, with the roles found (--slice roles)."""
-    from prism_rr.format import pack as pack_spools
 
     extra = None
     options = request.options
     if options.slice is not None:
-        from prism_rr.topology.roles import spool_roles
 
         roles = spool_roles(request.spool_dir, options.mesh, extra=options.ranks or ())
         extra = {"roles": roles} if roles is not None else None
@@ -310,7 +321,6 @@ def _pack_spools(request, said: _Warnings, progress: Progress | None) -> PackRes
 def _read_back(output: Path, packed: PackResult, *, check: bool) -> tuple[list[dict], str | None]:
     """The recorder failures the bundle notes, and why it could not be read back (None:
     it could); with `check`, every record the spools held must be in it (_check_packed)."""
-    from prism_rr.format import open_bundle
 
     try:
         with open_bundle(output) as b:
@@ -324,8 +334,6 @@ def _read_back(output: Path, packed: PackResult, *, check: bool) -> tuple[list[d
 def _check_packed(bundle, packed: PackResult) -> None:
     """FormatError unless the bundle just written reads back whole (verify, decode=False)
     with every attempt's ranks, chunks, records and blobs as pack counted them in the spools."""
-    from prism_rr.errors import FormatError
-    from prism_rr.format import verify as verify_bundle
 
     report = verify_bundle(bundle, decode=False)
     found = (len(bundle.recorded_ranks), report.chunks, report.events, report.blobs)
@@ -374,7 +382,6 @@ def _nothing_recorded(code: int, interrupts: list[dict]) -> PrismError:
 def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str], steps: int,
                    interrupts: list[dict] = ()) -> RecordResult:
     """After a flight run: the dumps' bundles (those the triggers left unpacked packed now)."""
-    from prism_rr.recorder import finish_flight
 
     if not any(any(spool_dir.glob(pattern)) for pattern in ("rank-*.log", "rank-*.crash", "flight-*")):
         raise _nothing_recorded(code, interrupts)
@@ -400,7 +407,6 @@ def pack(spool_dir, output, *, redact: bool = False, stacks: bool = True,
     directory of `node-*/` directories stands for them), into one bundle; with `redact`,
     a copy safe to make public (see `prism_rr.format.redact`), its `bytes` the redacted
     file's size."""
-    from prism_rr.format import pack as pack_spools
 
     output = Path(output)
     target = output.with_name(output.name + ".unredacted") if redact else output
@@ -408,7 +414,6 @@ def pack(spool_dir, output, *, redact: bool = False, stacks: bool = True,
     result = pack_spools(dirs, target, progress=progress)
     if not redact:
         return result
-    from prism_rr.format.redact import redact as redact_bundle
 
     try:
         redact_bundle(target, output, stacks=stacks)
@@ -421,8 +426,6 @@ def repair(spool_dir) -> list[tuple[Path, SpoolScan]]:
     """Cut torn or corrupt tails off every rank-*.spool in `spool_dir` (or in its node-*/
     directories, as `pack` finds them; the cut bytes are kept beside each as <name>.torn);
     each spool with what its scan found."""
-    from prism_rr.format import repair_spool
-    from prism_rr.format.pack import spool_dirs
 
     paths = [path for d in spool_dirs(Path(spool_dir)) for path in sorted(d.glob("rank-*.spool"))]
     return [(path, repair_spool(path)) for path in paths]
@@ -430,8 +433,6 @@ def repair(spool_dir) -> list[tuple[Path, SpoolScan]]:
 
 def verify(bundle) -> VerifyReport:
     """Check every checksum, index entry, record and blob of a bundle; raises FormatError."""
-    from prism_rr.format import open_bundle
-    from prism_rr.format import verify as verify_bundle
 
     with open_bundle(bundle) as b:
         return verify_bundle(b)
@@ -448,7 +449,6 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
     attempt on one timeline, a process per attempt and rank). `progress(done, total)`: called
     as chakra and parquet write the ranks."""
     from prism_rr.analysis import export_chakra, export_chrome, export_parquet
-    from prism_rr.format import open_bundle
 
     if fmt not in ("chrome", "chakra", "parquet"):
         raise UsageError(f"--format must be chrome, chakra or parquet, not {fmt!r}")
@@ -506,9 +506,7 @@ def recorded_command_lines(bundle, ranks=(0,), *, attempt: int | None = None) ->
     distinct command and directory once, with the ranks that run it. Shown whole (a
     command cut short would hide what runs), every character that could draw on the
     terminal escaped (`prism_rr.format.text.shown`)."""
-    import shlex
 
-    from prism_rr.format.text import shown
 
     name = Path(bundle).name
     by_command: dict[tuple[str, str], list[int]] = {}
@@ -523,8 +521,6 @@ def check_replayable(bundle, *, cmd=None, from_bundle: bool = False) -> None:
     Flight Recorder dumps (`prism-rr import fr`) names no command, and a redacted copy
     (`prism-rr redact`) names placeholders in its place, so each replays only the program
     given (`cmd`), or the bundle as the program (`from_bundle`)."""
-    from prism_rr.format import open_bundle
-    from prism_rr.format.text import shown
 
     with open_bundle(bundle) as b:
         imported, redacted = b.manifest.get("imported"), b.manifest.get("redacted")
@@ -546,10 +542,8 @@ def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = No
     `prism_rr.topology.scale.scale`); `bandwidth` may be a spec such as "50GB/s". With
     `compare` (a real recording at the target size) the note gains `compare`: how far the
     scaled transfer times are from that recording's. Returns the note of what was done."""
-    from prism_rr.topology.scale import scale as scale_bundle
 
     if compare is not None:
-        from prism_rr.format import open_bundle
 
         open_bundle(compare).close()  # a bad path fails before the work
     if isinstance(bandwidth, str):
@@ -557,7 +551,6 @@ def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = No
     note = scale_bundle(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency,
                         bandwidth=bandwidth, progress=progress)
     if compare is not None:
-        from prism_rr.topology.scale import compare_transfers
 
         note["compare"] = dict(compare_transfers(output, compare), against=str(compare))
     return note
@@ -577,7 +570,6 @@ class BundleInfo:
 
     def lines(self) -> list[str]:
         """`prism-rr info`'s lines, safe for a terminal."""
-        from prism_rr.format.facts import info_lines
 
         return info_lines(self.facts)
 
@@ -586,7 +578,6 @@ def info(bundle, *, attempt: int | None = None) -> BundleInfo:
     """Format, world, ranks, groups, steps, events, size, losses and the manifest's notes
     (flight dump, nodes, clocks, import) of `bundle`, of `attempt` (default: the bundle's
     default one), and every attempt's ending; reads no chunk."""
-    from prism_rr.format import open_bundle
 
     with open_bundle(bundle, attempt) as b:
         return BundleInfo(facts=b.facts())
@@ -651,7 +642,6 @@ def diagnose(bundle, *, attempt: int | None = None, window_events: int | None = 
     them (findings of kind "attempt")."""
     from prism_rr.analysis import attempt_findings, attribute, straggler_totals
     from prism_rr.analysis import diagnose as find
-    from prism_rr.format import open_bundle
 
     with open_bundle(bundle, attempt) as b:
         findings = attempt_findings(b) + find(b, window_events=window_events, progress=progress)
@@ -672,7 +662,6 @@ def diagnose(bundle, *, attempt: int | None = None, window_events: int | None = 
 
 def attempts_of(bundle) -> list[int]:
     """The attempts a bundle holds (one, numbered 0, before format 1.2), in order."""
-    from prism_rr.format import open_bundle
 
     with open_bundle(bundle) as b:
         return [a["attempt"] for a in b.attempts]
@@ -683,7 +672,6 @@ def analyze(bundle, *, steps=None, ranks=None, attempt: int | None = None) -> It
     critical path and each late rank's straggler cost: one step at a time, as it is read
     (the bundle stays open until the iterator is done). `steps` "A:B" (B excluded) and
     `ranks` "0,2,4-7" narrow it; UsageError, at once, when none of `ranks` was recorded."""
-    from prism_rr.format import open_bundle
 
     window = step_window(steps)
     chosen = list(parse_ranks(ranks)) if ranks else None
@@ -760,7 +748,6 @@ def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None) 
     of `b` (default: each bundle's default one): two attempts of one restarted job are
     two recordings to compare."""
     from prism_rr.analysis import diff_bundles
-    from prism_rr.format import open_bundle
 
     with open_bundle(a, attempt) as ba, open_bundle(b, other_attempt) as bb:
         return diff_bundles(ba, bb)
@@ -772,7 +759,6 @@ def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None) 
 def redact(bundle, output, *, stacks: bool = True) -> dict[str, Any]:
     """Write a copy of `bundle` safe to make public (see `prism_rr.format.redact`);
     returns the note its manifest holds of what was removed."""
-    from prism_rr.format.redact import redact as redact_bundle
 
     return redact_bundle(bundle, output, stacks=stacks)
 
@@ -789,7 +775,6 @@ class Imported:
 
     def lines(self) -> list[str]:
         """`prism-rr import fr`'s line, safe for a terminal (forms and versions are the dumps')."""
-        from prism_rr.format.text import shown
 
         n = self.note
         left = n["trimmed"] + n["coalesced"] + n["unplaced"] + n["unread"]
@@ -803,7 +788,6 @@ class Imported:
 
 def import_fr(dumps, output, *, jobs: int | None = None, progress: Progress | None = None) -> Imported:
     """A bundle of PyTorch Flight Recorder dumps, one per rank (see `prism_rr.format.fr`)."""
-    from prism_rr.format.fr import import_fr as read_dumps
 
     dumps = [dumps] if isinstance(dumps, (str, Path)) else list(dumps)
     return Imported(output=Path(output), note=read_dumps(dumps, output, jobs=jobs, progress=progress))
@@ -812,9 +796,6 @@ def import_fr(dumps, output, *, jobs: int | None = None, progress: Progress | No
 def flight_lines(result: RecordResult) -> list[str]:
     """What a flight recording says of the bundles its triggers wrote: for each, what
     fired, on which rank, at which step (read back from the bundle)."""
-    from prism_rr.format import open_bundle
-    from prism_rr.format.facts import flight_line
-    from prism_rr.format.text import shown
 
     if not result.flight:
         return ["flight: no trigger fired; nothing was written (the last steps stayed in memory)"]
@@ -833,7 +814,6 @@ def record_env(output, options: RecordOptions | None = None, **fields) -> dict[s
     with `options` (or RecordOptions of `fields`): into OUTPUT.d/, or flight-mode dumps
     packed into OUTPUT, for launchers that cannot be wrapped: PRISM_RR_RECORD and
     PYTHONPATH (the hook's directory, to put first)."""
-    from prism_rr.recorder.launch import hook_env
 
     output = Path(output).resolve()
     options = RecordOptions(**fields) if options is None else options
@@ -844,24 +824,21 @@ def record_env(output, options: RecordOptions | None = None, **fields) -> dict[s
 # --- the demo, and the terminal UI ------------------------------------------------------
 
 
-def demo_plan(world: int = 4, pp: int = 1) -> DemoPlan:
+def demo_plan(world: int = 4, pp: int = 1) -> demo.DemoPlan:
     """What `prism-rr demo` runs: the embedded GPT's command and layout (see `prism_rr.demo`)."""
-    from prism_rr import demo
 
     return demo.plan(world, pp)
 
 
-def record_demo(output, plan: DemoPlan, *, warn: Warn | None = None, progress: Progress | None = None) -> RecordResult:
+def record_demo(output, plan: demo.DemoPlan, *, warn: Warn | None = None, progress: Progress | None = None) -> RecordResult:
     """Record the embedded demo (steps 1-3 after a warm-up, digests, memory) into `output`."""
-    from prism_rr import demo
 
     return record(plan.launch, output, steps=demo.STEPS, payload=demo.PAYLOAD, memory=True,
                   timeout=demo.RECORD_TIMEOUT_S, warn=warn, progress=progress)
 
 
-def replay_demo(output, plan: DemoPlan) -> ReplayResult:
+def replay_demo(output, plan: demo.DemoPlan) -> ReplayResult:
     """Replay rank 0 of the demo's recording against virtual peers."""
-    from prism_rr import demo
 
     return replay(output, ranks="0", cmd=plan.train, timeout=demo.REPLAY_TIMEOUT_S)
 
@@ -871,7 +848,6 @@ def browse(bundle, compare=None, *, attempt: int | None = None) -> int:
     until the user quits; returns the app's exit code. A malformed bundle raises its
     FormatError before the terminal is taken over, or, found while browsing, once the app
     has given the terminal back."""
-    from prism_rr.format import open_bundle
     from prism_rr.tui.app import PrismApp
 
     open_bundle(bundle, attempt).close()  # one line, exit 4 (or 2: no such attempt), before the screen changes
@@ -887,7 +863,6 @@ def browse(bundle, compare=None, *, attempt: int | None = None) -> int:
 def scale_lines(note: dict[str, Any], output, *, bandwidth_given: bool = False) -> list[str]:
     """What `prism-rr scale` says of `scale`'s note, safe for a terminal (an op this
     version does not know is a family of its own, named as the bundle names it)."""
-    from prism_rr.format.text import shown
 
     fit = note["model"]["fit_error"]
     roles = note["roles"]

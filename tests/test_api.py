@@ -121,7 +121,7 @@ def test_record_on_a_full_disk_keeps_the_code_and_the_spools(tmp_path, monkeypat
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(prism_rr.recorder.launch, "record_command", fake_record)
-    monkeypatch.setattr(prism_rr.format, "pack", full_disk)
+    monkeypatch.setattr(prism_rr.api, "pack_spools", full_disk)
     heard = []
     result = api.record(["train"], out, warn=heard.append)
     assert result.exit_code == 3 and result.packed is None and result.spools_left and not result.spools_removed
@@ -196,7 +196,7 @@ def test_record_keeps_the_spools_when_asked_or_when_the_bundle_lacks_them(tmp_pa
 
     _recording(monkeypatch)
     real = prism_rr.format.pack
-    monkeypatch.setattr(prism_rr.format, "pack",
+    monkeypatch.setattr(prism_rr.api, "pack_spools",
                         lambda *a, **kw: dataclasses.replace(got := real(*a, **kw), events=got.events + 1))
     miscounted = tmp_path / "miscounted" / "run.prism"
     result = api.record(["train"], miscounted)

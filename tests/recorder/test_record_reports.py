@@ -68,7 +68,7 @@ def test_a_full_disk_at_packing_keeps_the_exit_code_and_the_spools(tmp_path, mon
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(prism_rr.recorder.launch, "record_command", fake_record)
-    monkeypatch.setattr(prism_rr.format, "pack", full_disk)
+    monkeypatch.setattr(prism_rr.api, "pack_spools", full_disk)
     for code, expected in ((0, 1), (3, 3)):
         if spools.exists():
             (spools / "rank-00000.spool").unlink()
@@ -107,7 +107,7 @@ def test_spools_that_stay_are_said_where(tmp_path, monkeypatch):
     assert out.exists() and sorted(p.name for p in spools.iterdir()) == ["rank-00000.spool", "rank-00001.spool"]
 
     real = prism_rr.format.pack
-    monkeypatch.setattr(prism_rr.format, "pack",
+    monkeypatch.setattr(prism_rr.api, "pack_spools",
                         lambda *a, **kw: dataclasses.replace(got := real(*a, **kw), events=got.events + 1))
     got = CliRunner().invoke(app, ["record", "-o", str(out), "--", "train"])
     assert got.exit_code == 0, got.output
