@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from prism_rr.replayer._install import arm
 
+# Deferred imports: replayer.launch (numpy, through analysis for the fidelity card) until
+# `replay` or `ReplayResult` is asked for: the start-up hook imports this package in every
+# replayed rank.
+
 __all__ = ["ReplayResult", "arm", "replay"]
 
 

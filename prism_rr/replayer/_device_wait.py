@@ -57,6 +57,13 @@ from __future__ import annotations
 import statistics
 from time import monotonic_ns
 
+import torch
+
+from prism_rr.replayer import _timing
+
+# Deferred imports: Triton (seconds to import, and optional) and replayer._triton_wait, its
+# kernels, until a Triton waiter is made or asked for; torch is here already with the session.
+
 __all__ = ["ENV_VAR", "HostWaiter", "SleepWaiter", "Ticket", "TritonWaiter", "Waiter", "mechanisms", "waiter_for"]
 
 ENV_VAR = "PRISM_RR_DEVICE_WAITS"  # a replay's virtual peers wait with this mechanism ("auto": the best here)
@@ -124,8 +131,6 @@ class _CudaTicket(Ticket):
         self.stream = stream  # the stream current when it was queued
 
     def wait(self, stream=None) -> None:
-        import torch
-
         (stream or torch.cuda.current_stream()).wait_event(self._event)
 
     def follow(self) -> None:
@@ -140,7 +145,7 @@ class HostWaiter(Waiter):
 
     def __init__(self, slots: int = SLOTS, *, clock=monotonic_ns, sleep_until=None):
         if sleep_until is None:
-            from prism_rr.replayer._timing import sleep_until
+            sleep_until = _timing.sleep_until
         self.slots = slots
         self._v = [0] * slots
         self._clock, self._sleep_until = clock, sleep_until
@@ -177,8 +182,6 @@ class _StreamWaiter(Waiter):
     _side = None  # made on first use, on the current stream's device
 
     def occupy_aside(self, slot: int, offset_ns: int, transfer_ns: int = 0, into: int | None = None) -> Ticket:
-        import torch
-
         current = torch.cuda.current_stream()
         if self._side is None:
             self._side = torch.cuda.Stream(device=current.device)
@@ -206,8 +209,6 @@ class TritonWaiter(_StreamWaiter):
     name = "triton"
 
     def __init__(self, device, slots: int = SLOTS):
-        import torch
-
         self.slots = slots
         self._stamp, self._occupy = _kernels()
         self._v = torch.zeros(slots, dtype=torch.int64, device=device)
@@ -244,8 +245,6 @@ class SleepWaiter(_StreamWaiter):
     absolute = False
 
     def __init__(self, device, slots: int = SLOTS, *, calibrate_ms: float = 2.0, rounds: int = 5):
-        import torch
-
         self.slots = slots
         self._torch = torch
         self._device = device
@@ -303,8 +302,6 @@ class SleepWaiter(_StreamWaiter):
 
 def mechanisms(device) -> list[str]:
     """The mechanisms `waiter_for` can make on `device` here, best first."""
-    import torch
-
     device = torch.device(device)
     if device.type != "cuda":
         return ["host"]
@@ -324,8 +321,6 @@ def mechanisms(device) -> list[str]:
 
 def waiter_for(device, mechanism: str | None = None, slots: int = SLOTS) -> Waiter:
     """A waiter for `device`'s program stream: the best mechanism here, or the one named."""
-    import torch
-
     device = torch.device(device)
     have = mechanisms(device)
     if mechanism is not None and mechanism not in have:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import platform
 import re
+from importlib.metadata import PackageNotFoundError, version
 
 from prism_rr.errors import UsageError
 from prism_rr.format.text import shown
+
+# Deferred imports: torch until `_cuda_here` asks whether this host has CUDA: the launcher
+# checks a replay's environment (torch's version from its metadata) without importing torch.
 
 __all__ = ["REPLAY_ENV", "check_environment", "current_versions", "replay_env"]
 
@@ -45,8 +49,6 @@ def replay_env(info) -> dict[str, str]:
 
 
 def _torch_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("torch")
     except PackageNotFoundError:

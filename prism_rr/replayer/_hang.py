@@ -39,6 +39,9 @@ from prism_rr.format.facts import crash_reason
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import quoted, shown
 
+# Deferred imports: torch.distributed until `raised` makes a recorded failure's exception
+# in a replayed rank; the launcher words its verdicts from this module without torch.
+
 __all__ = ["RecordingEnd", "failed", "raised", "recorded_exit", "sentence"]
 
 NEVER_JOINED = "never_joined"  # virtual peers never joined the call this rank waits in

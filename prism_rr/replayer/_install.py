@@ -13,16 +13,28 @@ own.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import weakref
 from datetime import timedelta
 from time import monotonic_ns
+from urllib.parse import parse_qs, urlparse
 
+from prism_rr import recorder
+from prism_rr.errors import DivergenceError, HangError, ReplayError
+from prism_rr.intercept import teardown
 from prism_rr.intercept.creation import GroupCreation, Plan, fix_books
 from prism_rr.intercept.hook import on_import
+from prism_rr.intercept.stack import user_code
+from prism_rr.replayer._gather import StatsExchange
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions, stats_path
+from prism_rr.replayer._torchrun import enter_worker, launcher_store
+
+# Deferred imports: torch, and the modules that import it (the replay's session and policy,
+# intercept.group), until the program makes its world group: the start-up hook arms the
+# replayer from this module in every replayed rank, before the program imports torch.
 
 __all__ = ["BACKEND", "arm", "install"]
 
@@ -44,7 +56,6 @@ class _Replayer:
 
     def plan(self, gid: int, a: dict, is_world: bool) -> Plan:
         if is_world and self.session is None:
-            from prism_rr.errors import ReplayError
             from prism_rr.replayer._session import ReplaySession
 
             made = monotonic_ns()
@@ -76,7 +87,6 @@ class _Replayer:
         from torch.distributed import PrefixStore, ProcessGroupGloo
 
         from prism_rr.intercept.group import InterceptGroup
-        from prism_rr.recorder import current_observer
         from prism_rr.replayer._policy import Absent, ReplayPolicy
 
         session = self.session
@@ -91,7 +101,7 @@ class _Replayer:
         session.policies.append(weakref.ref(policy))
         return InterceptGroup({"cpu": real_pg if all_real else Absent()}, dist_opts.group_rank,
                               dist_opts.group_size, gid=plan.gid, ranks=ranks, policy=policy,
-                              observer=current_observer(), backend_name=plan.real_name)
+                              observer=recorder.current_observer(), backend_name=plan.real_name)
 
     def created(self, pg, plan: Plan, is_world: bool) -> None:
         fix_books(pg, plan.real_name)
@@ -115,9 +125,6 @@ def _quiet_stops() -> None:
     prism_rr's own modules, and its message, which the launcher's card already says once.
     Instead: one line naming where the program was stopped (PRISM_RR_DEBUG=1: the whole
     traceback too). Any other exception is the program's, and prints as it would."""
-    from prism_rr.errors import DivergenceError, HangError
-    from prism_rr.intercept.stack import user_code
-
     previous = sys.excepthook
 
     def hook(kind, value, tb):
@@ -155,15 +162,10 @@ def arm() -> None:
 
     Under a launcher, first make a worker's environment the recorded world's (before the
     program reads it); torchrun's own process arms nothing."""
-    from prism_rr.intercept import teardown
-
     teardown.register()  # torch's gloo threads must not abort the process after its last line
     _replayer.armed_ns = monotonic_ns()
     options = ReplayOptions.from_json(os.environ[ENV_VAR])
     if options.launcher:
-        from prism_rr.errors import ReplayError
-        from prism_rr.replayer._torchrun import enter_worker
-
         try:
             _replayer.worker = enter_worker(options)
         except ReplayError as exc:
@@ -177,8 +179,6 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
     """Like torch's env:// handler, but the store joins only the real ranks."""
     from torch.distributed import HashStore, TCPStore
 
-    from urllib.parse import parse_qs, urlparse
-
     opts = _replayer.options
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -187,9 +187,6 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
         _refuse(opts, rank, f"the program made a world of {asked[0]}; the recording has {world}")
     real = list(opts.ranks)
     if _replayer.worker is not None:
-        from prism_rr.replayer._gather import StatsExchange
-        from prism_rr.replayer._torchrun import launcher_store
-
         store = launcher_store(_replayer.worker, timeout)
         _replayer.exchange = StatsExchange(store, real, opts.work_dir)
     elif len(real) == 1:
@@ -204,9 +201,6 @@ def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwar
 def _refuse(options: ReplayOptions, rank: int, why: str) -> None:
     """End this rank before its program goes on: the replay cannot be what it asks for.
     The launcher reads `why` and prints it once for all real ranks."""
-    import json
-    import sys
-
     try:
         path = stats_path(options.work_dir, rank)
         path.write_text(json.dumps({"rank": rank, "error": why}))
@@ -217,12 +211,11 @@ def _refuse(options: ReplayOptions, rank: int, why: str) -> None:
 
 def _record_replay(session, backend: str) -> None:
     """-o: record this rank's calls as they happen in the replay, in the recorder's format."""
-    from prism_rr.recorder import record_replay
-
     opts = session.options
-    record_replay(opts.output, payload=opts.payload, rank=session.rank, world_size=session.bundle.world_size,
-                  backend=backend, replay_of={"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing},
-                  device=session.device)
+    recorder.record_replay(opts.output, payload=opts.payload, rank=session.rank,
+                           world_size=session.bundle.world_size, backend=backend,
+                           replay_of={"bundle": opts.bundle, "ranks": list(opts.ranks), "timing": opts.timing},
+                           device=session.device)
 
 
 def _check_group(session, gid: int, ranks) -> None:

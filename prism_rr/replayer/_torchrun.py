@@ -20,6 +20,10 @@ from pathlib import Path
 
 from prism_rr.errors import ReplayError, UsageError
 
+# Deferred imports: torch.distributed (torchrun's argument parser, its stores) until a
+# command line is read or a worker's store is made: the start-up hook imports this module
+# in every replayed rank before the program imports torch, and the launcher may need none.
+
 __all__ = ["LAUNCHER_VARS", "Worker", "enter_worker", "is_launcher", "launcher_shape", "launcher_store"]
 
 # What torchrun gives each worker: a launcher started by `replay` must not inherit these

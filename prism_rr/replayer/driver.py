@@ -40,15 +40,22 @@ from time import monotonic_ns
 
 from prism_rr.errors import PrismError
 from prism_rr.format import open_bundle, ops
+from prism_rr.format.blobs import blob_id
 from prism_rr.format.facts import FATAL_SIGNALS
 from prism_rr.format.records import PointToPoint
 from prism_rr.format.text import shown
+from prism_rr.recorder import step
 from prism_rr.replayer import _divergence
 from prism_rr.replayer._hang import failed, recorded_exit
+from prism_rr.replayer._install import current_session
 from prism_rr.replayer._options import ENV_VAR, ReplayOptions
 from prism_rr.replayer._program import DTYPE_BYTES, Program, program_of
 from prism_rr.replayer._timing import sleep_until
 from prism_rr.replayer._transfers import Transfers
+
+# Deferred imports: torch, and the modules that import it (replayer._data, intercept.payload),
+# until the rank's driver is made: main() first reads the bundle and the replay's options,
+# and a bundle this replay refuses costs no torch.
 
 # Forms whose call writes its result into its input (torch's in-place collectives), and
 # the one-tensor forms a coalesced op makes several of at once.
@@ -125,8 +132,6 @@ class _Driver:
     # --- set-up -------------------------------------------------------------------
 
     def start(self) -> None:
-        from prism_rr.replayer._install import current_session
-
         dist = self.dist
         dist.init_process_group("gloo")
         self.session = current_session()
@@ -325,11 +330,9 @@ class _Driver:
     # --- the program --------------------------------------------------------------
 
     def run(self) -> None:
-        import prism_rr
-
         p, s = self.p, self.session
         while s is not None and s.step < p.first_step:  # steps before the recording's window
-            prism_rr.step()
+            step()
         cursor, back = p.start_ns, monotonic_ns()  # recorded time reached, and here when it was
         # compute held longer than recorded so far (a sleep that woke late, the driver's own
         # work on a call's tensors): taken off the next holds, so that compute adds up
@@ -365,7 +368,7 @@ class _Driver:
                     late += self.completed(a.index, made[2], made[1], made[3])
             else:
                 t = monotonic_ns()
-                prism_rr.step()
+                step()
                 self.peak_made = 0
                 late += monotonic_ns() - t  # the replayer's own (a step's marker took its time as recorded)
             back = monotonic_ns()
@@ -435,7 +438,6 @@ class _Driver:
     def _compare_outputs(self, rec, outputs, p2p: bool) -> None:
         """The call's outputs against the recorded payload ids or digests: a difference is
         a divergence (the backend computed otherwise), at the recorded call's stack."""
-        from prism_rr.format.blobs import blob_id
         from prism_rr.intercept.payload import digests, host_bytes
 
         blobs, digested = (rec.blob, rec.digest) if p2p else (rec.blob_out, rec.digest_out)
