@@ -20,13 +20,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prism_rr.format.facts import FATAL_SIGNALS
-from prism_rr.format.reader import Bundle
+from prism_rr.format.reader import Bundle, open_bundle
 from prism_rr.format.records import Collective
 from prism_rr.analysis._calls import CallMap, CallTable, P2PMap, P2PTable
-from prism_rr.analysis._columns import ColumnReader, RankColumns, load_columns, signature_of, split_columns
+from prism_rr.analysis._columns import (
+    ColumnReader,
+    RankColumns,
+    dump_columns,
+    load_columns,
+    signature_of,
+    split_columns,
+)
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
-__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "signature", "small_pages"]
+__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "serve", "signature",
+           "small_pages"]
 
 # Marker names that say something about what a bundle can show.
 _NOTABLE = frozenset({"recording_end", "recorder_failed", "call_failed", "recording_off", "records_dropped"})
@@ -233,7 +241,7 @@ class _Helper:
         theirs = ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
         job = {"path": str(bundle.path.resolve()), "all": list(ranks if clock_from is None else clock_from), "ranks": theirs,
                "steps": list(steps) if steps is not None else None, "figures": figures}
-        proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._columns import serve; serve()"],
+        proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._build import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         # The job (8192 ranks: some 70 KB) outgrows the pipe's buffer, so writing it waits
         # for the interpreter to start and read: a thread writes it, this one goes on.
@@ -267,6 +275,21 @@ class _Helper:
             self.proc.kill()
         self.proc.wait()
         self.proc.stdout.close()
+
+
+def serve() -> None:
+    """A second reading process (_Helper's): reads {"path", "all": the ranks read,
+    "ranks": those to read here, "steps"} as JSON on stdin, writes dump_columns of what it
+    read on stdout, for ColumnReader.adopt in the process that started it. The clock
+    offsets are those of all the ranks read, as the process that started it computes them."""
+    job = json.loads(sys.stdin.buffer.read())
+    steps = tuple(job["steps"]) if job["steps"] is not None else None
+    with small_pages(), open_bundle(job["path"]) as bundle:
+        offsets = clock_offsets(bundle, job["all"])
+        reader = ColumnReader(bundle, job.get("figures", True))
+        parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
+        data = dump_columns(parts, reader.values)
+    sys.stdout.buffer.write(data)
 
 
 def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[int, int], steps,

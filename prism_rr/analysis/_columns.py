@@ -29,7 +29,7 @@ from prism_rr.format.records import (
 from prism_rr.format.text import safe
 from prism_rr.analysis._divergence import structure_of
 
-__all__ = ["ColumnReader", "RankColumns", "serve", "signature_of"]
+__all__ = ["ColumnReader", "RankColumns", "signature_of"]
 
 _COLL, _P2P, _COMPUTE, _STEP, _MARKER = Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Marker.KIND
 _KNOWN = (Collective.KIND, PointToPoint.KIND, Compute.KIND, Step.KIND, Memory.KIND, Marker.KIND, GroupInfo.KIND,
@@ -617,27 +617,6 @@ def split_columns(rows: list, arrays: dict[str, np.ndarray]) -> list[RankColumns
         at += n
         parts.append(c)
     return parts
-
-
-def serve() -> None:
-    """A second reading process: reads {"path", "all": the ranks read, "ranks": those to
-    read here, "steps"} as JSON on stdin, writes dump_columns of what it read on stdout,
-    for ColumnReader.adopt in the process that started it. The clock offsets are those
-    of all the ranks read, as the process that started it computes them."""
-    import json
-    import sys
-
-    from prism_rr.analysis._build import clock_offsets, small_pages
-    from prism_rr.format import open_bundle
-
-    job = json.loads(sys.stdin.buffer.read())
-    steps = tuple(job["steps"]) if job["steps"] is not None else None
-    with small_pages(), open_bundle(job["path"]) as bundle:
-        offsets = clock_offsets(bundle, job["all"])
-        reader = ColumnReader(bundle, job.get("figures", True))
-        parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
-        data = dump_columns(parts, reader.values)
-    sys.stdout.buffer.write(data)
 
 
 def _add_bounds(into: dict[int, tuple[int, int]], steps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
