@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import inspect
 import json
+import shlex
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from prism_rr import __version__
+from prism_rr import api
+from prism_rr._version import __version__
 from prism_rr.errors import PrismError, UsageError, exit_code_for
 from prism_rr.specs import format_ranks
+
+# Deferred imports: rich's progress bar, only where long work draws one on a terminal.
 
 EXIT_CODES = """\
 Exit codes: 0 ok · 1 any other failure · 2 usage error · 3 replay diverged ·
@@ -82,7 +87,6 @@ def info(
 ) -> None:
     """Describe a bundle: format, world, ranks, steps, events, size (reads no chunks), and,
     of a restarted job, every attempt and how each ended (exit codes, signals, who first)."""
-    from prism_rr import api
 
     described = api.info(bundle, attempt=attempt)
     if as_json:
@@ -94,7 +98,6 @@ def info(
 @app.command(epilog=EXIT_CODES)
 def verify(bundle: Path = typer.Argument(..., help="The .prism bundle to check.")) -> None:
     """Check every checksum, index entry, record and blob of a bundle."""
-    from prism_rr import api
 
     report = api.verify(bundle)
     _say(
@@ -117,7 +120,6 @@ def pack(
     multi-node job go into one bundle, each node's run facts kept; a rank found twice is
     an error.
     """
-    from prism_rr import api
 
     with _progress("packing ranks") as progress:
         result = api.pack(list(spool_dirs), output, redact=redact, stacks=stacks, progress=progress)
@@ -138,7 +140,6 @@ def repair(
 
     The removed bytes are kept beside each spool as <name>.torn.
     """
-    from prism_rr import api
 
     scans = api.repair(spool_dir)
     repaired = 0
@@ -190,10 +191,9 @@ def record(
     copying the node directories into one OUTPUT.d/) makes one bundle.
 
     Production: `--flight K` records always and writes only when something goes wrong
-    (see "Recording in production" in the README). Where the launcher cannot be
+    (see docs/recording.md). Where the launcher cannot be
     wrapped, `--print-env` prints the two lines to put in the job script instead.
     """
-    from prism_rr import api
 
     if not cmd and not print_env:
         raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
@@ -214,9 +214,7 @@ def record(
 def _print_env(output: Path, options) -> None:
     """The environment that makes every Python process of a job record (into
     OUTPUT.d/, or flight-mode dumps packed into OUTPUT), as shell lines."""
-    import shlex
 
-    from prism_rr import api
 
     env = api.record_env(output, options)
     typer.echo(f"export PRISM_RR_RECORD={shlex.quote(env['PRISM_RR_RECORD'])}")
@@ -300,7 +298,6 @@ def replay(
     one where every input was recorded bytes is a divergence, exit 3). A rank whose
     program failed in the recording ends as it did (its exit code or signal).
     """
-    from prism_rr import api
 
     request = api.ReplayRequest(
         bundle=bundle, ranks=ranks, cmd=cmd or None, run_recorded_command=run_recorded, from_bundle=from_bundle,
@@ -331,7 +328,6 @@ def _report_replay(result, report: Path | None) -> None:
 def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool, attempt: int | None = None) -> None:
     """Show the command and directory the bundle names; go on only if the user asked for
     them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
-    from prism_rr import api
 
     refuse = (f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
               f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
@@ -358,7 +354,6 @@ def demo(
     """Record the embedded demo: a small GPT trained with FSDP2 x DTensor tensor parallel
     (or pipelining with --pp) on gloo, 3 steps after 1 warm-up, then replay rank 0.
     """
-    from prism_rr import api
 
     plan = api.demo_plan(world, pp)
     _say(f"recording the demo GPT at world {world}, {plan.layout}, steps 1-3 after 1 warm-up ...")
@@ -412,9 +407,7 @@ def diagnose(
     one attempt to the next (world, groups, hosts). A recording that Ctrl-C or SIGTERM to
     `record` stopped: which signal, when, and where each rank was (first of all).
     """
-    import time
 
-    from prism_rr import api
 
     def progress(done: int, total: int, steps: tuple[int, int], again: bool) -> None:
         what = "read again, the calls after a drift left out of the stragglers' counts:" if again else "read"
@@ -462,7 +455,6 @@ def analyze(
     one rank at a time: two equally late ranks each cost little alone. One step is in
     memory at a time.
     """
-    from prism_rr import api
 
     for piece in api.analysis_output(bundle, as_json=as_json, steps=steps, ranks=ranks, attempt=attempt):
         print(piece, end="")
@@ -495,7 +487,6 @@ def diff(
     a reference bundle in CI. Where the recorded steps differ, the steps both hold are
     compared, the step a failed run stopped in among them, up to where its records end.
     """
-    from prism_rr import api
 
     result = api.diff(a, b, attempt=attempt, other_attempt=other_attempt)
     if as_json:
@@ -534,7 +525,6 @@ def export(
     rank: group, seq, op, bytes, times, step) and compute/, a file per 1024 ranks each,
     steps.parquet, groups.parquet: DuckDB, polars, Spark and Trino read them as they are.
     """
-    from prism_rr import api
 
     with _progress("exporting ranks") as progress:
         stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt,
@@ -564,7 +554,6 @@ def redact_cmd(
     allow-list. Kept: shapes, timings, groups and digests, so the copy still diagnoses and
     still drives a replay without payloads. The manifest says what was removed.
     """
-    from prism_rr import api
 
     note = api.redact(bundle, output, stacks=stacks)
     _say(f"wrote {output} (redacted: {', '.join(sorted(k for k in note if k != 'version'))})")
@@ -582,7 +571,6 @@ def tui(
     Keys: 1-4 switch screens · F1 help · ? keys of this screen · ctrl+p search ops,
     groups and ranks · q quit. Only what is on screen is read, so 8192 ranks scroll.
     """
-    from prism_rr import api
 
     code = api.browse(bundle, compare, attempt=attempt)  # a malformed bundle: one line, exit 4
     if code:
@@ -610,7 +598,6 @@ def scale(
     recording. One representative per role is written, so a world of 8192 is a small file;
     replay it with `prism-rr replay big.prism --ranks 0`.
     """
-    from prism_rr import api
 
     with _progress("writing ranks") as progress:
         note = api.scale(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency, bandwidth=bandwidth,
@@ -649,7 +636,6 @@ def import_fr(
     memory, the root of broadcasts and the reduce op; gloo dumps have no completion times
     and no sends or receives.
     """
-    from prism_rr import api
 
     with _progress("reading dumps") as progress:
         imported = api.import_fr(dumps, output, jobs=jobs, progress=progress)
