@@ -31,8 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prism_rr._version import __version__
 from prism_rr.errors import UsageError
+from prism_rr.format.blobs import host_packs
+from prism_rr.format.compactor import recover_logs
 from prism_rr.recorder._options import ENV_VAR, RecordOptions, spool_dir_for
+from prism_rr.topology.roles import parse_mesh
 
 __all__ = ["HOOK_DIR", "RecordRequest", "hook_env", "launch_node", "node_spool_dir", "record_command", "spool_dir_for"]
 
@@ -131,7 +135,6 @@ def _clear_old_spools(spool_dir: Path) -> None:
     for pattern in ("rank-*.spool*", "rank-*.log", "rank-*.crash"):
         for p in spool_dir.glob(pattern):
             p.unlink()
-    from prism_rr.format.blobs import host_packs
 
     for p in host_packs(spool_dir):  # this node's payload packs
         p.unlink()
@@ -182,7 +185,6 @@ class RecordRequest:
         elif fields:
             raise TypeError(f"give the options or their fields, not both: {sorted(fields)}")
         if options.slice is not None and nproc:
-            from prism_rr.topology.roles import parse_mesh
 
             parse_mesh(options.mesh or "", nproc)  # a wrong layout fails now, not in every rank
         cmd = list(cmd)
@@ -227,7 +229,6 @@ def record_command(cmd, out, *, request: RecordRequest | None = None,
     code, timed_out = _run(list(request.cmd), env, request.timeout, facts, interrupted)
     if not request.flight:
         # A rank that died left its call log: what it holds joins its spool now.
-        from prism_rr.format.compactor import recover_logs
 
         recover_logs(spool_dir)
     facts.update(ended_wall_ns=time.time_ns(), exit_code=code, timed_out=timed_out)
@@ -242,7 +243,6 @@ def record_command(cmd, out, *, request: RecordRequest | None = None,
 
 def _run_facts(request: RecordRequest) -> dict:
     """What run.json says of a recording as it starts (the command, where, the options)."""
-    from prism_rr import __version__
 
     facts = {
         "command": list(request.cmd),

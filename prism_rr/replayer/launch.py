@@ -69,17 +69,22 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from prism_rr._version import __version__
 from prism_rr.errors import UsageError
-from prism_rr.format import open_bundle
+from prism_rr.format import open_bundle, pack
 from prism_rr.format.text import shown
+from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env
 from prism_rr.replayer._fidelity import card, fidelity_report, same_end
 from prism_rr.replayer._hang import failed, recorded_exit
 from prism_rr.replayer._options import ENV_VAR, TIMINGS, ReplayOptions, ReplayRequest, stats_path
+from prism_rr.replayer._program import program_of
 from prism_rr.replayer._replace import plan_replacements
 from prism_rr.replayer._torchrun import LAUNCHER_VARS, is_launcher, launcher_shape
 from prism_rr.specs import format_ranks, parse_ranks, parse_slow_rank
+from prism_rr.topology.roles import Roles
+from prism_rr.topology.scale import scale
 
 __all__ = ["HOOK_DIR", "INCOMPLETE", "TIMINGS", "ReplayRequest", "ReplayResult", "parse_slow_rank",
            "rank_command", "recorded_commands", "replay"]
@@ -157,7 +162,6 @@ def recorded_commands(bundle_path, ranks=(0,), attempt: int | None = None) -> di
 
 
 def _representative(bundle, rank: int) -> int:
-    from prism_rr.topology.roles import Roles
 
     entry = bundle.manifest.get("roles")
     try:
@@ -228,8 +232,6 @@ def _torn_down(stats: dict | None, code: int | None) -> bool:
 def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> Path:
     """The bundle with `real` as their roles' representatives (records of each role's
     recorded representative mapped onto them), written by `scale` at the same sizes."""
-    from prism_rr.topology.roles import Roles
-    from prism_rr.topology.scale import scale
 
     try:
         roles = Roles.from_manifest(roles_entry)
@@ -389,7 +391,6 @@ def _plan(request: ReplayRequest, bundle_path: Path, real: tuple, first: _FirstL
         if outside:
             raise UsageError(f"slow_rank {outside[0]} is not a rank of the recorded world of {first.world}")
         if request.from_bundle:
-            from prism_rr.replayer._program import program_of
 
             for r in real:  # each real rank's program read (and refused) before any starts
                 program_of(bundle, r)
@@ -424,7 +425,6 @@ def _replay_output(request: ReplayRequest, plan: _Plan) -> tuple[Path | None, Pa
 def _rank_options(request: ReplayRequest, plan: _Plan, work: Path, spool_dir: Path | None,
                   payload: str) -> ReplayOptions:
     """What every real rank is told (ENV_VAR)."""
-    from prism_rr.localrun import free_port
 
     return ReplayOptions(
         bundle=str(plan.bundle), attempt=plan.attempt, ranks=plan.real, work_dir=str(work), timing=request.timing,
@@ -461,7 +461,6 @@ class _Run:
 
     def close(self, work: Path) -> None:
         """Stop what still runs, close the output files, remove the work directory."""
-        from prism_rr.localrun import kill_ranks
 
         if any(p.poll() is None for p in self.procs.values()):
             kill_ranks(list(self.procs.values()))
@@ -472,7 +471,6 @@ class _Run:
 
 def _start(run: _Run, request: ReplayRequest, plan: _Plan, options: ReplayOptions) -> None:
     """Start the launcher, or each real rank, with its environment and the start-up hook."""
-    from prism_rr.localrun import free_port, rank_env
 
     if run.logs is not None:
         run.logs.mkdir(parents=True, exist_ok=True)
@@ -501,7 +499,6 @@ def _start(run: _Run, request: ReplayRequest, plan: _Plan, options: ReplayOption
 def _wait_for(run: _Run, work: Path) -> None:
     """Wait until every process has ended; a rank that failed on its own (its peers
     would wait for it forever), or the deadline, stops them all."""
-    from prism_rr.localrun import kill_ranks
 
     while True:
         codes = {r: p.poll() for r, p in run.procs.items()}
@@ -579,7 +576,6 @@ def _settle(rep: dict, run: _Run, plan: _Plan, warnings: list[str]) -> None:
 
 def _verdict(rep: dict, run: _Run, *, stopped: bool, hung: dict | None) -> tuple[int, dict | None]:
     """The replay's exit code, and the hang it reached (or the call its peers wait in)."""
-    from prism_rr.localrun import exit_code
 
     if run.timed_out:
         return TIMED_OUT, hung
@@ -677,8 +673,6 @@ def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, comm
     """Pack what the real ranks recorded of themselves into `output`, with where each
     made its data up (`data_made_up_from_ns`: analysis.replay_data), so that `tui
     --compare` and `diff` compare data where this replay did and nowhere else."""
-    from prism_rr import __version__
-    from prism_rr.format import pack
 
     if not any(spool_dir.glob("rank-*.spool")):
         log.warning("prism-rr: the replay recorded nothing; %s not written", output)
