@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 
+# Deferred imports: tui.app (textual, numpy and the analysis) until `run` opens the app, so
+# that importing this package stays as cheap as its docstring says.
+
 __all__ = ["run"]
 
 

@@ -8,19 +8,25 @@ from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
+from textual.dom import DOMNode
+from textual.screen import Screen
 from textual.widgets import HelpPanel
 from textual.worker import WorkerFailed
 
 from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, open_bundle
+from prism_rr.format.facts import bundle_facts
 from prism_rr.format.text import shown
 from prism_rr.tui.commands import BundleCommands
 from prism_rr.tui.model import TimelineModel
+from prism_rr.tui.screens.attempts import AttemptsScreen
 from prism_rr.tui.screens.collectives import CollectivesScreen
 from prism_rr.tui.screens.compare import CompareScreen
+from prism_rr.tui.screens.goto import GotoScreen
 from prism_rr.tui.screens.heatmap import HeatmapScreen
 from prism_rr.tui.screens.help import HelpScreen
 from prism_rr.tui.screens.overview import OverviewScreen
+from prism_rr.tui.screens.search import SearchScreen
 from prism_rr.tui.screens.timeline import TimelineScreen
 
 __all__ = ["PrismApp", "binding_ids", "load_keymap"]
@@ -39,14 +45,9 @@ def load_keymap(path: str | os.PathLike) -> dict[str, str]:
 
 def binding_ids() -> set[str]:
     """Every binding id a keymap can name: those of this package's screens and widgets
-    and textual's own. A screen this module does not import (one opened on demand) is
-    imported here, by name in the code (never by a computed name: nothing here imports
-    what a string says), so its bindings count."""
-    from textual.dom import DOMNode
-
-    from prism_rr.tui.screens.goto import GotoScreen  # the timeline opens these on demand
-    from prism_rr.tui.screens.search import SearchScreen
-
+    and textual's own. The screens opened on demand (goto, search: the timeline opens them)
+    are imported by name above, never by a computed name (nothing here imports what a string
+    says), so their bindings count."""
     ids, todo = set(), [DOMNode, GotoScreen, SearchScreen]  # (subclasses of DOMNode too, once imported)
     while todo:
         cls = todo.pop()
@@ -135,9 +136,6 @@ class PrismApp(App):
     def action_attempts(self) -> None:
         """The attempts of a restarted job (the `a` key): the chosen one is opened in
         every screen, one attempt at a time."""
-        from prism_rr.format.facts import bundle_facts
-        from prism_rr.tui.screens.attempts import AttemptsScreen
-
         if len(self.bundle.attempts) < 2:
             self.notify("this bundle holds one attempt", title="Attempts", markup=False)
             return
@@ -150,8 +148,6 @@ class PrismApp(App):
 
     async def open_attempt(self, attempt: int) -> None:
         """Show `attempt` of the bundle: every screen is made anew on it."""
-        from textual.screen import Screen
-
         old = self.bundle
         self.bundle = open_bundle(old.path, attempt)
         self.model = TimelineModel(self.bundle)

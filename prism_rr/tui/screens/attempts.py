@@ -10,6 +10,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
+from prism_rr.format.facts import ending_line
+from prism_rr.specs import format_ranks
+
 __all__ = ["AttemptsScreen"]
 
 
@@ -25,9 +28,6 @@ class AttemptsScreen(ModalScreen):
         self.current = current
 
     def compose(self) -> ComposeResult:
-        from prism_rr.format.facts import ending_line
-        from prism_rr.specs import format_ranks
-
         with Vertical(id="attempts-box"):
             yield Label("Attempts of this job (Enter: open it, Esc: stay)")
             options = []

@@ -8,8 +8,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
+from textual.worker import get_current_worker
 
 from prism_rr.format.text import shown
+from prism_rr.tui.analysis import compact_ranks, group_calls
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter
 
@@ -60,7 +62,6 @@ class CollectivesScreen(Screen):
         g = self.app.model.groups.get(self.group, {})
         text = Text()
         text.append(f"group {self.group}", style="bold")
-        from prism_rr.tui.analysis import compact_ranks
 
         ranks = g.get("ranks", ())
         text.append(f"  {shown(g.get('desc') or g.get('name') or '')}  {len(ranks)} ranks: {compact_ranks(ranks)}"
@@ -72,10 +73,6 @@ class CollectivesScreen(Screen):
 
     @work(thread=True, exclusive=True, group="collectives")
     def _load(self, group: int) -> None:
-        from textual.worker import get_current_worker
-
-        from prism_rr.tui.analysis import group_calls
-
         worker = get_current_worker()
 
         def progress(done: int, total: int) -> None:

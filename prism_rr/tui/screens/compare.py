@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Label, Static
 
 from prism_rr.format.text import shown
+from prism_rr.tui.analysis import compare_bundles
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter
 
@@ -54,8 +55,6 @@ class CompareScreen(Screen):
 
     @work(thread=True, exclusive=True, group="compare")
     def _compare(self) -> None:
-        from prism_rr.tui.analysis import compare_bundles
-
         try:
             result = compare_bundles(self.app.bundle, self.app.replay)
         except Exception as exc:

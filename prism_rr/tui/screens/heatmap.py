@@ -8,9 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Static
+from textual.worker import get_current_worker
 
 from prism_rr.errors import PrismError
 from prism_rr.format.text import shown
+from prism_rr.tui.analysis import lateness, run_apart, step_grid
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter
 from prism_rr.tui.widgets.heatmap import METRICS, RAMP, HeatMap
@@ -27,8 +29,6 @@ class HeatmapScreen(Screen):
         self.reading: str | None = None  # what the lateness worker says while it reads
 
     def compose(self) -> ComposeResult:
-        from prism_rr.tui.analysis import step_grid
-
         yield Static(id="heatmap-legend")
         self.heatmap = HeatMap(step_grid(self.app.model), id="heatmap")
         yield self.heatmap
@@ -62,10 +62,6 @@ class HeatmapScreen(Screen):
 
     @work(thread=True, exclusive=True, group="lateness")
     def _lateness(self) -> None:
-        from textual.worker import get_current_worker
-
-        from prism_rr.tui.analysis import lateness, run_apart
-
         worker = get_current_worker()
         grid = self.heatmap.grid
         n = len(grid.ranks)

@@ -14,10 +14,13 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Input, Label, Sparkline, Static
+from textual.worker import get_current_worker
 
 from prism_rr.errors import PrismError
+from prism_rr.format.facts import attempt_endings, device_time_facts, device_time_line, ending_line
 from prism_rr.format.text import shown
 from prism_rr.specs import named_ranks
+from prism_rr.tui.analysis import diagnose_apart, lateness, run_apart, step_grid
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter
 
@@ -187,14 +190,10 @@ class OverviewScreen(Screen):
         steps = b.steps
         row("steps", f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
         if "device_steps" in b.summaries:
-            from prism_rr.format.facts import device_time_facts, device_time_line
-
             device = device_time_facts(b)
             if device is not None:
                 row("device time", device_time_line(device))
         if len(b.attempts) > 1:
-            from prism_rr.format.facts import attempt_endings, ending_line
-
             row("attempt", f"{b.attempt} of {', '.join(str(a['attempt']) for a in b.attempts)} "
                            f"(a: pick another): {ending_line(attempt_endings(b))}")
         versions = info.get("versions")
@@ -216,8 +215,6 @@ class OverviewScreen(Screen):
         return t
 
     def on_mount(self) -> None:
-        from prism_rr.tui.analysis import step_grid
-
         tm = self.app.model
         steps = self.query_one("#steps", DataTable)
         steps.add_columns("step", "ranks", "min", "median", "max", "slowest", "spread")
@@ -294,10 +291,6 @@ class OverviewScreen(Screen):
 
     @work(thread=True, exclusive=True, group="lateness")
     def _read_lateness(self) -> None:
-        from textual.worker import get_current_worker
-
-        from prism_rr.tui.analysis import lateness, run_apart
-
         worker = get_current_worker()
         grid = self.grid
 
@@ -368,10 +361,6 @@ class OverviewScreen(Screen):
 
     @work(thread=True, exclusive=True, group="diagnose")
     def _diagnose(self) -> None:
-        from textual.worker import get_current_worker
-
-        from prism_rr.tui.analysis import diagnose_apart
-
         worker = get_current_worker()
         events = self.app.bundle.event_count
 

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
+import bisect
+
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Static
 
-from prism_rr.tui.model import format_ns
+from prism_rr.format import PointToPoint
+from prism_rr.tui import model as m
+from prism_rr.tui.model import TimelineModel, format_ns
+from prism_rr.tui.screens.goto import GotoScreen
+from prism_rr.tui.screens.search import SearchScreen, matches
 from prism_rr.tui.widgets.detail import SpanDetail
 from prism_rr.tui.widgets.footer import KeyFooter
 from prism_rr.tui.widgets.ruler import Ruler
-from prism_rr.tui.widgets.timeline import Timeline
+from prism_rr.tui.widgets.timeline import CHARS, COLOURS, Timeline
 
 __all__ = ["TimelineScreen", "legend"]
 
 
 def legend():
     """One line: each colour of the timeline and what it stands for."""
-    from rich.text import Text
-
-    from prism_rr.tui import model as m
-    from prism_rr.tui.widgets.timeline import CHARS, COLOURS
-
     text = Text()
     for code, name in m.KIND_NAMES.items():
         colour = COLOURS.get(code)
@@ -48,8 +50,6 @@ class TimelineScreen(Screen):
         tm = self.app.model
         replay = None
         if self.app.replay is not None:
-            from prism_rr.tui.model import TimelineModel
-
             replay = TimelineModel(self.app.replay)
         self.timeline = Timeline(tm, replay, id="timeline")
         with Horizontal(id="timeline-body"):
@@ -107,10 +107,6 @@ class TimelineScreen(Screen):
     def action_next_problem(self) -> None:
         """`!`: the next finding of the overview's diagnosis (d), in turn; without one, the
         cursor rank's next call that failed or never completed after the cursor."""
-        import bisect
-
-        from prism_rr.tui import model as m
-
         if getattr(self, "_problems_of", None) is not self.app.findings:  # a new diagnosis: from its first
             self._problems_of, self._problem = self.app.findings, -1
         findings = [f for f in self.app.findings if f.ranks and f.group is not None and f.seq is not None]
@@ -134,8 +130,6 @@ class TimelineScreen(Screen):
                     severity="warning", markup=False)
 
     def action_search(self) -> None:
-        from prism_rr.tui.screens.search import SearchScreen
-
         def done(text):
             if text:
                 self.last_search = text
@@ -146,10 +140,6 @@ class TimelineScreen(Screen):
     def find_next(self, text: str) -> bool:
         """The next call after the cursor whose op or stack contains `text`: on the cursor
         rank, else on the next ranks whose calls are loaded (those shown or near them)."""
-        import bisect
-
-        from prism_rr.tui.screens.search import matches
-
         tl = self.timeline
         tm = tl.model
         row = tm.row_of[tl.cursor_rank]
@@ -172,8 +162,6 @@ class TimelineScreen(Screen):
         return False
 
     def action_goto(self) -> None:
-        from prism_rr.tui.screens.goto import GotoScreen
-
         def done(target):
             if target is not None:
                 self.goto(*target)
@@ -193,8 +181,6 @@ class TimelineScreen(Screen):
         spans = tm.load(rank)
         i = spans.find_call(group, seq if seq is not None else 0)
         if i is None:
-            from prism_rr.format import PointToPoint
-
             i = spans.find_call(group, seq if seq is not None else 0, PointToPoint)
         if i is None and not fallback:
             return False
@@ -221,8 +207,6 @@ class TimelineScreen(Screen):
     def goto_end(self, rank: int) -> bool:
         """Show `rank` where its records end (a crash, a kill: what a finding that names no
         call is about), the cursor there; False if the rank is not in the bundle."""
-        from prism_rr.tui import model as m
-
         tl = self.timeline
         tm = tl.model
         if rank not in tm.row_of:
