@@ -6,10 +6,12 @@ the command is arbitrary, only the environment is torchrun's.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -180,8 +182,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     shell starts a background job) stops every rank: SIGTERM, then SIGKILL after
     _TERM_GRACE_S, or at once on a second signal; the exit code is the first failing rank's.
     """
-    import argparse
-    import sys
 
     p = argparse.ArgumentParser(prog="python -m prism_rr.localrun")
     p.add_argument("--nproc", type=int, required=True)

@@ -37,12 +37,13 @@ from collections import deque
 from pathlib import Path
 from statistics import median
 
-from prism_rr.format import codec, layout
+from prism_rr.format import codec, layout, pack
 from prism_rr.format.calllog import PREFAULT_AHEAD, decode_log, log_path, read_log
-from prism_rr.format.names import parse_rank_file
 from prism_rr.format.compactor import POLL_S, log_info, log_to_spool
+from prism_rr.format.names import parse_rank_file
 from prism_rr.format.records import Marker
-from prism_rr.recorder import _exits
+from prism_rr.format.spool import frame_info, read_spool
+from prism_rr.recorder import _exits, _signals
 
 __all__ = ["DUMP_FILE", "Flight", "dump_bundle_path", "finish_flight", "finish_logs", "flight_bundles",
            "flight_steps"]
@@ -97,7 +98,6 @@ class Flight:
     def start(self) -> None:
         for target, name in ((self._watch, "watchdog"), (self._listen, "listener")):
             threading.Thread(target=target, name=f"prism-rr-flight-{name}", daemon=True).start()
-        from prism_rr.recorder import _signals
 
         _signals.on_usr1(lambda: self.trigger("SIGUSR1"))
         previous = sys.excepthook
@@ -325,7 +325,6 @@ def _from_logs(spool_dir: Path, out_dir: Path, expected, first_step, attempt: in
 
 
 def _pack_dump(out_dir: Path, output: Path, facts: dict, n, expected, from_rings):
-    from prism_rr.format import pack
 
     present = sorted(int(p.name[5:10]) for p in out_dir.glob("rank-*.spool"))
     entry = {**facts, "dump": n, "ranks_dumped": present,
@@ -390,7 +389,6 @@ def _dump_facts(spool: Path) -> tuple[dict, dict]:
     """A dump's trigger facts and the rank info of one of its spools; ({}, {}) where the
     spool cannot be read."""
     try:
-        from prism_rr.format.spool import frame_info, read_spool
 
         scan = read_spool(spool)
         data = spool.read_bytes()
@@ -440,7 +438,6 @@ def _a_rank_died(decoded: dict, last_dump: Path | None) -> bool:
     """Whether a log's records end without a `recording_end` marker (its rank did not
     close) and are newer than the last dump holds of its rank (a dump read it already,
     or it died before the dump)."""
-    from prism_rr.format.spool import read_spool
 
     for path, records in decoded.items():
         if not records:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from prism_rr.errors import UsageError
 from prism_rr.specs import parse_ranks, parse_steps
+from prism_rr.topology.roles import slice_ranks
 
 __all__ = ["ENV_VAR", "PAYLOADS", "RecordOptions", "spool_dir_for"]
 
@@ -101,7 +102,6 @@ class RecordOptions:
 
     def records_rank(self, rank: int, world_size: int | None = None) -> bool:
         if self.slice == "roles" and self.mesh and world_size is not None:
-            from prism_rr.topology.roles import slice_ranks
 
             return rank in slice_ranks(world_size, self.mesh, self.ranks or ())
         return self.ranks is None or rank in self.ranks

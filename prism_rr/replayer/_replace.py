@@ -37,6 +37,7 @@ from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.format.text import shown
 from prism_rr.specs import format_ranks, parse_replace_rank
 from prism_rr.topology.costmodel import CostModel, Fit, fit, samples
+from prism_rr.topology.roles import Roles
 
 __all__ = ["cost_model", "note_lines", "plan_replacements", "replacement_cost", "words"]
 
@@ -114,7 +115,6 @@ def _source(bundle, rank: int) -> int:
     """The rank whose records and rank info stand for `rank`: itself, or its role's representative."""
     if rank in bundle.recorded_ranks:
         return rank
-    from prism_rr.topology.roles import Roles
 
     try:
         return int(Roles.from_manifest(bundle.manifest.get("roles")).rep(rank))

@@ -20,15 +20,18 @@ from time import monotonic_ns
 
 from prism_rr.errors import DivergenceError, HangError, ReplayError
 from prism_rr.format import open_bundle
+from prism_rr.format.records import Compute
 from prism_rr.intercept import dispatch
 from prism_rr.intercept.steps import OptimizerSteps
+from prism_rr.recorder import clock_for
 from prism_rr.replayer._device_wait import ENV_VAR as WAITS_VAR
 from prism_rr.replayer._divergence import Divergence, user_stack
 from prism_rr.replayer._environment import _cuda_here
-from prism_rr.replayer._hang import WAITED_FOR, RecordingEnd, sentence
+from prism_rr.replayer._hang import WAITED_FOR, RecordingEnd, raised, sentence
 from prism_rr.replayer._options import ReplayOptions, stats_path
 from prism_rr.replayer._schedule import Schedule
 from prism_rr.replayer._timing import PeerClock, sleep_until
+from prism_rr.topology.roles import Roles
 
 __all__ = ["ReplaySession"]
 
@@ -153,7 +156,6 @@ class ReplaySession:
         roles = self.bundle.manifest.get("roles")
         self.roles = None
         if isinstance(roles, dict):
-            from prism_rr.topology.roles import Roles
 
             self.roles = Roles.from_manifest(roles)
         self.scaled = isinstance(self.bundle.manifest.get("scale"), dict)
@@ -255,7 +257,6 @@ class ReplaySession:
         self._dmarks: dict[int, int] = {}
         if info.get("device_time"):
             try:
-                from prism_rr.recorder import clock_for
 
                 self._dclock = clock_for(str(info.get("device", "cpu")))
                 if self._dclock is not None:
@@ -536,7 +537,6 @@ class ReplaySession:
     def fail_as_recorded(self, found: dict) -> None:
         """A call that ended in an error in the recording: raise that error in the program
         (exit 7 once it has unwound; a later call stops it as a hang would)."""
-        from prism_rr.replayer._hang import raised
 
         self.check_read(final=True)
         self.hang = found  # the launcher's card says it, once
@@ -630,7 +630,6 @@ class ReplaySession:
 
     def _calibrate(self) -> None:
         """Virtual timing: real compute runs this much slower (or faster) than recorded."""
-        from prism_rr.format.records import Compute
 
         recorded = sum(r.end_ns - r.start_ns for r in self.bundle.events(self.rank)
                        if isinstance(r, Compute) and r.name is None and r.step == self.step
