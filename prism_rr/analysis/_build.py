@@ -33,6 +33,8 @@ from prism_rr.analysis._columns import (
 )
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
+# Deferred imports: numpy's private huge-page switch, looked up where it is used (its module moved in numpy 2).
+
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "serve", "signature",
            "small_pages"]
 

@@ -33,6 +33,8 @@ from prism_rr.format.records import Collective, Compute, PointToPoint, Step
 from prism_rr.analysis._build import clock_offsets
 from prism_rr.analysis._steps import OpenSteps
 
+# Deferred imports: pyarrow (an optional extra, `prism-rr[parquet]`), only when a Parquet export runs.
+
 __all__ = ["PARQUET_TABLES", "export_parquet"]
 
 ROW_GROUP = 65_536

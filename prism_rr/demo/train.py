@@ -40,6 +40,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from prism_rr.demo.model import GPT, GPTConfig
 
+# Deferred imports: torch's DDP-over-TP transform and its pipelining, only in the layouts that use them.
+
 __all__ = ["main", "make_batch"]
 
 

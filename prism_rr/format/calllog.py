@@ -33,6 +33,7 @@ moves it past the oldest entries when it needs their room.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import mmap
@@ -72,7 +73,6 @@ def _libc_madvise():
     if _POPULATE_WRITE is None:
         return None
     try:
-        import ctypes
 
         fn = ctypes.CDLL(None, use_errno=True).madvise
         fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -85,7 +85,6 @@ def _libc_madvise():
 def _address(mm: mmap.mmap) -> int:
     """Where the mapping lies (its buffer let go at once: an export would keep it from
     closing)."""
-    import ctypes
 
     buf = ctypes.c_char.from_buffer(mm)
     try:

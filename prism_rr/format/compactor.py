@@ -17,12 +17,14 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prism_rr.errors import FormatError
 from prism_rr.format import codec, layout
-from prism_rr.format.calllog import CallLog, LogContents, LogDecoder, decode_log, read_log, ring_entries
-from prism_rr.format.records import Marker
+from prism_rr.format.blobs import BlobWriter, blob_path, spool_blobs
+from prism_rr.format.calllog import TYPE_NAMES, CallLog, LogContents, LogDecoder, decode_log, read_log, ring_entries
+from prism_rr.format.records import Collective, Marker, PointToPoint
 from prism_rr.format.spool import FRAME_OPEN, call_identity, encode_frame, frame_records, read_spool, spool_header
 
 __all__ = ["Compactor", "log_to_spool", "recover_logs", "spool_of_log"]
@@ -203,7 +205,6 @@ class Compactor:
         if dec.blobs:
             found, dec.blobs = dec.blobs, {}
             if blobs is None:
-                from prism_rr.format.blobs import BlobWriter
 
                 blobs = self.blobs = self._own_blobs = BlobWriter(self.path.parent)
             blobs.store_now(found.items())
@@ -244,7 +245,6 @@ _NONE = object()
 
 def _blob_positions() -> dict:
     """Record kind -> the positions of its blob fields in its row."""
-    from prism_rr.format.records import Collective, PointToPoint
 
     at = {}
     for cls in (Collective, PointToPoint):
@@ -274,7 +274,6 @@ def _blob_ids_of(rec) -> tuple:
 
 def _without_blobs(rec):
     """The record with no blob ids (their payload is lost) and a payload_lost marker."""
-    from dataclasses import replace
 
     if type(rec) is tuple:
         rec = codec.row_record(rec)
@@ -286,7 +285,6 @@ def _without_blobs(rec):
 
 
 def _have_blob(spool_dir: Path, ident: bytes, known: set) -> bool:
-    from prism_rr.format.blobs import blob_path
 
     return ident in known or blob_path(spool_dir, ident).exists()
 
@@ -299,7 +297,6 @@ def log_to_spool(contents: LogContents, out_dir, *, first_step: int | None = Non
     found nowhere keeps no blob and gets a `payload_lost` marker. `ring`: a flight dump's
     facts, for the rank info's `flight_ring` (with what was kept). Returns what was
     written: {records, first_step, last_step, blobs, payloads_lost}."""
-    from prism_rr.format.blobs import BlobWriter
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -404,7 +401,6 @@ def recover_logs(spool_dir) -> list[tuple[int, int]]:
     compactor's last batch (a rank that died), store its small payloads, then remove the
     log: (rank, records) of each. A log that cannot be read is left as it is, with a
     warning. (`pack` reads such logs where they lie instead, writing nothing here.)"""
-    from prism_rr.format.blobs import BlobWriter, spool_blobs
 
     spool_dir = Path(spool_dir)
     done = []
@@ -467,7 +463,6 @@ def log_info(path) -> dict:
 
 def log_entries(path) -> list:
     """(seq, type name) of each ring entry, for tests and `repair --verbose`."""
-    from prism_rr.format.calllog import TYPE_NAMES
 
     contents = read_log(path)
     return [(seq, TYPE_NAMES.get(kind, str(kind))) for _, seq, kind, _, _, _ in

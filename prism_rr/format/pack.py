@@ -39,6 +39,9 @@ from prism_rr.format.names import parse_rank_file
 from prism_rr.format.records import DeviceTime
 from prism_rr.format.spool import encode_frame, frame_info, parse_frame, scan_spool, spool_header, still_open
 
+# Deferred imports: format.summaries (numpy) where the summaries' tables are built, so that
+# importing the format (a bundle read on a laptop, `prism-rr info`) does not load numpy.
+
 if TYPE_CHECKING:
     from prism_rr.format.summaries import DeviceStepRows, StepRows
 

@@ -45,6 +45,8 @@ from prism_rr.format.records import Marker
 from prism_rr.format.spool import frame_info, read_spool
 from prism_rr.recorder import _exits, _signals
 
+# Deferred imports: torch.distributed, on a rank's dump only (the launcher packs without torch).
+
 __all__ = ["DUMP_FILE", "Flight", "dump_bundle_path", "finish_flight", "finish_logs", "flight_bundles",
            "flight_steps"]
 

@@ -33,6 +33,9 @@ from prism_rr.replayer._schedule import Schedule
 from prism_rr.replayer._timing import PeerClock, sleep_until
 from prism_rr.topology.roles import Roles
 
+# Deferred imports: the memory trackers, device reads and waits and the replay's work
+# objects (torch, CUDA), each where the replay asks for it.
+
 __all__ = ["ReplaySession"]
 
 log = logging.getLogger("prism_rr.replayer")

@@ -86,6 +86,8 @@ from prism_rr.specs import format_ranks, parse_ranks, parse_slow_rank
 from prism_rr.topology.roles import Roles
 from prism_rr.topology.scale import scale
 
+# Deferred imports: prism_rr.analysis (numpy), only where a recording that failed is diagnosed.
+
 __all__ = ["HOOK_DIR", "INCOMPLETE", "TIMINGS", "ReplayRequest", "ReplayResult", "parse_slow_rank",
            "rank_command", "recorded_commands", "replay"]
 

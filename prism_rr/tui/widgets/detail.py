@@ -16,6 +16,8 @@ from prism_rr.format import Collective, Compute, Marker, PointToPoint, ops
 from prism_rr.format.text import human_bytes, shown
 from prism_rr.tui.model import FAR, TimelineModel, format_ns
 
+# Deferred imports: rich's Group and Console, where the details pane renders a table.
+
 __all__ = ["MAX_MEMBERS", "SpanDetail", "call_arrivals", "call_failure", "human_bytes", "tensors_text"]
 
 MAX_MEMBERS = 256  # members read for one call; a larger group is sampled, and says so
