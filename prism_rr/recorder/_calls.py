@@ -148,38 +148,8 @@ class PyCallRecorder:
                 self._in_backward()
             start = monotonic_ns()
             ins = call.ins
-            descs = self._descs
-            if len(ins) == 1:
-                t = ins[0]
-                in_desc = descs.get((t.shape, t.dtype)) or self._desc(ins)
-            else:
-                in_desc = self._desc(ins)
-            if call.p2p:
-                flags = E_P2P | E_RECV if call.receives else E_P2P
-                peer = -1 if call.peer is None else call.peer
-                out_desc = 0
-            else:
-                root = call.root
-                peer = -1 if root is None else root
-                outs = call.outs
-                if outs is ins:
-                    flags = E_SAME_OUT
-                    out_desc = 0
-                else:
-                    flags = 0
-                    out_desc = self._desc(outs)
-            if call.async_op:
-                flags |= E_ASYNC
-            stack = 0
-            depth = self.stack_depth
-            if depth:
-                walk = self._walk
-                # the C walk from here, its caches hit (`skip` frames out: the group's method)
-                frames = False if walk is None else walk(depth, skip, _IS_USER, _TEXTS, _STACKS)
-                if frames is False:
-                    frames = frame_stack(sys._getframe(skip), depth)
-                if frames:
-                    stack = self._stacks.get(frames) or self._define(self._stacks, frames, frames)
+            flags, peer, in_desc, out_desc = self._shape_of(call, ins)
+            stack = self._stack_id(skip + 1) if self.stack_depth else 0
             names = self._names
             op = names.get(call.op) or self._name(call.op)
             reduce_op = call.reduce_op
@@ -187,12 +157,7 @@ class PyCallRecorder:
                 reduce_op = names.get(reduce_op) or self._name(reduce_op)
             else:
                 reduce_op = 0
-            if self.memory is None:
-                alloc = peak = -1
-            else:
-                alloc, peak = self.memory()
-                alloc = -1 if alloc is None else alloc
-                peak = -1 if peak is None else peak
+            alloc, peak = (-1, -1) if self.memory is None else self._memory_now()
             step = self.step
             payload = None
             if self.inputs and not call.receives:
@@ -215,6 +180,49 @@ class PyCallRecorder:
         except BaseException as exc:
             self.rec.fail(exc)
             return False
+
+    def _shape_of(self, call, ins) -> tuple[int, int, int, int]:
+        """(flags, peer or root or -1, input and output descriptor ids) of a call's ENTER."""
+        descs = self._descs
+        if len(ins) == 1:
+            t = ins[0]
+            in_desc = descs.get((t.shape, t.dtype)) or self._desc(ins)
+        else:
+            in_desc = self._desc(ins)
+        if call.p2p:
+            flags = E_P2P | E_RECV if call.receives else E_P2P
+            peer = -1 if call.peer is None else call.peer
+            out_desc = 0
+        else:
+            root = call.root
+            peer = -1 if root is None else root
+            outs = call.outs
+            if outs is ins:
+                flags = E_SAME_OUT
+                out_desc = 0
+            else:
+                flags = 0
+                out_desc = self._desc(outs)
+        if call.async_op:
+            flags |= E_ASYNC
+        return flags, peer, in_desc, out_desc
+
+    def _stack_id(self, skip: int) -> int:
+        """The id of the user's frames `skip` frames out from here (0: none): the C walk,
+        its caches hit, else the Python one."""
+        walk = self._walk
+        depth = self.stack_depth
+        frames = False if walk is None else walk(depth, skip, _IS_USER, _TEXTS, _STACKS)
+        if frames is False:
+            frames = frame_stack(sys._getframe(skip), depth)
+        if not frames:
+            return 0
+        return self._stacks.get(frames) or self._define(self._stacks, frames, frames)
+
+    def _memory_now(self) -> tuple[int, int]:
+        """(allocated, peak) bytes as the memory source reads them now, -1 for unknown."""
+        alloc, peak = self.memory()
+        return -1 if alloc is None else alloc, -1 if peak is None else peak
 
     def _payload(self, tensors, checked: bool = False):
         """The payload part for a call's tensors (intercept/payload.log_payload), read with
