@@ -9,11 +9,12 @@ from pathlib import Path
 
 from prism_rr.format.pack import pack as pack_spools  # record()'s `pack` is its flag
 from prism_rr.intercept.steps import by_hand
+from prism_rr.recorder._flight import end_bundle
 from prism_rr.recorder._options import RecordOptions, spool_dir_for
 
-# Deferred imports: torch.distributed and the recording (recorder._install, _session) until
-# a block is entered, and recorder._flight until a flight recording's block ends: `import
-# prism_rr` reaches this module, and a laptop reading bundles pays for neither.
+# Deferred imports: torch.distributed and the recording (recorder._install, _session: torch)
+# until a block is entered: `import prism_rr` reaches this module, and a laptop reading
+# bundles does not load torch.
 
 __all__ = ["record", "step"]
 
@@ -66,8 +67,6 @@ def record(path, *, payload=None, steps=None, ranks=None, ops=False, memory=Fals
             rec.close("record() exit")  # and the process holds no current recording
         if options.flight is not None:  # the triggers wrote what there is to write
             if pack and options.flight_at_exit:
-                from prism_rr.recorder._flight import end_bundle
-
                 spool_dir = Path(options.spool_dir)
                 _pack_when_all_closed(spool_dir / "flight-end", end_bundle(spool_dir, path))
         elif pack:
