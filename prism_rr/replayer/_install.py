@@ -29,16 +29,15 @@ from prism_rr.intercept.creation import GroupCreation, Plan, fix_books
 from prism_rr.intercept.hook import on_import
 from prism_rr.intercept.stack import user_code
 from prism_rr.replayer._gather import StatsExchange
-from prism_rr.replayer._options import ENV_VAR, ReplayOptions, stats_path
+from prism_rr.replayer._options import BACKEND, ENV_VAR, ReplayOptions, stats_path
 from prism_rr.replayer._torchrun import enter_worker, launcher_store
 
 # Deferred imports: torch, and the modules that import it (the replay's session and policy,
 # intercept.group), until the program makes its world group: the start-up hook arms the
 # replayer from this module in every replayed rank, before the program imports torch.
 
-__all__ = ["BACKEND", "arm", "install"]
+__all__ = ["arm", "install"]
 
-BACKEND = "prism_rr_replay"
 log = logging.getLogger("prism_rr.replayer")
 
 

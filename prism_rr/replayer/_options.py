@@ -11,9 +11,10 @@ from pathlib import Path
 from prism_rr.errors import UsageError
 from prism_rr.specs import parse_slow_rank
 
-__all__ = ["ENV_VAR", "TIMINGS", "ReplayOptions", "ReplayRequest", "stats_path"]
+__all__ = ["BACKEND", "ENV_VAR", "TIMINGS", "ReplayOptions", "ReplayRequest", "stats_path"]
 
 ENV_VAR = "PRISM_RR_REPLAY"
+BACKEND = "prism_rr_replay"  # the name a replayed rank's groups take, for torch and the policy
 # live: a call completes when the modelled peers would let it, in real time; virtual: the
 # same on a virtual clock, the real rank's compute calibrated against the recording on the
 # first step (nobody waits); none: as soon as the data is there.

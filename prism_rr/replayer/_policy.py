@@ -34,7 +34,7 @@ from prism_rr.replayer._data import build_grouped, build_outputs, from_blob, fro
 from prism_rr.replayer._divergence import user_stack
 from prism_rr.replayer._hang import (DRIFTED, ENDED, FAILED, MISMATCHED, NEVER_COMPLETED, NEVER_JOINED, RESOLVED,
                                      failed)
-from prism_rr.replayer._install import BACKEND
+from prism_rr.replayer._options import BACKEND
 from prism_rr.replayer._schedule import direction
 
 log = logging.getLogger("prism_rr.replayer")
