@@ -12,9 +12,9 @@ of them prints or exits, so a script gets what the command line gets:
     print("\n".join(found.lines()))  # what `prism-rr diagnose` prints
 
 Where a command has something to say to people, its result's `lines()` says it, every
-string from a bundle made safe for a terminal (`prism_rr.format.text.shown`); its
+string from a bundle made safe for a terminal (`prism_rr.text.shown`); its
 `json()` (and the results' fields) hold the bundle's strings whole, escaped as the reader
-hands them out (`prism_rr.format.text.safe`). Errors are
+hands them out (`prism_rr.text.safe`). Errors are
 `prism_rr.errors` exceptions; what a user should hear about comes back as data (or,
 where it must be heard before the work goes on, through a `warn` callback). Importing
 this module loads neither torch, numpy nor a UI library (see its deferred imports).
@@ -37,7 +37,7 @@ from prism_rr.format.facts import flight_line, info_lines
 from prism_rr.format.fr import import_fr as read_dumps
 from prism_rr.format.pack import spool_dirs
 from prism_rr.format.redact import redact as redact_bundle
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.localrun import describe_exit
 from prism_rr.recorder import RecordOptions, finish_flight, launch
 from prism_rr.recorder.launch import hook_env, spool_dir_for
@@ -505,7 +505,7 @@ def recorded_command_lines(bundle, ranks=(0,), *, attempt: int | None = None) ->
     """`recorded_commands` for people to read before they agree to run them: each
     distinct command and directory once, with the ranks that run it. Shown whole (a
     command cut short would hide what runs), every character that could draw on the
-    terminal escaped (`prism_rr.format.text.shown`)."""
+    terminal escaped (`prism_rr.text.shown`)."""
 
 
     name = Path(bundle).name

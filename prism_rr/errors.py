@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prism_rr.text import shown
+
 __all__ = [
     "DivergenceError",
     "FormatError",
@@ -19,15 +21,13 @@ class PrismError(Exception):
     """Base of every error prism-rr raises on purpose.
 
     Its message is one line for people, wherever it is shown: what it quotes of a bundle
-    went through `prism_rr.format.text.shown` where it was quoted (cut to a length), and
+    went through `prism_rr.text.shown` where it was quoted (cut to a length), and
     the message as a whole does here, so that a path or a value no one thought to quote
     still cannot draw on the terminal or break the line."""
 
     exit_code = 1
 
     def __str__(self) -> str:
-        from prism_rr.format.text import shown  # (here: format's modules import this one)
-
         return shown(super().__str__(), None)
 
 

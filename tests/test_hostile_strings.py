@@ -8,7 +8,7 @@ places, a value far too long for a line; every checksum is valid. Every inspecti
 runs as a user runs it, in a fresh interpreter, and the TUI under `run_test()` visits every
 screen, the details pane, the palette and a screenshot. No raw control or bidi character
 reaches stdout, stderr or the screen, markup is shown as text, and `--json` gives the
-values whole, escaped as `format/` hands them out (format/text.safe).
+values whole, escaped as `format/` hands them out (prism_rr.text.safe).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from cli_helpers import run_cli
 from prism_rr.format import layout, pack
 from prism_rr.format.records import RECORD_TYPES, Collective, Compute, GroupInfo, Marker, Memory, PointToPoint
 from prism_rr.format.spool import encode_frame, spool_header, spool_path
-from prism_rr.format.text import safe
+from prism_rr.text import safe
 from prism_rr.format.synthetic import synthetic_records
 
 sys.path.insert(0, str(Path(__file__).parent / "tui"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prism_rr.analysis._diagnose import Finding
 from prism_rr.format.facts import attempt_endings, ending_line
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.specs import format_ranks
 
 __all__ = ["attempt_findings"]

@@ -449,10 +449,16 @@ def _batch(cols: list, ranks: list[int], values: list) -> _Batch:
     new[1:] = (step[1:] != step[:-1]) | (pos[1:] != pos[:-1])
     first = np.flatnonzero(new)
     out["index"] = np.arange(len(step)) - np.repeat(first, np.diff(np.r_[first, len(step)]))
-    bounds = [(k, s, *v) for k, c in enumerate(cols) for s, v in c.bounds.items()]
-    spans = [(k, s, *v) for k, c in enumerate(cols) for s, v in c.step_span.items()]
-    return _Batch(ranks, out, np.array(bounds, np.int64).reshape(-1, 4), np.array(spans, np.int64).reshape(-1, 4),
+    return _Batch(ranks, out, _with_rank_pos([c.bounds for c in cols]), _with_rank_pos([c.step_span for c in cols]),
                   values, _receives(values))
+
+
+def _with_rank_pos(rows: list[np.ndarray]) -> np.ndarray:
+    """Each rank's rows (step, a, b) as one array of rows (rank index, step, a, b)."""
+    if not rows:
+        return np.zeros((0, 4), np.int64)
+    k = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r) for r in rows])
+    return np.concatenate([k[:, None], np.concatenate(rows)], axis=1)
 
 
 def _slim(c):

@@ -26,7 +26,7 @@ from prism_rr.format.records import (
     K_OUT_DTYPES, K_OUT_SHAPES, K_PEER, K_REDUCE_OP, K_SEQ, K_STACK, K_START, K_STEP, K_TEXT,
     K_VALUE, K_ISSUED, K_TAG, DeviceTime, Marker, Memory, PointToPoint, Step,
 )
-from prism_rr.format.text import safe
+from prism_rr.text import safe
 from prism_rr.analysis._divergence import structure_of
 
 __all__ = ["ColumnReader", "RankColumns", "signature_of"]
@@ -76,6 +76,7 @@ _strs = codec.field_check(Collective, "in_dtypes")
 _opt_strs = codec.field_check(Collective, "stack")
 
 _MISSING = object()
+_INT_OR_NONE = frozenset({int, type(None)})
 
 
 @dataclass(slots=True)
@@ -111,10 +112,11 @@ class RankColumns:
     iteration_ns: dict[int, int] = field(default_factory=dict)  # the step's Step record
     steps_seen: set[int] = field(default_factory=set)  # steps with a call, compute or step figure
     markers: list[tuple[int, Marker]] = field(default_factory=list)  # (pos, marker)
-    # ColumnReader(attribution=True) only: per step, the first start and the last end of any
-    # record (an end before its start taken as the start), and the Step record's (start, end)
-    bounds: dict[int, tuple[int, int]] = field(default_factory=dict)
-    step_span: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # ColumnReader(attribution=True) only: rows (step, first start, last end) of any record of
+    # the step (an end before its start taken as the start), and rows (step, start, end) of
+    # its Step record (the rank's last of the step), both by step
+    bounds: np.ndarray = None
+    step_span: np.ndarray = None
 
 
 def _in_steps(t: dict, steps: tuple[int, int]) -> dict:
@@ -133,7 +135,10 @@ class ColumnReader:
                  structures: bool = False):
         """`figures`: per step, the compute and the time in blocking calls (`compute_ns`,
         `comm_ns`); without, a whole rank's compute records are not read (diagnosis).
-        `attribution`: also each call's `issued` time and each step's `bounds` and `step_span`.
+        `attribution`: also each call's `issued` time and each step's `bounds` and `step_span`;
+        with it and without figures, only what attribution reads (no compute by step, steps
+        seen, markers, events or first and last times: a batch of steps is read for its calls
+        and windows).
         `tags`: also each point-to-point call's `tag`. `structures`: also each call's
         `structure` (what `diff` compares)."""
         self.bundle = bundle
@@ -141,7 +146,10 @@ class ColumnReader:
         self.attribution = attribution
         self.tags = tags
         self.structures = structures
+        self._lean = attribution and not figures
         self._read = dict(_READ)
+        if self._lean:
+            self._read[_COMPUTE] = self._read[_MARKER] = _TIMES
         if attribution:
             for kind in (_COLL, _P2P):
                 self._read[kind] = self._read[kind] | {K_ISSUED}
@@ -161,7 +169,7 @@ class ColumnReader:
         return arrays
 
     def intern(self, value) -> int:
-        """`value`'s id; what `values` holds for it is display-safe (format/text.safe), as
+        """`value`'s id; what `values` holds for it is display-safe (prism_rr.text.safe), as
         every string a bundle hands out."""
         i = self._ids.get(value)
         if i is None:
@@ -178,6 +186,7 @@ class ColumnReader:
         if steps is not None:
             refs = [r for r in refs if r.step_last >= steps[0] and r.step_first <= steps[1]]
         comm: list[dict] = []
+        spans: list[tuple] = []  # attribution: (steps, lo, hi) of each table, then of Step records
         base = 0
         whole = steps is None  # every record of each chunk: times and counts from the index
         for ref in refs:
@@ -194,25 +203,38 @@ class ColumnReader:
                 if steps is not None:
                     t = tables[kind] = _in_steps(t, steps)
                 if len(t["step"]):
-                    self._fold(out, kind, t, offset, whole, base, comm)
+                    self._fold(out, kind, t, offset, whole, base, comm, spans)
             base += known
         out.markers.sort(key=lambda pm: pm[0])
         self._set_calls(out, comm)
+        if self.attribution:
+            out.bounds = _by_step([x for x in spans if x[0] is not None], first=True)
+            out.step_span = _by_step([x[1:] for x in spans if x[0] is None], first=False)
         return out
 
     def _fold(self, out: RankColumns, kind: int, t: dict, offset: int, whole: bool, base: int,
-              comm: list[dict]) -> None:
+              comm: list[dict], spans: list[tuple]) -> None:
         """Fold one kind's table of a chunk into `out`: its times, counts and figures; a call
-        table's columns kept in `comm` (at their positions after `base` records)."""
+        table's columns kept in `comm` (at their positions after `base` records); with
+        attribution, the table's windows and Step records' spans in `spans`."""
         start = t["start"] - offset
         end = t["end"] - offset
         op = t["open"]
         t["start"], t["end"] = start, end
         if self.attribution:
-            tail = np.where(op, start, np.maximum(end, start))
-            _add_bounds(out.bounds, t["step"], start, tail)
+            late = np.maximum(end, start)
+            spans.append((t["step"], start, np.where(op, start, late)))
             if "issued" in t:
                 t["issued"] = t["issued"] - offset
+            if kind == _STEP:
+                done = ~op
+                spans.append((None, t["step"][done], start[done], late[done]))
+            if self._lean:
+                if kind == _COLL or kind == _P2P:
+                    t["pos"] = base + t["kpos"]
+                    t["p2p"] = np.full(len(start), kind == _P2P)
+                    comm.append(t)
+                return
         if not whole:
             out.events += len(start)
             lo, hi = int(start.min()), int(np.where(op, start, end).max())
@@ -235,10 +257,6 @@ class ColumnReader:
             for s, d in zip(t["step"][done].tolist(), (end - start)[done].tolist()):
                 out.iteration_ns[s] = d  # a later Step record of the same step wins
                 out.steps_seen.add(s)
-            if self.attribution:
-                for s, a, b in zip(t["step"][done].tolist(), start[done].tolist(),
-                                   np.maximum(end, start)[done].tolist()):
-                    out.step_span[s] = (a, b)
         elif kind == _MARKER:
             out.markers.extend(zip((base + t["kpos"]).tolist(), t["records"]))
 
@@ -365,10 +383,10 @@ class ColumnReader:
         t: dict = {"start": start, "end": np.where(is_open, 0, end), "open": is_open, "step": step}
         if kind == _COLL or kind == _P2P:
             self._calls(kind, cols, consts, n, t)
-        elif kind == _COMPUTE:
+        elif kind == _COMPUTE and not self._lean:
             names, _ = self._column(kind, cols, consts, K_NAME, n, None, self._ids_of(_opt_str))
             t["named"] = names != 0
-        elif kind == _MARKER:
+        elif kind == _MARKER and not self._lean:
             names, _ = self._column(kind, cols, consts, K_NAME, n, _MISSING, _plain(_is_str))
             values, _ = self._column(kind, cols, consts, K_VALUE, n, None, _plain(_opt_int))
             texts, _ = self._column(kind, cols, consts, K_TEXT, n, None, _plain(_opt_str))
@@ -452,10 +470,13 @@ class ColumnReader:
         """(when each call returned to its caller, whether the record says)."""
         if K_ISSUED in cols:
             v = msgpack.unpackb(cols[K_ISSUED], raw=False, use_list=False, strict_map_key=False)
-            if type(v) is not tuple or len(v) != n or not all(x is None or type(x) is int for x in v):
+            if type(v) is not tuple or len(v) != n or not set(map(type, v)) <= _INT_OR_NONE:
                 raise _Unexpected  # the format's reader says what is wrong
-            has = np.array([x is not None for x in v], dtype=bool).reshape(n)
-            got = _ints([0 if x is None else x for x in v])
+            if None in v:
+                has = np.array([x is not None for x in v], dtype=bool).reshape(n)
+                got = _ints([0 if x is None else x for x in v])
+            else:
+                has, got = np.ones(n, bool), _ints(v)
             if n and int(np.abs(got).max()) > _MAX_TIME:
                 raise _Unexpected
             return got, has
@@ -619,20 +640,23 @@ def split_columns(rows: list, arrays: dict[str, np.ndarray]) -> list[RankColumns
     return parts
 
 
-def _add_bounds(into: dict[int, tuple[int, int]], steps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Widens into[step] = (first lo, last hi) by the rows of each step."""
-    if not len(steps):
-        return
+def _by_step(parts: list[tuple], first: bool) -> np.ndarray:
+    """Rows (step, lo, hi) from (steps, lo, hi) arrays: per step, the least lo and the
+    greatest hi (`first`), else the last row's of the step; by step."""
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return np.zeros((0, 3), np.int64)
+    steps, lo, hi = (np.concatenate(c) if len(parts) > 1 else c[0] for c in zip(*parts))
+    if not first:
+        steps, at = np.unique(steps[::-1], return_index=True)  # a later row of the same step wins
+        at = len(lo) - 1 - at
+        return np.stack([steps, lo[at], hi[at]], axis=1)
     order = np.argsort(steps, kind="stable")
     s = steps[order]
     head = np.ones(len(s), bool)
     head[1:] = s[1:] != s[:-1]
     at = np.flatnonzero(head)
-    los = np.minimum.reduceat(lo[order], at).tolist()
-    his = np.maximum.reduceat(hi[order], at).tolist()
-    for step, a, b in zip(s[at].tolist(), los, his):
-        have = into.get(step)
-        into[step] = (a, b) if have is None else (min(have[0], a), max(have[1], b))
+    return np.stack([s[at], np.minimum.reduceat(lo[order], at), np.maximum.reduceat(hi[order], at)], axis=1)
 
 
 def _add_by_step(into: dict[int, int], steps: np.ndarray, values: np.ndarray) -> None:

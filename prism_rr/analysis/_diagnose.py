@@ -12,7 +12,7 @@ import numpy as np
 from prism_rr.format import ops
 from prism_rr.format.facts import attempt_endings, exit_noted, interrupted_facts
 from prism_rr.format.reader import Bundle
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.specs import format_ranks
 from prism_rr.format.records import Collective, Compute, GroupInfo, Marker, Memory, PointToPoint, Step
 from prism_rr.analysis._build import ExecutionGraph, build_graph, small_pages

@@ -33,7 +33,7 @@ from prism_rr.analysis._columns import ColumnReader, _add_by_step
 from prism_rr.analysis._divergence import call_divergences, call_structure, data_checked, replay_data
 from prism_rr.analysis._build import signature
 from prism_rr.analysis._steps import step_durations
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 
 __all__ = ["BundleDiff", "GroupDifference", "NeverCompleted", "SequenceDifference", "StepTime", "call_facts",
            "diff_bundles", "diff_json", "diff_lines"]

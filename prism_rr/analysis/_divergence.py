@@ -25,7 +25,7 @@ from typing import Any
 from prism_rr.format import ops
 from prism_rr.format.reader import Bundle
 from prism_rr.format.records import Collective, PointToPoint
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 
 __all__ = ["CallDivergence", "call_divergence", "call_divergences", "call_structure", "data_checked",
            "replay_data", "structure_of"]

@@ -15,7 +15,7 @@ import zstandard
 
 from prism_rr.errors import FormatError
 from prism_rr.format import layout
-from prism_rr.format.text import safe
+from prism_rr.text import safe
 from prism_rr.format.records import (
     K_END,
     K_RANKS,
@@ -691,7 +691,7 @@ def _table_fields(cls, columns, constants, n: int, where: str) -> tuple[dict[str
         if not all(map(check, distinct)):
             raise FormatError(f"{where}: field {name} has a value of the wrong type")
         if name in _TEXT_FIELDS[cls] and not all(map(_printable, distinct)):
-            if name in varying:  # display-safe as read (format/text.safe): rare, a stranger's bundle
+            if name in varying:  # display-safe as read (prism_rr.text.safe): rare, a stranger's bundle
                 varying[name] = tuple(map(safe, varying[name]))
             else:
                 fixed[name] = safe(fixed[name])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.specs import format_ranks
 
 __all__ = ["DEVICE_CLOCKS", "FATAL_SIGNALS", "attempt_endings", "bundle_facts", "crash_reason", "device_time_facts",

@@ -18,7 +18,7 @@ from prism_rr.format import codec, layout
 from prism_rr.format.facts import bundle_facts, failed_steps
 from prism_rr.format.records import Record
 from prism_rr.format.spool import Frame, parse_frame
-from prism_rr.format.text import quoted, safe, shown
+from prism_rr.text import quoted, safe, shown
 
 # Deferred imports: format.summaries (numpy) until a 1.1 bundle's summary tables are read;
 # `prism-rr info` on an older bundle, and a rank's start-up, never pay for numpy.
@@ -305,7 +305,7 @@ class Bundle:
 
     def rank_info(self, rank: int) -> dict:
         """What the recorder knew of one rank: argv, cwd, versions, clock, environment, ...,
-        its strings display-safe (format/text.safe), as every string a bundle hands out."""
+        its strings display-safe (prism_rr.text.safe), as every string a bundle hands out."""
         info = self._rank_infos.get(rank, {})
         shown_info = self._shown_infos.get(rank)
         if shown_info is None:

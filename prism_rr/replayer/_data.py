@@ -18,7 +18,7 @@ import torch
 
 from prism_rr.errors import FormatError
 from prism_rr.format import ops
-from prism_rr.format.text import quoted
+from prism_rr.text import quoted
 
 __all__ = ["build_grouped", "build_outputs", "from_blob", "from_bytes", "reduce", "reduce_counted", "write"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.intercept.stack import caller_stack
 
 __all__ = ["Divergence", "user_stack"]

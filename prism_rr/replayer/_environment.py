@@ -7,7 +7,7 @@ import re
 from importlib.metadata import PackageNotFoundError, version
 
 from prism_rr.errors import UsageError
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 
 # Deferred imports: torch until `_cuda_here` asks whether this host has CUDA: the launcher
 # checks a replay's environment (torch's version from its metadata) without importing torch.

@@ -7,7 +7,7 @@ import signal
 
 from prism_rr.analysis import step_durations
 from prism_rr.format.records import Collective, Compute, PointToPoint
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.replayer._environment import current_versions
 from prism_rr.replayer._hang import sentence
 from prism_rr.replayer._honesty import caveats, noise

@@ -37,7 +37,7 @@ from __future__ import annotations
 from prism_rr.format import ops
 from prism_rr.format.facts import crash_reason
 from prism_rr.format.records import Collective, PointToPoint
-from prism_rr.format.text import quoted, shown
+from prism_rr.text import quoted, shown
 
 # Deferred imports: torch.distributed until `raised` makes a recorded failure's exception
 # in a replayed rank; the launcher words its verdicts from this module without torch.

@@ -17,7 +17,7 @@ import os
 from statistics import mean, pstdev
 
 from prism_rr.format.facts import cpu_sharing
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 
 # Deferred imports: torch until `here` asks for this host's CUDA device; the card's noise
 # and caveats need none.

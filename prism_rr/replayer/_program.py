@@ -17,7 +17,7 @@ from math import prod
 from prism_rr.errors import FormatError, UsageError
 from prism_rr.format import ops
 from prism_rr.format.records import Collective, PointToPoint, Step
-from prism_rr.format.text import quoted
+from prism_rr.text import quoted
 
 __all__ = ["DTYPE_BYTES", "REDUCE_OPS", "Action", "Program", "program_of"]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from prism_rr.errors import UsageError
 from prism_rr.format.ops import lookup, shard_side
 from prism_rr.format.records import Collective, PointToPoint
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.specs import format_ranks, parse_replace_rank
 from prism_rr.topology.costmodel import CostModel, Fit, fit, samples
 from prism_rr.topology.roles import Roles

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from prism_rr.format.text import human_bytes, shown
+from prism_rr.text import human_bytes, shown
 
 __all__ = ["OUTPUT_FIELDS", "Transfers", "card_lines", "merged"]
 

@@ -43,7 +43,7 @@ from prism_rr.format import open_bundle, ops
 from prism_rr.format.blobs import blob_id
 from prism_rr.format.facts import FATAL_SIGNALS
 from prism_rr.format.records import PointToPoint
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.recorder import step
 from prism_rr.replayer import _divergence
 from prism_rr.replayer._hang import failed, recorded_exit

@@ -72,7 +72,7 @@ from pathlib import Path
 from prism_rr._version import __version__
 from prism_rr.errors import UsageError
 from prism_rr.format import open_bundle, pack
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.localrun import exit_code, free_port, kill_ranks, rank_env
 from prism_rr.recorder.launch import spool_dir_for
 from prism_rr.replayer._environment import check_environment, replay_env

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 from prism_rr.errors import UsageError
 from prism_rr.format import layout
 from prism_rr.format.spool import frame_info, read_spool
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 
 __all__ = ["Mesh", "Roles", "derive_roles", "is_replica_dim", "parse_mesh", "roles_for_mesh", "slice_ranks"]
 

@@ -32,7 +32,7 @@ from prism_rr.analysis import (
 )
 from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, PointToPoint, open_bundle, ops
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.specs import named_ranks
 from prism_rr.tui.model import FAR, TimelineModel
 

@@ -16,7 +16,7 @@ from textual.worker import WorkerFailed
 from prism_rr.errors import PrismError
 from prism_rr.format import Bundle, Collective, open_bundle
 from prism_rr.format.facts import bundle_facts
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.tui.commands import BundleCommands
 from prism_rr.tui.model import TimelineModel
 from prism_rr.tui.screens.attempts import AttemptsScreen

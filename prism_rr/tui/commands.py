@@ -13,7 +13,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 from textual.fuzzy import Matcher
 
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 
 __all__ = ["BundleCommands"]
 

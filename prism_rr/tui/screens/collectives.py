@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Static
 from textual.worker import get_current_worker
 
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.tui.analysis import compact_ranks, group_calls
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Label, Static
 
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.tui.analysis import compare_bundles
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter

@@ -11,7 +11,7 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from prism_rr.errors import PrismError
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.tui.analysis import lateness, run_apart, step_grid
 from prism_rr.tui.model import format_ns
 from prism_rr.tui.widgets.footer import KeyFooter

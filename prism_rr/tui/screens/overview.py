@@ -18,7 +18,7 @@ from textual.worker import get_current_worker
 
 from prism_rr.errors import PrismError
 from prism_rr.format.facts import attempt_endings, device_time_facts, device_time_line, ending_line
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.specs import named_ranks
 from prism_rr.tui.analysis import diagnose_apart, lateness, run_apart, step_grid
 from prism_rr.tui.model import format_ns

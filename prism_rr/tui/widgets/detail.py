@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from prism_rr.format import Collective, Compute, Marker, PointToPoint, ops
-from prism_rr.format.text import human_bytes, shown
+from prism_rr.text import human_bytes, shown
 from prism_rr.tui.model import FAR, TimelineModel, format_ns
 
 # Deferred imports: rich's Group and Console, where the details pane renders a table.

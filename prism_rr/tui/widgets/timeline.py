@@ -25,7 +25,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from prism_rr.format import Collective
-from prism_rr.format.text import shown
+from prism_rr.text import shown
 from prism_rr.tui import model as m
 
 __all__ = ["Timeline"]

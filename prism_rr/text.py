@@ -9,6 +9,9 @@ message that quotes a bundle and every screen of the terminal UI passes such a s
 through, to be cut to its place. The escaping itself is applied where format/ hands a
 string out (`safe`: the reader's manifest, rank info and groups, every record's text
 fields), so nothing downstream sees a raw one; `--json` gives those escaped strings whole.
+
+It stands on the lowest floor, beside `errors` (whose messages it makes one printable
+line), below `format/` and everything that shows a bundle's strings.
 """
 
 from __future__ import annotations
