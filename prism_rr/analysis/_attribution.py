@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prism_rr.analysis._build import clock_offsets
+from prism_rr.analysis._build import clock_offsets, read_columns
 from prism_rr.analysis._columns import ColumnReader
 from prism_rr.analysis._steps import CriticalPath, Segment
 from prism_rr.format import ops
@@ -1254,10 +1254,13 @@ def _attribute_graph(g: _Graph, step: int, candidates: int, of: Iterable[int] | 
 
 
 def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: list[int] | None = None,
-              candidates: int = MAX_CANDIDATES, of: Iterable[int] | None = None) -> Iterator[StepAttribution]:
+              candidates: int = MAX_CANDIDATES, of: Iterable[int] | None = None,
+              processes: int | None = None) -> Iterator[StepAttribution]:
     """`attribute_step` for each step (of `steps` a..b inclusive, if given), one step in
     memory at a time: what the TUI and `prism-rr analyze` read. `of`: only these ranks'
-    costs (each costs a re-timing of the step: diagnose asks for its stragglers')."""
+    costs (each costs a re-timing of the step: diagnose asks for its stragglers').
+    `processes`: as build_graph's (from PARALLEL_FROM_RANKS ranks, a second process reads
+    part of each batch)."""
     ranks = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     offsets = clock_offsets(bundle, ranks)
     every = _steps_of(bundle, ranks)
@@ -1271,7 +1274,7 @@ def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: li
     for i in range(0, len(todo), size):
         batch = todo[i : i + size]
         reader = ColumnReader(bundle, figures=False, attribution=True)
-        cols = [_slim(reader.rank(rank, offsets[rank], (batch[0], batch[-1]))) for rank in ranks]
+        cols = [_slim(c) for _, c in read_columns(bundle, reader, ranks, offsets, (batch[0], batch[-1]), processes)]
         calls = _batch(cols, ranks, reader.values)
         del cols
         for step in batch:

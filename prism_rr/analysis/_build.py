@@ -35,8 +35,8 @@ from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankT
 
 # Deferred imports: numpy's private huge-page switch, looked up where it is used (its module moved in numpy 2).
 
-__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "serve", "signature",
-           "small_pages"]
+__all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "read_columns", "serve",
+           "signature", "small_pages"]
 
 # Marker names that say something about what a bundle can show.
 _NOTABLE = frozenset({"recording_end", "recorder_failed", "call_failed", "recording_off", "records_dropped"})
@@ -235,14 +235,16 @@ class _Helper:
 
     @classmethod
     def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None,
-              figures: bool = True, clock_from: list[int] | None = None) -> _Helper | None:
+              figures: bool = True, clock_from: list[int] | None = None,
+              attribution: bool = False) -> _Helper | None:
         if processes is None:
             processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
         if processes < 2 or len(ranks) < 2:
             return None
         theirs = ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
         job = {"path": str(bundle.path.resolve()), "all": list(ranks if clock_from is None else clock_from), "ranks": theirs,
-               "steps": list(steps) if steps is not None else None, "figures": figures}
+               "steps": list(steps) if steps is not None else None, "figures": figures,
+               "attribution": attribution}
         proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._build import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         # The job (8192 ranks: some 70 KB) outgrows the pipe's buffer, so writing it waits
@@ -281,15 +283,19 @@ class _Helper:
 
 def serve() -> None:
     """A second reading process (_Helper's): reads {"path", "all": the ranks read,
-    "ranks": those to read here, "steps"} as JSON on stdin, writes dump_columns of what it
-    read on stdout, for ColumnReader.adopt in the process that started it. The clock
-    offsets are those of all the ranks read, as the process that started it computes them."""
+    "ranks": those to read here, "steps", "figures", "attribution"} as JSON on stdin,
+    writes dump_columns of what it read on stdout, for ColumnReader.adopt in the process
+    that started it. The clock offsets are those of all the ranks read, as the process
+    that started it computes them."""
     job = json.loads(sys.stdin.buffer.read())
     steps = tuple(job["steps"]) if job["steps"] is not None else None
     with small_pages(), open_bundle(job["path"]) as bundle:
         offsets = clock_offsets(bundle, job["all"])
-        reader = ColumnReader(bundle, job.get("figures", True))
+        reader = ColumnReader(bundle, job.get("figures", True), attribution=job.get("attribution", False))
         parts = [reader.rank(r, offsets[r], steps) for r in job["ranks"]]
+        if reader.attribution:
+            for c in parts:  # what attribution does not read is not sent
+                c.pos = c.sig = c.stack = None
         data = dump_columns(parts, reader.values)
     sys.stdout.buffer.write(data)
 
@@ -320,8 +326,17 @@ def _read(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[
     rows, arrays, values = got
     arrays = reader.adopt(arrays, values)
     parts = split_columns(rows, arrays)
-    into.update(arrays, lengths=np.array([len(c.pos) for c in parts], np.int64))
+    into.update(arrays, lengths=np.array([len(c.step) for c in parts], np.int64))
     yield from zip(theirs, parts)
+
+
+def read_columns(bundle: Bundle, reader: ColumnReader, ranks: list[int], offsets: dict[int, int],
+                 steps: tuple[int, int] | None = None, processes: int | None = None):
+    """(rank, reader.rank(rank, ...)) for each of `ranks` in order, the last part read by a
+    second process as in build_graph (`processes`), with `reader`'s options. `offsets`
+    must be clock_offsets(bundle, ranks), which the second process computes too."""
+    helper = _Helper.start(bundle, ranks, steps, processes, reader.figures, attribution=reader.attribution)
+    yield from _read(bundle, reader, ranks, offsets, steps, helper, {})
 
 
 def _trace(bundle: Bundle, cols: RankColumns, offset: int, values: list, steps) -> RankTrace:

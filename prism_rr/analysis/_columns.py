@@ -591,22 +591,27 @@ def _distinct(steps: np.ndarray) -> list[int]:
     return np.unique(steps).tolist()
 
 
-_ARRAYS = ("pos", "p2p", "group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack", "async_op")
+_ARRAYS = ("pos", "p2p", "group", "seq", "peer", "start", "end", "open", "step", "op", "sig", "stack", "async_op",
+           "issued", "has_issued", "tag", "structure")
+_WINDOWS = ("bounds", "step_span")  # rows of steps, not of calls
 _MARKER_FIELDS = ("start_ns", "end_ns", "step", "name", "value", "text")
 
 
 def dump_columns(parts: list[RankColumns], values: list) -> bytes:
-    """(columns, the values their ids stand for) as msgpack: each column of all the parts
-    as one array (dtype, shape, bytes), each part's facts and how many rows are its, values
-    as they are (tuples stay tuples on the way back). No pickle: the bytes cross a pipe
-    from a process that read a stranger's bundle."""
+    """(columns, the values their ids stand for) as msgpack: each column the parts have
+    (those left None are not sent) as one array of all the parts (dtype, shape, bytes),
+    each part's facts and how many rows are its, values as they are (tuples stay tuples on
+    the way back). No pickle: the bytes cross a pipe from a process that read a stranger's
+    bundle."""
     def array(a):
         return [a.dtype.str, list(a.shape), a.tobytes()]
 
-    blocks = [array(np.concatenate([getattr(c, n) for c in parts])) if parts else None for n in _ARRAYS]
-    rows = [[c.rank, c.events, c.first_ns, c.last_ns, len(c.pos),
+    names = [n for n in (*_ARRAYS, *_WINDOWS) if parts and getattr(parts[0], n) is not None]
+    blocks = [[n, array(np.concatenate([getattr(c, n) for c in parts]))] for n in names]
+    rows = [[c.rank, c.events, c.first_ns, c.last_ns, len(c.step),
              list(c.compute_ns.items()), list(c.comm_ns.items()), list(c.iteration_ns.items()),
-             sorted(c.steps_seen), [[pos, [getattr(m, f) for f in _MARKER_FIELDS]] for pos, m in c.markers]]
+             sorted(c.steps_seen), [[pos, [getattr(m, f) for f in _MARKER_FIELDS]] for pos, m in c.markers],
+             [len(getattr(c, n)) for n in _WINDOWS if n in names]]
             for c in parts]
     return msgpack.packb([rows, blocks, values], use_bin_type=True)
 
@@ -617,10 +622,12 @@ def load_columns(data: bytes) -> tuple[list, dict[str, np.ndarray], list]:
     rows, blocks, values = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
     arrays = {}
     if rows:
-        for name, a in zip(_ARRAYS, blocks):
+        for name, a in blocks:
             arrays[name] = np.frombuffer(a[2], dtype=np.dtype(a[0])).reshape(a[1])
         n = sum(r[4] for r in rows)
-        if any(len(v) != n for v in arrays.values()):
+        windows = [n for n in _WINDOWS if n in arrays]
+        if any(len(v) != n for k, v in arrays.items() if k not in windows) or any(
+                len(arrays[k]) != sum(r[10][i] for r in rows) for i, k in enumerate(windows)):
             raise ValueError("the columns and their parts' lengths disagree")
     return list(rows), arrays, list(values)
 
@@ -629,12 +636,18 @@ def split_columns(rows: list, arrays: dict[str, np.ndarray]) -> list[RankColumns
     """Each part's RankColumns (load_columns), its columns views of `arrays`."""
     parts = []
     at = 0
-    for rank, events, first, last, n, compute, comm, iteration, seen, markers in rows:
+    windows = [n for n in _WINDOWS if n in arrays]
+    at_window = [0] * len(windows)
+    for rank, events, first, last, n, compute, comm, iteration, seen, markers, counts in rows:
         c = RankColumns(rank=rank, events=events, first_ns=first, last_ns=last, compute_ns=dict(compute),
                         comm_ns=dict(comm), iteration_ns=dict(iteration), steps_seen=set(seen),
                         markers=[(pos, Marker(**dict(zip(_MARKER_FIELDS, m)))) for pos, m in markers])
         for name, a in arrays.items():
-            setattr(c, name, a[at:at + n])
+            if name not in windows:
+                setattr(c, name, a[at:at + n])
+        for i, name in enumerate(windows):
+            setattr(c, name, arrays[name][at_window[i]:at_window[i] + counts[i]])
+            at_window[i] += counts[i]
         at += n
         parts.append(c)
     return parts

@@ -388,3 +388,23 @@ def test_steps_read_in_batches_attribute_as_steps_read_one_by_one(tmp_path, monk
         for size in (1, 2, 4, 100):  # steps a batch
             monkeypatch.setattr(at, "BATCH_RECORDS", per_step * size)
             assert attribution_json(attribute(b)) == alone, size
+
+
+def test_a_second_process_reads_part_of_the_ranks_to_the_same_attribution(tmp_path):
+    """From PARALLEL_FROM_RANKS ranks a second process reads the last part of each batch:
+    its ranks' calls, windows and Step records give what reading them all here gives,
+    odd records and a rank that never ends its last step included."""
+    run = SimRun(6)
+    run.train(3, slow={5: 2 * MS})
+    run.compute(1000)
+    run.collective(0, skip=(4,))  # ranks 0-3 and 5 hang in a call rank 4 never makes
+    t = 5_000_000_000
+    odd = dict(step=1, op="all_reduce", group=0, in_shapes=(), in_dtypes=())
+    run.recs[5].append(Collective(start_ns=t, end_ns=t - 5, seq=99, **odd))  # ends before it starts
+    run.recs[4].append(Collective(start_ns=t + 1, end_ns=t + 9, seq=98, async_op=True, issued_ns=t - 10**9, **odd))
+    with open_bundle(run.bundle(tmp_path)) as b:
+        here = list(attribute(b, processes=1))
+        shared = list(attribute(b, processes=2))
+    assert attribution_json(shared) == attribution_json(here)
+    assert [a.critical_path for a in shared] == [a.critical_path for a in here]
+    assert [a.step for a in here] == [0, 1, 2, 3] and any(a.stragglers for a in here)
