@@ -14,6 +14,7 @@ which says what is wrong with it or reads it as records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import msgpack
 import numpy as np
@@ -77,6 +78,7 @@ _opt_strs = codec.field_check(Collective, "stack")
 
 _MISSING = object()
 _INT_OR_NONE = frozenset({int, type(None)})
+_INT64_MIN = -(1 << 63)
 
 
 @dataclass(slots=True)
@@ -339,14 +341,13 @@ class ColumnReader:
         if u.tell() != n or order is None or tables is None or order[0] != count:
             raise _Unexpected
         _, known, places = order
+        todo = [(kind, kpos) for kind, kpos in places.items() if kind not in skip]
+        if any(kind not in tables for kind, _ in todo):
+            raise _Unexpected
+        times = self._times_and_steps([(kind, *tables[kind], len(kpos)) for kind, kpos in todo])
         out = {}
-        for kind, kpos in places.items():
-            if kind in skip:
-                continue
-            if kind not in tables:
-                raise _Unexpected
-            cols, consts = tables[kind]
-            t = self._table(kind, cols, consts, len(kpos))
+        for (kind, kpos), got in zip(todo, times):
+            t = self._table(kind, *tables[kind], len(kpos), *got)
             t["kpos"] = kpos
             out[kind] = t
         return out, known
@@ -376,10 +377,9 @@ class ColumnReader:
         one = decode((value,))
         return (np.repeat(one, n) if isinstance(one, np.ndarray) else one * n), ("const", value)
 
-    def _table(self, kind: int, cols: dict, consts: dict, n: int) -> dict:
-        """{column: array} of one kind's table: times, steps and what its kind adds;
-        _Unexpected where a value is out of bounds or of another type."""
-        start, end, is_open, step = self._times_and_steps(kind, cols, consts, n)
+    def _table(self, kind: int, cols: dict, consts: dict, n: int, start, end, is_open, step) -> dict:
+        """{column: array} of one kind's table: its times and steps (_times_and_steps) and
+        what its kind adds; _Unexpected where a value is out of bounds or of another type."""
         t: dict = {"start": start, "end": np.where(is_open, 0, end), "open": is_open, "step": step}
         if kind == _COLL or kind == _P2P:
             self._calls(kind, cols, consts, n, t)
@@ -396,23 +396,65 @@ class ColumnReader:
                                                                step.tolist(), names, values, texts)]
         return t
 
-    def _times_and_steps(self, kind: int, cols: dict, consts: dict, n: int) -> tuple[np.ndarray, ...]:
-        """(start, end, open, step) of a table's records, times and steps within bounds."""
-        deltas = self._times(cols, consts, K_START, n)
-        if len(deltas) and not (abs(int(deltas[0])) <= _MAX_TIME
-                                and (n == 1 or int(np.abs(deltas[1:]).max()) <= _MAX_TIME // n)):
+    def _times_and_steps(self, tables: list[tuple]) -> list[tuple[np.ndarray, ...]]:
+        """(start, end, open, step) of the records of each of a chunk's tables (kind, cols,
+        consts, n), times and steps within bounds: each check made once over the chunk."""
+        if not tables:
+            return []
+        ns = [n for *_, n in tables]
+        total = sum(ns)
+        at = np.cumsum([0, *ns[:-1]])  # each table's first row
+        deltas = _ints(self._time_values(tables, K_START))
+        durations = self._time_values(tables, K_END, open_ok=True)
+        if None in durations:
+            is_open = np.array([d is None for d in durations], dtype=bool)
+            durs = _ints([0 if d is None else d for d in durations])
+        else:
+            is_open, durs = np.zeros(total, bool), _ints(durations)
+        if len(deltas) != total or len(durs) != total:
             raise _Unexpected
-        start = np.cumsum(deltas)
-        durs, is_open = self._durations(cols, consts, n)
-        if n and (int(np.abs(start).max()) > _MAX_TIME or int(np.abs(durs).max()) >= _MAX_TIME):
+        # a table's first delta is its first start, the others what each start adds to the last:
+        # no larger than _MAX_TIME over the table's rows (as np.abs reads them)
+        first = deltas[at]
+        limit = np.repeat(np.array([_MAX_TIME // n for n in ns], np.int64), ns)
+        tail = deltas.copy()
+        tail[at] = 0
+        if (first == _INT64_MIN).any() or (np.abs(first) > _MAX_TIME).any() or (np.abs(tail) > limit).any():
+            raise _Unexpected
+        run = np.cumsum(tail)  # wraps as each table's own sum would: the difference is exact
+        start = run - np.repeat(run[at], ns) + np.repeat(first, ns)
+        if int(np.abs(start).max()) > _MAX_TIME or int(np.abs(durs).max()) >= _MAX_TIME:
             raise _Unexpected
         end = start + durs
-        if n and int(np.abs(np.where(is_open, start, end)).max()) > _MAX_TIME:
+        if int(np.abs(np.where(is_open, start, end)).max()) > _MAX_TIME:
             raise _Unexpected
-        step, _ = self._column(kind, cols, consts, K_STEP, n, _MISSING, _int_column)
-        if n and not (_MIN_STEP <= int(step.min()) and int(step.max()) <= _MAX_STEP):
+        steps = [self._column(kind, cols, consts, K_STEP, n, _MISSING, _int_column)[0]
+                 for kind, cols, consts, n in tables]
+        step = np.concatenate(steps) if len(steps) > 1 else steps[0]
+        if not (_MIN_STEP <= int(step.min()) and int(step.max()) <= _MAX_STEP):
             raise _Unexpected
-        return start, end, is_open, step
+        bounds = [(a, a + n) for a, n in zip(at.tolist(), ns)]
+        return [(start[a:b], end[a:b], is_open[a:b], s) for (a, b), s in zip(bounds, steps)]
+
+    def _time_values(self, tables: list[tuple], wire: int, open_ok: bool = False) -> tuple:
+        """A time column of each table, joined: its values as the chunk holds them (a
+        constant repeated; an absent end column: every record open, None). Each table's
+        own values must read as int64 (_ints): a column of booleans alone does not."""
+        out = []
+        for _, cols, consts, n in tables:
+            if wire in cols:
+                v = msgpack.unpackb(cols[wire], raw=False, use_list=False, strict_map_key=False)
+                if type(v) is not tuple or len(v) != n:
+                    raise _Unexpected
+                if type(v[0]) is bool or type(v[-1]) is bool:  # (rare) as _ints reads it alone
+                    _ints([0 if x is None else x for x in v] if open_ok else v)
+                out.append(v)
+                continue
+            value = consts.get(wire, None if open_ok else _MISSING)
+            if type(value) is not int and not (open_ok and value is None):
+                raise _Unexpected
+            out.append((value,) * n)
+        return out[0] if len(out) == 1 else tuple(chain.from_iterable(out))
 
     def _calls(self, kind: int, cols: dict, consts: dict, n: int, t: dict) -> None:
         """A call table's columns into `t`: op, group, seq, peer, async_op, stack, each
@@ -455,17 +497,6 @@ class ColumnReader:
                 got = self._memo[key] = self._signatures(coll, [ids for ids, _ in parts], _structure)
             t["structure"] = got
 
-    def _times(self, cols, consts, wire, n):
-        if wire in cols:
-            v = msgpack.unpackb(cols[wire], raw=False, use_list=False, strict_map_key=False)
-            if type(v) is not tuple or len(v) != n:
-                raise _Unexpected
-            return _ints(v)
-        value = consts.get(wire, _MISSING)
-        if value is _MISSING or type(value) is not int:
-            raise _Unexpected
-        return np.full(n, value, np.int64)
-
     def _issued(self, cols, consts, n) -> tuple[np.ndarray, np.ndarray]:
         """(when each call returned to its caller, whether the record says)."""
         if K_ISSUED in cols:
@@ -486,24 +517,6 @@ class ColumnReader:
         if type(value) is not int or abs(value) > _MAX_TIME:
             raise _Unexpected
         return np.full(n, value, np.int64), np.ones(n, bool)
-
-    def _durations(self, cols, consts, n):
-        if K_END in cols:
-            v = msgpack.unpackb(cols[K_END], raw=False, use_list=False, strict_map_key=False)
-            if type(v) is not tuple or len(v) != n:
-                raise _Unexpected
-            if None in v:
-                is_open = np.array([d is None for d in v], dtype=bool)
-                v = [0 if d is None else d for d in v]
-            else:
-                is_open = np.zeros(n, bool)
-            return _ints(v), is_open
-        value = consts.get(K_END, None)
-        if value is None:
-            return np.zeros(n, np.int64), np.ones(n, bool)
-        if type(value) is not int:
-            raise _Unexpected
-        return np.full(n, value, np.int64), np.zeros(n, bool)
 
     def _ids_of(self, check):
         def decode(col):
