@@ -323,4 +323,4 @@ def test_the_command_line_reaches_the_library_only_through_the_api():
             named |= {f"{node.module}.{a.name}" if node.module == "prism_rr" else node.module for a in node.names}
         elif isinstance(node, ast.Import):
             named |= {a.name for a in node.names if a.name.startswith("prism_rr")}
-    assert named == {"prism_rr.api", "prism_rr.__version__", "prism_rr.errors", "prism_rr.specs"}, named
+    assert named == {"prism_rr.api", "prism_rr._version", "prism_rr.errors", "prism_rr.specs"}, named
