@@ -33,7 +33,8 @@ from prism_rr.analysis._columns import (
 )
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
-# Deferred imports: numpy's private huge-page switch, looked up where it is used (its module moved in numpy 2).
+# Deferred imports: numpy's private huge-page switch, looked up where it is used (its module moved in numpy 2);
+# _diff's comparison in the second process (serve), as _diff imports this module.
 
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "read_columns", "serve",
            "signature", "small_pages"]
@@ -237,14 +238,36 @@ class _Helper:
     def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None,
               figures: bool = True, clock_from: list[int] | None = None,
               attribution: bool = False) -> _Helper | None:
+        theirs = cls._share(ranks, processes)
+        if theirs is None:
+            return None
+        job = {"path": str(bundle.path.resolve()), "all": list(ranks if clock_from is None else clock_from), "ranks": theirs,
+               "steps": list(steps) if steps is not None else None, "figures": figures,
+               "attribution": attribution}
+        return cls._spawn(job, theirs)
+
+    @classmethod
+    def comparing(cls, a: Bundle, b: Bundle, ranks: list[int], steps, processes: int | None) -> _Helper | None:
+        """One comparing the last part of `ranks` of bundles A and B as `diff` does
+        (`_diff.compare_ranks`), its output() that function's message."""
+        theirs = cls._share(ranks, processes)
+        if theirs is None:
+            return None
+        job = {"diff": [str(a.path.resolve()), str(b.path.resolve())], "ranks": theirs,
+               "steps": list(steps) if steps is not None else None}
+        return cls._spawn(job, theirs)
+
+    @classmethod
+    def _share(cls, ranks: list[int], processes: int | None) -> list[int] | None:
+        """The ranks a second process takes; None where none is started."""
         if processes is None:
             processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
         if processes < 2 or len(ranks) < 2:
             return None
-        theirs = ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
-        job = {"path": str(bundle.path.resolve()), "all": list(ranks if clock_from is None else clock_from), "ranks": theirs,
-               "steps": list(steps) if steps is not None else None, "figures": figures,
-               "attribution": attribution}
+        return ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
+
+    @classmethod
+    def _spawn(cls, job: dict, theirs: list[int]) -> _Helper:
         proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._build import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         # The job (8192 ranks: some 70 KB) outgrows the pipe's buffer, so writing it waits
@@ -260,8 +283,8 @@ class _Helper:
         except OSError:  # it ended: result() sees it fail, and the ranks are read here
             pass
 
-    def result(self) -> tuple[list, dict[str, np.ndarray], list] | None:
-        """What it read (load_columns), or None if it failed (a malformed chunk, no memory, ...)."""
+    def output(self) -> bytes | None:
+        """What it wrote, or None if it failed (a malformed chunk, no memory, ...)."""
         proc = self.proc
         try:
             data = proc.stdout.read()
@@ -269,6 +292,11 @@ class _Helper:
             proc.stdout.close()
             if proc.wait() != 0:
                 data = None
+        return data
+
+    def result(self) -> tuple[list, dict[str, np.ndarray], list] | None:
+        """What it read (load_columns), or None if it failed."""
+        data = self.output()
         if data is None:
             return None
         got = load_columns(data)  # our own child's output, as plain data
@@ -286,9 +314,17 @@ def serve() -> None:
     "ranks": those to read here, "steps", "figures", "attribution"} as JSON on stdin,
     writes dump_columns of what it read on stdout, for ColumnReader.adopt in the process
     that started it. The clock offsets are those of all the ranks read, as the process
-    that started it computes them."""
+    that started it computes them. Or, given {"diff": [path A, path B], "ranks", "steps"},
+    writes what `_diff.compare_ranks` finds of those ranks."""
     job = json.loads(sys.stdin.buffer.read())
     steps = tuple(job["steps"]) if job["steps"] is not None else None
+    if "diff" in job:
+        from prism_rr.analysis._diff import compare_ranks
+
+        with small_pages(), open_bundle(job["diff"][0]) as a, open_bundle(job["diff"][1]) as b:
+            data = compare_ranks(a, b, job["ranks"], steps)
+        sys.stdout.buffer.write(data)
+        return
     with small_pages(), open_bundle(job["path"]) as bundle:
         offsets = clock_offsets(bundle, job["all"])
         reader = ColumnReader(bundle, job.get("figures", True), attribution=job.get("attribution", False))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
+import msgpack
 import numpy as np
 
 from prism_rr.errors import UsageError
@@ -31,7 +32,7 @@ from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.specs import format_ranks
 from prism_rr.analysis._columns import ColumnReader, _add_by_step
 from prism_rr.analysis._divergence import call_divergences, call_structure, data_checked, replay_data
-from prism_rr.analysis._build import signature
+from prism_rr.analysis._build import _Helper, signature
 from prism_rr.analysis._steps import step_durations
 from prism_rr.text import shown
 
@@ -272,14 +273,16 @@ def _first_difference(x: tuple | None, y: tuple | None) -> int | None:
     return n if len(x[0]) != len(y[0]) else None
 
 
-def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
+def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True, processes: int | None = None) -> BundleDiff:
     """Compare B against A: sequences of calls per (rank, group), group memberships, and
     per step and rank the time. Ranks recorded in only one bundle are listed, not compared;
     where the recorded steps differ, only the steps both hold are compared.
 
     `columns`: each rank is read as columns and its sequences compared as arrays; only a
     sequence that differs is read again as records (for the report). False reads every
-    rank as records (the reference the tests hold the columns to)."""
+    rank as records (the reference the tests hold the columns to). `processes`: as
+    build_graph's: from PARALLEL_FROM_RANKS ranks a second process compares the last part
+    of the ranks (compare_ranks) meanwhile."""
     ra, rb = set(a.recorded_ranks), set(b.recorded_ranks)
     steps = _common_steps(a, b)
     # Data counts only where one is the recording of a replay of the other (call_divergence)
@@ -289,6 +292,17 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
         a_recorded = not made_up
     out = BundleDiff(world=(a.world_size, b.world_size), ranks=sorted(ra & rb),
                      only_a=sorted(ra - rb), only_b=sorted(rb - ra), steps=steps)
+    helper = (_Helper.comparing(a, b, [r for r in out.ranks if r not in made_up], steps, processes)
+              if columns else None)
+    try:
+        return _diff(a, b, out, steps, made_up, a_recorded, columns, helper)
+    finally:
+        if helper is not None:
+            helper.stop()
+
+
+def _diff(a: Bundle, b: Bundle, out: BundleDiff, steps, made_up, a_recorded: bool, columns: bool,
+          helper: _Helper | None) -> BundleDiff:
     ga = {g["id"]: tuple(g["ranks"]) for g in a.groups}
     gb = {g["id"]: tuple(g["ranks"]) for g in b.groups}
     out.groups = [GroupDifference(group=g, a=ga[g], b=gb[g]) for g in sorted(ga.keys() & gb.keys())
@@ -301,22 +315,24 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     calls_a = calls_b = 0
     keys: dict = {}
     col_a, col_b = _Columns(a, keys), _Columns(b, keys)
+    theirs: dict[int, tuple] = {}
     for rank in out.ranks:
         data = rank in made_up
         if columns and not data:
-            seq_a, comm_a, na, open_a = col_a.rank(rank, steps)
-            seq_b, comm_b, nb, open_b = col_b.rank(rank, steps)
-            parting = [g for g in sorted(seq_a.keys() | seq_b.keys())
-                       if _first_difference(seq_a.get(g), seq_b.get(g)) is not None]
+            if helper is not None and rank == helper.theirs[0]:
+                theirs = _compared(helper.output(), helper.theirs)  # (failed: {}, compared here)
+            got = theirs.pop(rank, None)
+            parting, comm_a, comm_b, na, nb, never = got if got is not None else _compare(col_a, col_b, rank, steps)
             if parting:  # the calls themselves, for the report
                 rec_a, rec_b = _read_rank(a, rank, steps)[0], _read_rank(b, rank, steps)[0]
         else:
             rec_a, comm_a, na, open_a = _read_rank(a, rank, steps)
             rec_b, comm_b, nb, open_b = _read_rank(b, rank, steps)
             parting = sorted(rec_a.keys() | rec_b.keys())
+            never = _one_sided(rank, open_a, open_b)
         calls_a += na
         calls_b += nb
-        out.never_completed += _one_sided(rank, open_a, open_b)
+        out.never_completed += never
         for group in parting:
             found = _first_parted(rank, group, rec_a, rec_b, made_up if data else None, a_recorded)
             if found is not None:
@@ -330,6 +346,43 @@ def diff_bundles(a: Bundle, b: Bundle, *, columns: bool = True) -> BundleDiff:
     out.sequences.sort(key=lambda d: (d.step, d.rank, d.group, d.index))
     out.never_completed.sort(key=lambda c: (c.step, c.rank, c.group, c.seq, c.side))
     return out
+
+
+def _compare(col_a: _Columns, col_b: _Columns, rank: int, steps) -> tuple:
+    """Rank `rank` of A and B as columns: (the groups whose sequences part, the time
+    inside calls per step in A and in B, the calls in A and in B, the calls one side
+    never completed)."""
+    seq_a, comm_a, na, open_a = col_a.rank(rank, steps)
+    seq_b, comm_b, nb, open_b = col_b.rank(rank, steps)
+    parting = [g for g in sorted(seq_a.keys() | seq_b.keys())
+               if _first_difference(seq_a.get(g), seq_b.get(g)) is not None]
+    return parting, comm_a, comm_b, na, nb, _one_sided(rank, open_a, open_b)
+
+
+def compare_ranks(a: Bundle, b: Bundle, ranks: list[int], steps: tuple[int, int] | None) -> bytes:
+    """_compare of each of `ranks`, as msgpack of plain values: what the second process
+    (`_build.serve`) sends back."""
+    keys: dict = {}
+    col_a, col_b = _Columns(a, keys), _Columns(b, keys)
+    rows = []
+    for rank in ranks:
+        parting, comm_a, comm_b, na, nb, never = _compare(col_a, col_b, rank, steps)
+        rows.append([rank, parting, list(comm_a.items()), list(comm_b.items()), na, nb,
+                     [[c.side, c.group, c.seq, c.op, c.step] for c in never]])
+    return msgpack.packb(rows, use_bin_type=True)
+
+
+def _compared(data: bytes | None, ranks: list[int]) -> dict[int, tuple]:
+    """What compare_ranks sent of `ranks`, by rank; {} where the process failed."""
+    if data is None:
+        return {}
+    rows = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+    if [r[0] for r in rows] != ranks:
+        return {}
+    return {rank: (list(parting), dict(comm_a), dict(comm_b), na, nb,
+                   [NeverCompleted(side=side, rank=rank, group=group, seq=seq, op=op, step=step)
+                    for side, group, seq, op, step in never])
+            for rank, parting, comm_a, comm_b, na, nb, never in rows}
 
 
 def _first_parted(rank: int, group: int, rec_a: dict, rec_b: dict, made_up, a_recorded: bool):

@@ -78,10 +78,12 @@ def test_cli_diff_of_recorded_runs(recorded, tmp_path):
 
 def _both_ways(a, b):
     """diff_bundles(a, b), which reads columns, after checking it says what reading every
-    rank's records says."""
+    rank's records says, and what a second process comparing half the ranks says."""
     with open_bundle(a) as ba, open_bundle(b) as bb:
-        d = diff_bundles(ba, bb)
+        d = diff_bundles(ba, bb, processes=1)
         assert diff_json(d) == diff_json(diff_bundles(ba, bb, columns=False))
+        shared = diff_bundles(ba, bb, processes=2)
+        assert diff_json(shared) == diff_json(d) and diff_lines(shared) == diff_lines(d)
         return d
 
 
