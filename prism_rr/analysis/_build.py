@@ -230,6 +230,9 @@ class _Helper:
     # This process also matches and diagnoses after reading; the helper also starts an
     # interpreter and sends its columns: it reads a little less than half.
     SHARE = 0.42
+    # ... where this process only waits for it (a batch of attribution, diff's comparison):
+    # nearly half, its start-up the difference.
+    WAITED_SHARE = 0.48
 
     def __init__(self, proc, theirs: list[int]):
         self.proc, self.theirs = proc, theirs
@@ -238,7 +241,7 @@ class _Helper:
     def start(cls, bundle: Bundle, ranks: list[int], steps, processes: int | None,
               figures: bool = True, clock_from: list[int] | None = None,
               attribution: bool = False) -> _Helper | None:
-        theirs = cls._share(ranks, processes)
+        theirs = cls._share(ranks, processes, cls.WAITED_SHARE if attribution else cls.SHARE)
         if theirs is None:
             return None
         job = {"path": str(bundle.path.resolve()), "all": list(ranks if clock_from is None else clock_from), "ranks": theirs,
@@ -250,7 +253,7 @@ class _Helper:
     def comparing(cls, a: Bundle, b: Bundle, ranks: list[int], steps, processes: int | None) -> _Helper | None:
         """One comparing the last part of `ranks` of bundles A and B as `diff` does
         (`_diff.compare_ranks`), its output() that function's message."""
-        theirs = cls._share(ranks, processes)
+        theirs = cls._share(ranks, processes, cls.WAITED_SHARE)
         if theirs is None:
             return None
         job = {"diff": [str(a.path.resolve()), str(b.path.resolve())], "ranks": theirs,
@@ -258,13 +261,13 @@ class _Helper:
         return cls._spawn(job, theirs)
 
     @classmethod
-    def _share(cls, ranks: list[int], processes: int | None) -> list[int] | None:
-        """The ranks a second process takes; None where none is started."""
+    def _share(cls, ranks: list[int], processes: int | None, share: float) -> list[int] | None:
+        """The last `share` of `ranks`, which a second process takes; None where none is started."""
         if processes is None:
             processes = 2 if len(ranks) >= PARALLEL_FROM_RANKS and (os.cpu_count() or 1) > 1 else 1
         if processes < 2 or len(ranks) < 2:
             return None
-        return ranks[len(ranks) - max(1, int(len(ranks) * cls.SHARE)):]
+        return ranks[len(ranks) - max(1, int(len(ranks) * share)):]
 
     @classmethod
     def _spawn(cls, job: dict, theirs: list[int]) -> _Helper:
