@@ -193,16 +193,16 @@ class ColumnReader:
         whole = steps is None  # every record of each chunk: times and counts from the index
         for ref in refs:
             try:
-                tables, known = self._chunk(ref, whole)
+                tables, known, inside = self._chunk(ref, whole, steps)
             except _Unexpected:
-                tables, known = self._from_records(ref)
+                (tables, known), inside = self._from_records(ref), False
             if whole and ref.count:
                 out.events += known
                 lo, hi = ref.t_first - offset, ref.t_last - offset
                 out.first_ns = lo if out.first_ns is None else min(out.first_ns, lo)
                 out.last_ns = hi if out.last_ns is None else max(out.last_ns, hi)
             for kind, t in tables.items():
-                if steps is not None:
+                if not inside:
                     t = tables[kind] = _in_steps(t, steps)
                 if len(t["step"]):
                     self._fold(out, kind, t, offset, whole, base, comm, spans)
@@ -285,9 +285,10 @@ class ColumnReader:
 
     # --- a chunk, from its tables -------------------------------------------------------
 
-    def _chunk(self, ref: ChunkRef, whole: bool) -> tuple[dict[int, dict], int]:
-        """{kind: columns} of the kinds read here, and how many known records the chunk
-        holds. `whole`: memory samples and group records, which only count, are not read."""
+    def _chunk(self, ref: ChunkRef, whole: bool, steps) -> tuple[dict[int, dict], int, bool]:
+        """{kind: columns} of the kinds read here, how many known records the chunk holds,
+        and whether every record read is of `steps` a..b (None: all are). `whole`: memory
+        samples and group records, which only count, are not read."""
         b = self.bundle
         frame = b._frame(ref)
         at = f"{b.path.name}: chunks section, offset {frame.offset}"
@@ -295,13 +296,13 @@ class ColumnReader:
         if len(raw) != frame.raw_len:
             raise _Unexpected
         try:
-            return self._tables(raw, ref.count, (_SKIPPED if self.figures else _NO_FIGURES) if whole else ())
+            return self._tables(raw, ref.count, (_SKIPPED if self.figures else _NO_FIGURES) if whole else (), steps)
         except MemoryError:
             raise
         except Exception:  # msgpack and numpy raise many types on a stranger's bytes: the reader judges
             raise _Unexpected from None
 
-    def _tables(self, raw: bytes, count: int, skip) -> tuple[dict[int, dict], int]:
+    def _tables(self, raw: bytes, count: int, skip, steps=None) -> tuple[dict[int, dict], int, bool]:
         n = len(raw)
         u = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False, max_buffer_size=max(n, 1),
                              max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n, max_ext_len=0)
@@ -344,13 +345,14 @@ class ColumnReader:
         todo = [(kind, kpos) for kind, kpos in places.items() if kind not in skip]
         if any(kind not in tables for kind, _ in todo):
             raise _Unexpected
-        times = self._times_and_steps([(kind, *tables[kind], len(kpos)) for kind, kpos in todo])
+        times, lo, hi = self._times_and_steps([(kind, *tables[kind], len(kpos)) for kind, kpos in todo])
+        inside = steps is None or (lo is not None and steps[0] <= lo and hi <= steps[1])
         out = {}
         for (kind, kpos), got in zip(todo, times):
             t = self._table(kind, *tables[kind], len(kpos), *got)
             t["kpos"] = kpos
             out[kind] = t
-        return out, known
+        return out, known, inside
 
     def _decoded(self, key, decode):
         got = self._memo.get(key)
@@ -396,11 +398,12 @@ class ColumnReader:
                                                                step.tolist(), names, values, texts)]
         return t
 
-    def _times_and_steps(self, tables: list[tuple]) -> list[tuple[np.ndarray, ...]]:
+    def _times_and_steps(self, tables: list[tuple]) -> tuple[list[tuple[np.ndarray, ...]], int | None, int | None]:
         """(start, end, open, step) of the records of each of a chunk's tables (kind, cols,
-        consts, n), times and steps within bounds: each check made once over the chunk."""
+        consts, n), times and steps within bounds: each check made once over the chunk; and
+        the least and greatest step (None without records)."""
         if not tables:
-            return []
+            return [], None, None
         ns = [n for *_, n in tables]
         total = sum(ns)
         at = np.cumsum([0, *ns[:-1]])  # each table's first row
@@ -431,10 +434,11 @@ class ColumnReader:
         steps = [self._column(kind, cols, consts, K_STEP, n, _MISSING, _int_column)[0]
                  for kind, cols, consts, n in tables]
         step = np.concatenate(steps) if len(steps) > 1 else steps[0]
-        if not (_MIN_STEP <= int(step.min()) and int(step.max()) <= _MAX_STEP):
+        lo, hi = int(step.min()), int(step.max())
+        if not (_MIN_STEP <= lo and hi <= _MAX_STEP):
             raise _Unexpected
         bounds = [(a, a + n) for a, n in zip(at.tolist(), ns)]
-        return [(start[a:b], end[a:b], is_open[a:b], s) for (a, b), s in zip(bounds, steps)]
+        return [(start[a:b], end[a:b], is_open[a:b], s) for (a, b), s in zip(bounds, steps)], lo, hi
 
     def _time_values(self, tables: list[tuple], wire: int, open_ok: bool = False) -> tuple:
         """A time column of each table, joined: its values as the chunk holds them (a
