@@ -33,8 +33,7 @@ from prism_rr.analysis._columns import (
 )
 from prism_rr.analysis._model import Crash, MatchedCall, Member, P2PMatch, RankTrace, StepStats
 
-# Deferred imports: numpy's private huge-page switch, looked up where it is used (its module moved in numpy 2);
-# _diff's comparison in the second process (serve), as _diff imports this module.
+# Deferred imports: numpy's private huge-page switch, looked up where it is used (its module moved in numpy 2).
 
 __all__ = ["ExecutionGraph", "build_graph", "clock_offset", "clock_offsets", "parse_crash", "read_columns", "serve",
            "signature", "small_pages"]
@@ -252,13 +251,13 @@ class _Helper:
     @classmethod
     def comparing(cls, a: Bundle, b: Bundle, ranks: list[int], steps, processes: int | None) -> _Helper | None:
         """One comparing the last part of `ranks` of bundles A and B as `diff` does
-        (`_diff.compare_ranks`), its output() that function's message."""
+        (`_diff.serve`), its output() the message of `_diff.compare_ranks`."""
         theirs = cls._share(ranks, processes, cls.WAITED_SHARE)
         if theirs is None:
             return None
         job = {"diff": [str(a.path.resolve()), str(b.path.resolve())], "ranks": theirs,
                "steps": list(steps) if steps is not None else None}
-        return cls._spawn(job, theirs)
+        return cls._spawn(job, theirs, "prism_rr.analysis._diff")
 
     @classmethod
     def _share(cls, ranks: list[int], processes: int | None, share: float) -> list[int] | None:
@@ -270,8 +269,9 @@ class _Helper:
         return ranks[len(ranks) - max(1, int(len(ranks) * share)):]
 
     @classmethod
-    def _spawn(cls, job: dict, theirs: list[int]) -> _Helper:
-        proc = subprocess.Popen([sys.executable, "-c", "from prism_rr.analysis._build import serve; serve()"],
+    def _spawn(cls, job: dict, theirs: list[int], module: str = "prism_rr.analysis._build") -> _Helper:
+        """The interpreter running `module`'s serve() on `job` (a fixed module of ours)."""
+        proc = subprocess.Popen([sys.executable, "-c", f"from {module} import serve; serve()"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         # The job (8192 ranks: some 70 KB) outgrows the pipe's buffer, so writing it waits
         # for the interpreter to start and read: a thread writes it, this one goes on.
@@ -317,17 +317,9 @@ def serve() -> None:
     "ranks": those to read here, "steps", "figures", "attribution"} as JSON on stdin,
     writes dump_columns of what it read on stdout, for ColumnReader.adopt in the process
     that started it. The clock offsets are those of all the ranks read, as the process
-    that started it computes them. Or, given {"diff": [path A, path B], "ranks", "steps"},
-    writes what `_diff.compare_ranks` finds of those ranks."""
+    that started it computes them."""
     job = json.loads(sys.stdin.buffer.read())
     steps = tuple(job["steps"]) if job["steps"] is not None else None
-    if "diff" in job:
-        from prism_rr.analysis._diff import compare_ranks
-
-        with small_pages(), open_bundle(job["diff"][0]) as a, open_bundle(job["diff"][1]) as b:
-            data = compare_ranks(a, b, job["ranks"], steps)
-        sys.stdout.buffer.write(data)
-        return
     with small_pages(), open_bundle(job["path"]) as bundle:
         offsets = clock_offsets(bundle, job["all"])
         reader = ColumnReader(bundle, job.get("figures", True), attribution=job.get("attribution", False))

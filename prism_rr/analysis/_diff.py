@@ -20,6 +20,8 @@ Each rank is read once per bundle, one rank at a time: memory holds one rank's c
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
@@ -27,17 +29,17 @@ import msgpack
 import numpy as np
 
 from prism_rr.errors import UsageError
-from prism_rr.format.reader import Bundle
+from prism_rr.format.reader import Bundle, open_bundle
 from prism_rr.format.records import Collective, PointToPoint
 from prism_rr.specs import format_ranks
 from prism_rr.analysis._columns import ColumnReader, _add_by_step
 from prism_rr.analysis._divergence import call_divergences, call_structure, data_checked, replay_data
-from prism_rr.analysis._build import _Helper, signature
+from prism_rr.analysis._build import _Helper, signature, small_pages
 from prism_rr.analysis._steps import step_durations
 from prism_rr.text import shown
 
 __all__ = ["BundleDiff", "GroupDifference", "NeverCompleted", "SequenceDifference", "StepTime", "call_facts",
-           "diff_bundles", "diff_json", "diff_lines"]
+           "compare_ranks", "diff_bundles", "diff_json", "diff_lines", "serve"]
 
 Call = Collective | PointToPoint
 
@@ -361,7 +363,7 @@ def _compare(col_a: _Columns, col_b: _Columns, rank: int, steps) -> tuple:
 
 def compare_ranks(a: Bundle, b: Bundle, ranks: list[int], steps: tuple[int, int] | None) -> bytes:
     """_compare of each of `ranks`, as msgpack of plain values: what the second process
-    (`_build.serve`) sends back."""
+    (serve) sends back."""
     keys: dict = {}
     col_a, col_b = _Columns(a, keys), _Columns(b, keys)
     rows = []
@@ -370,6 +372,16 @@ def compare_ranks(a: Bundle, b: Bundle, ranks: list[int], steps: tuple[int, int]
         rows.append([rank, parting, list(comm_a.items()), list(comm_b.items()), na, nb,
                      [[c.side, c.group, c.seq, c.op, c.step] for c in never]])
     return msgpack.packb(rows, use_bin_type=True)
+
+
+def serve() -> None:
+    """diff's second process (_build._Helper.comparing): reads {"diff": [path A, path B],
+    "ranks", "steps"} as JSON on stdin, writes compare_ranks of those ranks on stdout."""
+    job = json.loads(sys.stdin.buffer.read())
+    steps = tuple(job["steps"]) if job["steps"] is not None else None
+    with small_pages(), open_bundle(job["diff"][0]) as a, open_bundle(job["diff"][1]) as b:
+        data = compare_ranks(a, b, job["ranks"], steps)
+    sys.stdout.buffer.write(data)
 
 
 def _compared(data: bytes | None, ranks: list[int]) -> dict[int, tuple]:
