@@ -104,6 +104,7 @@ def __getattr__(name: str):
 
 Progress = Callable[[int, int], None]  # (done, total)
 Warn = Callable[[str], None]
+Consent = Callable[[list[str], bool], bool]  # (the recorded command's lines, asked for) -> run it?
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -476,19 +477,33 @@ def export(bundle, output, *, fmt: str = "chrome", ranks=None, steps=None, gzip:
         return writer(b, output, ranks=rank_list, steps=window, progress=progress)
 
 
-def replay(request, /, **asks) -> ReplayResult:
+def replay(request, /, consent: Consent | None = None, **asks) -> ReplayResult:
     """Replay a bundle: some ranks for real, the others as virtual peers. `request` is a
     ReplayRequest (what `prism-rr replay` builds), or the bundle's path with the request's
     fields as keywords: `prism_rr.replayer.replay`'s (`ranks="0,1"`, `cmd=[...]`;
     `attempt=N`: an attempt of a restarted job; `replace_rank="R@STEP"`, with
     `replace_downtime=` seconds or the bundle's estimate: what a rank replaced mid-run
     costs; `slow_rank=`, `comm_scale=`, ...: other what-ifs). Never raises on a
-    divergence or a recorded hang: see the result's exit_code (3, 7)."""
+    divergence or a recorded hang: see the result's exit_code (3, 7).
+
+    A request with neither a command nor the bundle as the program runs the command the
+    bundle names: its lines (`recorded_command_lines`) go to `consent(lines, asked)` first,
+    asked being `run_recorded_command`; it runs only if that returns True (UsageError
+    otherwise, or without `consent` where it was not asked for)."""
     from prism_rr.replayer.launch import ReplayRequest
     from prism_rr.replayer.launch import replay as run_replay
 
     request = ReplayRequest.of(request, asks)
     check_replayable(request.bundle, cmd=request.cmd, from_bundle=request.from_bundle)
+    if request.names_no_program and consent is not None:
+        lines = recorded_command_lines(request.bundle, request.ranks, attempt=request.attempt)
+        if not consent(lines, request.run_recorded_command):
+            bundle, ranks = Path(request.bundle), request.ranks
+            spec = ranks if isinstance(ranks, str) else format_ranks([ranks] if isinstance(ranks, int) else ranks)
+            raise UsageError(f"{bundle.name}: replay runs the command a bundle names only when asked: give the "
+                             f"command after -- (prism-rr replay {bundle} --ranks {spec} -- python "
+                             f"train.py), or pass --run-recorded-command")
+        request = request.agreed()
     return run_replay(request)
 
 

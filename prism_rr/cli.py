@@ -305,11 +305,7 @@ def replay(
         compute_scale=compute_scale, slow_rank=slow_rank, replace_rank=replace_rank,
         replace_downtime=replace_downtime, continue_on_divergence=continue_on_divergence, timeout=timeout,
         launcher=launcher, attempt=attempt)
-    api.check_replayable(bundle, cmd=request.cmd, from_bundle=from_bundle)
-    if request.names_no_program:
-        _consent_to_recorded_command(bundle, ranks, asked=run_recorded, attempt=attempt)
-        request = request.agreed()
-    _report_replay(api.replay(request), report)
+    _report_replay(api.replay(request, consent=_consent), report)
 
 
 def _report_replay(result, report: Path | None) -> None:
@@ -325,23 +321,18 @@ def _report_replay(result, report: Path | None) -> None:
         raise typer.Exit(result.exit_code)
 
 
-def _consent_to_recorded_command(bundle: Path, ranks, *, asked: bool, attempt: int | None = None) -> None:
-    """Show the command and directory the bundle names; go on only if the user asked for
-    them (--run-recorded-command) or says yes on a terminal. A bundle never runs on its own."""
-
-    refuse = (f"{bundle.name}: replay runs the command a bundle names only when asked: give the command "
-              f"after -- (prism-rr replay {bundle} --ranks {ranks} -- python train.py), "
-              f"or pass --run-recorded-command")
+def _consent(lines: list[str], asked: bool) -> bool:
+    """Show the command and directory the bundle names, and say whether to run them: the
+    user asked for them (--run-recorded-command), or says yes on a terminal. A bundle never
+    runs on its own."""
     if not asked and not sys.stdin.isatty():
-        raise UsageError(refuse)
-    for line in api.recorded_command_lines(bundle, ranks, attempt=attempt):
+        return False
+    for line in lines:
         _say(line)
     if asked:
-        return
+        return True
     print("run it? [y/N] ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline().strip().lower()
-    if answer not in ("y", "yes"):
-        raise UsageError(refuse)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 @app.command(epilog=EXIT_CODES)

@@ -47,6 +47,19 @@ def test_library_runs_the_recorded_command_only_when_asked(crafted):
     assert not marker.exists()
 
 
+def test_the_api_asks_before_it_runs_the_recorded_command(crafted):
+    """api.replay hands the recorded command's lines to the caller's consent first, and runs
+    nothing when it says no (what `prism-rr replay` asks on a terminal)."""
+    from prism_rr import api
+
+    bundle, marker, _ = crafted
+    seen = []
+    with pytest.raises(UsageError, match="only when asked"):
+        api.replay(bundle, ranks="0", timeout=30, consent=lambda lines, asked: seen.append((lines, asked)) or False)
+    assert len(seen) == 1 and seen[0][1] is False and "names this command for rank 0" in "\n".join(seen[0][0])
+    assert not marker.exists()
+
+
 @pytest.mark.timeout(60)
 def test_without_a_terminal_replay_stops_with_one_line(crafted):
     bundle, marker, user = crafted
