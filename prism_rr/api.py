@@ -172,7 +172,6 @@ class RecordResult:
     def failure_lines(self) -> list[str]:
         """A warning for each rank whose recorder turned itself off (the reason is the
         rank's words, made safe for a terminal)."""
-
         return [f"rank {f['rank']}: the recorder turned itself off at step {'?' if f['step'] is None else f['step']} "
                 f"({shown(f['reason'])}); the training went on, the rank's records stop there"
                 for f in self.recorder_failures]
@@ -216,7 +215,6 @@ def record(
     `warn` hears the warnings before packing as they come, and one that the spools could
     not all be removed. The result's `lines()` and `exit_status`: what `record` says and exits with.
     """
-
     request = launch.RecordRequest.make(cmd, output, options, nproc=nproc, node=node, timeout=timeout, **fields)
     said = _Warnings(warn)
     interrupts: list[dict] = []  # {signal, after_s} of a SIGINT or SIGTERM to this process
@@ -335,7 +333,6 @@ def _read_back(output: Path, packed: PackResult, *, check: bool) -> tuple[list[d
 def _check_packed(bundle, packed: PackResult) -> None:
     """FormatError unless the bundle just written reads back whole (verify, decode=False)
     with every attempt's ranks, chunks, records and blobs as pack counted them in the spools."""
-
     report = verify_bundle(bundle, decode=False)
     found = (len(bundle.recorded_ranks), report.chunks, report.events, report.blobs)
     expected = (packed.ranks, packed.chunks, packed.events, packed.blobs)
@@ -383,7 +380,6 @@ def _nothing_recorded(code: int, interrupts: list[dict]) -> PrismError:
 def _flight_result(output: Path, spool_dir: Path, code: int, warnings: list[str], steps: int,
                    interrupts: list[dict] = ()) -> RecordResult:
     """After a flight run: the dumps' bundles (those the triggers left unpacked packed now)."""
-
     if not any(any(spool_dir.glob(pattern)) for pattern in ("rank-*.log", "rank-*.crash", "flight-*")):
         raise _nothing_recorded(code, interrupts)
     bundles = finish_flight(spool_dir, output, steps)
@@ -408,7 +404,6 @@ def pack(spool_dir, output, *, redact: bool = False, stacks: bool = True,
     directory of `node-*/` directories stands for them), into one bundle; with `redact`,
     a copy safe to make public (see `prism_rr.format.redact`), its `bytes` the redacted
     file's size."""
-
     output = Path(output)
     target = output.with_name(output.name + ".unredacted") if redact else output
     dirs = spool_dir if isinstance(spool_dir, (list, tuple)) else Path(spool_dir)
@@ -427,14 +422,12 @@ def repair(spool_dir) -> list[tuple[Path, SpoolScan]]:
     """Cut torn or corrupt tails off every rank-*.spool in `spool_dir` (or in its node-*/
     directories, as `pack` finds them; the cut bytes are kept beside each as <name>.torn);
     each spool with what its scan found."""
-
     paths = [path for d in spool_dirs(Path(spool_dir)) for path in sorted(d.glob("rank-*.spool"))]
     return [(path, repair_spool(path)) for path in paths]
 
 
 def verify(bundle) -> VerifyReport:
     """Check every checksum, index entry, record and blob of a bundle; raises FormatError."""
-
     with open_bundle(bundle) as b:
         return verify_bundle(b)
 
@@ -536,7 +529,6 @@ def check_replayable(bundle, *, cmd=None, from_bundle: bool = False) -> None:
     Flight Recorder dumps (`prism-rr import fr`) names no command, and a redacted copy
     (`prism-rr redact`) names placeholders in its place, so each replays only the program
     given (`cmd`), or the bundle as the program (`from_bundle`)."""
-
     with open_bundle(bundle) as b:
         imported, redacted = b.manifest.get("imported"), b.manifest.get("redacted")
     if cmd or from_bundle:
@@ -557,7 +549,6 @@ def scale(bundle, output, *, dp: int, tp: int | None = None, pp: int | None = No
     `prism_rr.topology.scale.scale`); `bandwidth` may be a spec such as "50GB/s". With
     `compare` (a real recording at the target size) the note gains `compare`: how far the
     scaled transfer times are from that recording's. Returns the note of what was done."""
-
     if compare is not None:
 
         open_bundle(compare).close()  # a bad path fails before the work
@@ -585,7 +576,6 @@ class BundleInfo:
 
     def lines(self) -> list[str]:
         """`prism-rr info`'s lines, safe for a terminal."""
-
         return info_lines(self.facts)
 
 
@@ -593,7 +583,6 @@ def info(bundle, *, attempt: int | None = None) -> BundleInfo:
     """Format, world, ranks, groups, steps, events, size, losses and the manifest's notes
     (flight dump, nodes, clocks, import) of `bundle`, of `attempt` (default: the bundle's
     default one), and every attempt's ending; reads no chunk."""
-
     with open_bundle(bundle, attempt) as b:
         return BundleInfo(facts=b.facts())
 
@@ -677,7 +666,6 @@ def diagnose(bundle, *, attempt: int | None = None, window_events: int | None = 
 
 def attempts_of(bundle) -> list[int]:
     """The attempts a bundle holds (one, numbered 0, before format 1.2), in order."""
-
     with open_bundle(bundle) as b:
         return [a["attempt"] for a in b.attempts]
 
@@ -687,7 +675,6 @@ def analyze(bundle, *, steps=None, ranks=None, attempt: int | None = None) -> It
     critical path and each late rank's straggler cost: one step at a time, as it is read
     (the bundle stays open until the iterator is done). `steps` "A:B" (B excluded) and
     `ranks` "0,2,4-7" narrow it; UsageError, at once, when none of `ranks` was recorded."""
-
     window = step_window(steps)
     chosen = list(parse_ranks(ranks)) if ranks else None
     b = open_bundle(bundle, attempt)
@@ -774,7 +761,6 @@ def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None) 
 def redact(bundle, output, *, stacks: bool = True) -> dict[str, Any]:
     """Write a copy of `bundle` safe to make public (see `prism_rr.format.redact`);
     returns the note its manifest holds of what was removed."""
-
     return redact_bundle(bundle, output, stacks=stacks)
 
 
@@ -790,7 +776,6 @@ class Imported:
 
     def lines(self) -> list[str]:
         """`prism-rr import fr`'s line, safe for a terminal (forms and versions are the dumps')."""
-
         n = self.note
         left = n["trimmed"] + n["coalesced"] + n["unplaced"] + n["unread"]
         forms = ", ".join(shown(f, 40) for f in n["forms"])
@@ -803,7 +788,6 @@ class Imported:
 
 def import_fr(dumps, output, *, jobs: int | None = None, progress: Progress | None = None) -> Imported:
     """A bundle of PyTorch Flight Recorder dumps, one per rank (see `prism_rr.format.fr`)."""
-
     dumps = [dumps] if isinstance(dumps, (str, Path)) else list(dumps)
     return Imported(output=Path(output), note=read_dumps(dumps, output, jobs=jobs, progress=progress))
 
@@ -811,7 +795,6 @@ def import_fr(dumps, output, *, jobs: int | None = None, progress: Progress | No
 def flight_lines(result: RecordResult) -> list[str]:
     """What a flight recording says of the bundles its triggers wrote: for each, what
     fired, on which rank, at which step (read back from the bundle)."""
-
     if not result.flight:
         return ["flight: no trigger fired; nothing was written (the last steps stayed in memory)"]
     out = []
@@ -829,7 +812,6 @@ def record_env(output, options: RecordOptions | None = None, **fields) -> dict[s
     with `options` (or RecordOptions of `fields`): into OUTPUT.d/, or flight-mode dumps
     packed into OUTPUT, for launchers that cannot be wrapped: PRISM_RR_RECORD and
     PYTHONPATH (the hook's directory, to put first)."""
-
     output = Path(output).resolve()
     options = RecordOptions(**fields) if options is None else options
     env = hook_env(options.placed(spool_dir_for(output), output), base={})
@@ -841,20 +823,17 @@ def record_env(output, options: RecordOptions | None = None, **fields) -> dict[s
 
 def demo_plan(world: int = 4, pp: int = 1) -> demo.DemoPlan:
     """What `prism-rr demo` runs: the embedded GPT's command and layout (see `prism_rr.demo`)."""
-
     return demo.plan(world, pp)
 
 
 def record_demo(output, plan: demo.DemoPlan, *, warn: Warn | None = None, progress: Progress | None = None) -> RecordResult:
     """Record the embedded demo (steps 1-3 after a warm-up, digests, memory) into `output`."""
-
     return record(plan.launch, output, steps=demo.STEPS, payload=demo.PAYLOAD, memory=True,
                   timeout=demo.RECORD_TIMEOUT_S, warn=warn, progress=progress)
 
 
 def replay_demo(output, plan: demo.DemoPlan) -> ReplayResult:
     """Replay rank 0 of the demo's recording against virtual peers."""
-
     return replay(output, ranks="0", cmd=plan.train, timeout=demo.REPLAY_TIMEOUT_S)
 
 
@@ -878,7 +857,6 @@ def browse(bundle, compare=None, *, attempt: int | None = None) -> int:
 def scale_lines(note: dict[str, Any], output, *, bandwidth_given: bool = False) -> list[str]:
     """What `prism-rr scale` says of `scale`'s note, safe for a terminal (an op this
     version does not know is a family of its own, named as the bundle names it)."""
-
     fit = note["model"]["fit_error"]
     roles = note["roles"]
     out = [f"wrote {shown(output, None)}: world {note['to']['world_size']} ({roles} role{'s' if roles != 1 else ''} "

@@ -87,7 +87,6 @@ def info(
 ) -> None:
     """Describe a bundle: format, world, ranks, steps, events, size (reads no chunks), and,
     of a restarted job, every attempt and how each ended (exit codes, signals, who first)."""
-
     described = api.info(bundle, attempt=attempt)
     if as_json:
         print(json.dumps(described.json()))
@@ -98,7 +97,6 @@ def info(
 @app.command(epilog=EXIT_CODES)
 def verify(bundle: Path = typer.Argument(..., help="The .prism bundle to check.")) -> None:
     """Check every checksum, index entry, record and blob of a bundle."""
-
     report = api.verify(bundle)
     _say(
         f"{bundle}: ok ({report.sections} sections, {report.chunks} chunks, "
@@ -120,7 +118,6 @@ def pack(
     multi-node job go into one bundle, each node's run facts kept; a rank found twice is
     an error.
     """
-
     with _progress("packing ranks") as progress:
         result = api.pack(list(spool_dirs), output, redact=redact, stacks=stacks, progress=progress)
     for rank, why in sorted(result.torn.items()):
@@ -140,7 +137,6 @@ def repair(
 
     The removed bytes are kept beside each spool as <name>.torn.
     """
-
     scans = api.repair(spool_dir)
     repaired = 0
     for path, scan in scans:
@@ -194,7 +190,6 @@ def record(
     (see docs/recording.md). Where the launcher cannot be
     wrapped, `--print-env` prints the two lines to put in the job script instead.
     """
-
     if not cmd and not print_env:
         raise UsageError("give the training command after --, e.g. prism-rr record -o run.prism -- torchrun ...")
     flight_args = {} if flight is None else dict(
@@ -298,7 +293,6 @@ def replay(
     one where every input was recorded bytes is a divergence, exit 3). A rank whose
     program failed in the recording ends as it did (its exit code or signal).
     """
-
     request = api.ReplayRequest(
         bundle=bundle, ranks=ranks, cmd=cmd or None, run_recorded_command=run_recorded, from_bundle=from_bundle,
         report=report, output=output, output_payload=output_payload, timing=timing, comm_scale=comm_scale,
@@ -345,7 +339,6 @@ def demo(
     """Record the embedded demo: a small GPT trained with FSDP2 x DTensor tensor parallel
     (or pipelining with --pp) on gloo, 3 steps after 1 warm-up, then replay rank 0.
     """
-
     plan = api.demo_plan(world, pp)
     _say(f"recording the demo GPT at world {world}, {plan.layout}, steps 1-3 after 1 warm-up ...")
     with _progress("packing ranks") as progress:
@@ -446,7 +439,6 @@ def analyze(
     one rank at a time: two equally late ranks each cost little alone. One step is in
     memory at a time.
     """
-
     for piece in api.analysis_output(bundle, as_json=as_json, steps=steps, ranks=ranks, attempt=attempt):
         print(piece, end="")
 
@@ -478,7 +470,6 @@ def diff(
     a reference bundle in CI. Where the recorded steps differ, the steps both hold are
     compared, the step a failed run stopped in among them, up to where its records end.
     """
-
     result = api.diff(a, b, attempt=attempt, other_attempt=other_attempt)
     if as_json:
         print(json.dumps(result.json()))
@@ -516,7 +507,6 @@ def export(
     rank: group, seq, op, bytes, times, step) and compute/, a file per 1024 ranks each,
     steps.parquet, groups.parquet: DuckDB, polars, Spark and Trino read them as they are.
     """
-
     with _progress("exporting ranks") as progress:
         stats = api.export(bundle, output, fmt=fmt, ranks=ranks, steps=steps, gzip=gzip or None, attempt=attempt,
                            progress=progress)
@@ -545,7 +535,6 @@ def redact_cmd(
     allow-list. Kept: shapes, timings, groups and digests, so the copy still diagnoses and
     still drives a replay without payloads. The manifest says what was removed.
     """
-
     note = api.redact(bundle, output, stacks=stacks)
     _say(f"wrote {output} (redacted: {', '.join(sorted(k for k in note if k != 'version'))})")
 
@@ -562,7 +551,6 @@ def tui(
     Keys: 1-4 switch screens · F1 help · ? keys of this screen · ctrl+p search ops,
     groups and ranks · q quit. Only what is on screen is read, so 8192 ranks scroll.
     """
-
     code = api.browse(bundle, compare, attempt=attempt)  # a malformed bundle: one line, exit 4
     if code:
         raise typer.Exit(code)
@@ -589,7 +577,6 @@ def scale(
     recording. One representative per role is written, so a world of 8192 is a small file;
     replay it with `prism-rr replay big.prism --ranks 0`.
     """
-
     with _progress("writing ranks") as progress:
         note = api.scale(bundle, output, dp=dp, tp=tp, pp=pp, mesh=mesh, latency=latency, bandwidth=bandwidth,
                          compare=compare, progress=progress)
@@ -627,7 +614,6 @@ def import_fr(
     memory, the root of broadcasts and the reduce op; gloo dumps have no completion times
     and no sends or receives.
     """
-
     with _progress("reading dumps") as progress:
         imported = api.import_fr(dumps, output, jobs=jobs, progress=progress)
     if as_json:

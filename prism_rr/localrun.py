@@ -182,7 +182,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     shell starts a background job) stops every rank: SIGTERM, then SIGKILL after
     _TERM_GRACE_S, or at once on a second signal; the exit code is the first failing rank's.
     """
-
     p = argparse.ArgumentParser(prog="python -m prism_rr.localrun")
     p.add_argument("--nproc", type=int, required=True)
     p.add_argument("--timeout", type=float, default=24 * 3600.0)

@@ -54,18 +54,16 @@ def quoted(value: object, limit: int | None = LIMIT) -> str:
 def safe(value):
     """`value` as `format/` hands it to the rest of the code: every string in it (a
     container's items, keys and values too) with its unprintable characters escaped as
-    `shown` escapes them, but for line breaks and tabs (a crash report's lines), never cut. What holds no such character comes back as it is, the
-    same object, so a bundle of plain strings costs one `isprintable()` a string. The raw
-    value stays reachable by name only where a command needs it (`Bundle.raw_rank_info`:
-    a replay's argument vector and environment)."""
+    `shown` escapes them, never cut, but for line breaks and tabs: a crash report's lines
+    stay lines for what reads them line by line, and `shown` escapes them where a value is
+    put on one line. What holds no such character comes back as it is, the same object,
+    so a bundle of plain strings costs one `isprintable()` a string. The raw value stays
+    reachable by name only where a command needs it (`Bundle.raw_rank_info`: a replay's
+    argument vector and environment)."""
     kind = type(value)
     if kind is str:
         if value.isprintable():
             return value
-        if "\n" not in value and "\t" not in value:
-            return shown(value, None)
-        # a crash report's or a message's lines stay lines (what reads them splits them);
-        # shown escapes them where a value is put on one line
         return "".join(c if c.isprintable() or c in "\n\t" else _escaped(c) for c in value)
     if kind is tuple or kind is list:
         items = [safe(v) for v in value]

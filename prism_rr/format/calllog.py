@@ -85,7 +85,6 @@ def _libc_madvise():
 def _address(mm: mmap.mmap) -> int:
     """Where the mapping lies (its buffer let go at once: an export would keep it from
     closing)."""
-
     buf = ctypes.c_char.from_buffer(mm)
     try:
         return ctypes.addressof(buf)

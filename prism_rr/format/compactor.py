@@ -245,7 +245,6 @@ _NONE = object()
 
 def _blob_positions() -> dict:
     """Record kind -> the positions of its blob fields in its row."""
-
     at = {}
     for cls in (Collective, PointToPoint):
         index = {name: i + 1 for i, (name, _) in enumerate(cls.WIRE)}
@@ -274,7 +273,6 @@ def _blob_ids_of(rec) -> tuple:
 
 def _without_blobs(rec):
     """The record with no blob ids (their payload is lost) and a payload_lost marker."""
-
     if type(rec) is tuple:
         rec = codec.row_record(rec)
     changes = {k: None for k in ("blob_in", "blob_out", "blob") if getattr(rec, k, None)}
@@ -297,7 +295,6 @@ def log_to_spool(contents: LogContents, out_dir, *, first_step: int | None = Non
     found nowhere keeps no blob and gets a `payload_lost` marker. `ring`: a flight dump's
     facts, for the rank info's `flight_ring` (with what was kept). Returns what was
     written: {records, first_step, last_step, blobs, payloads_lost}."""
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rank = contents.rank
@@ -401,7 +398,6 @@ def recover_logs(spool_dir) -> list[tuple[int, int]]:
     compactor's last batch (a rank that died), store its small payloads, then remove the
     log: (rank, records) of each. A log that cannot be read is left as it is, with a
     warning. (`pack` reads such logs where they lie instead, writing nothing here.)"""
-
     spool_dir = Path(spool_dir)
     done = []
     logs = sorted(spool_dir.glob("rank-*.log"))
@@ -463,7 +459,6 @@ def log_info(path) -> dict:
 
 def log_entries(path) -> list:
     """(seq, type name) of each ring entry, for tests and `repair --verbose`."""
-
     contents = read_log(path)
     return [(seq, TYPE_NAMES.get(kind, str(kind))) for _, seq, kind, _, _, _ in
             ring_entries(contents.ring, contents.tail, contents.tail_seq, contents.head)]

@@ -306,11 +306,10 @@ class Bundle:
     def rank_info(self, rank: int) -> dict:
         """What the recorder knew of one rank: argv, cwd, versions, clock, environment, ...,
         its strings display-safe (prism_rr.text.safe), as every string a bundle hands out."""
-        info = self._rank_infos.get(rank, {})
-        shown_info = self._shown_infos.get(rank)
-        if shown_info is None:
-            shown_info = self._shown_infos[rank] = safe(info)
-        return shown_info
+        info = self._shown_infos.get(rank)  # made safe once a rank, as asked (8192 of them)
+        if info is None:
+            info = self._shown_infos[rank] = safe(self._rank_infos.get(rank, {}))
+        return info
 
     def raw_rank_info(self, rank: int) -> dict:
         """One rank's info as recorded, strings unescaped: only for what runs it again (a

@@ -440,7 +440,6 @@ def _a_rank_died(decoded: dict, last_dump: Path | None) -> bool:
     """Whether a log's records end without a `recording_end` marker (its rank did not
     close) and are newer than the last dump holds of its rank (a dump read it already,
     or it died before the dump)."""
-
     for path, records in decoded.items():
         if not records:
             continue

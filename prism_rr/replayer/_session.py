@@ -540,7 +540,6 @@ class ReplaySession:
     def fail_as_recorded(self, found: dict) -> None:
         """A call that ended in an error in the recording: raise that error in the program
         (exit 7 once it has unwound; a later call stops it as a hang would)."""
-
         self.check_read(final=True)
         self.hang = found  # the launcher's card says it, once
         self.write()
@@ -633,7 +632,6 @@ class ReplaySession:
 
     def _calibrate(self) -> None:
         """Virtual timing: real compute runs this much slower (or faster) than recorded."""
-
         recorded = sum(r.end_ns - r.start_ns for r in self.bundle.events(self.rank)
                        if isinstance(r, Compute) and r.name is None and r.step == self.step
                        and r.end_ns is not None)

@@ -234,7 +234,6 @@ def _torn_down(stats: dict | None, code: int | None) -> bool:
 def _as_ranks(bundle_path: Path, roles_entry: dict, real: tuple, work: Path) -> Path:
     """The bundle with `real` as their roles' representatives (records of each role's
     recorded representative mapped onto them), written by `scale` at the same sizes."""
-
     try:
         roles = Roles.from_manifest(roles_entry)
     except Exception as exc:
@@ -675,7 +674,6 @@ def _pack_replay(spool_dir: Path, output: Path, bundle_path: Path, options, comm
     """Pack what the real ranks recorded of themselves into `output`, with where each
     made its data up (`data_made_up_from_ns`: analysis.replay_data), so that `tui
     --compare` and `diff` compare data where this replay did and nowhere else."""
-
     if not any(spool_dir.glob("rank-*.spool")):
         log.warning("prism-rr: the replay recorded nothing; %s not written", output)
         return
