@@ -51,14 +51,15 @@ def bundle_path(cache: Path, ranks: int, events: int, prefix: str = "tui") -> Pa
 
 
 async def _settle(pilot, timeline, deadline: float = 60.0) -> None:
-    """Wait until the app has handled its messages and every visible row has its spans."""
+    """Wait until the app has handled its messages and every visible row has its spans.
+    Between checks it sleeps: waiting for every widget's queue at each check took the
+    interpreter from the loader thread (a rank read in 14 ms instead of 2.5)."""
     end = time.perf_counter() + deadline
     await pilot._wait_for_screen()
     while timeline.missing_visible():
         if time.perf_counter() > end:
             raise TimeoutError("the timeline did not finish loading")
-        await asyncio.sleep(0.001)
-        await pilot._wait_for_screen()
+        await asyncio.sleep(0.002)
     await pilot._wait_for_screen()  # the refresh the loader posted
 
 

@@ -21,6 +21,7 @@ from prism_rr.analysis._attempts import attempt_findings
 from prism_rr.analysis._build import ExecutionGraph, build_graph, clock_offset, clock_offsets, signature
 from prism_rr.analysis._chakra import export_chakra
 from prism_rr.analysis._chrome import export_chrome
+from prism_rr.analysis._columns import ColumnReader
 from prism_rr.analysis._diagnose import (
     KINDS,
     WINDOW_EVENTS,
@@ -56,6 +57,7 @@ __all__ = [
     "BundleDiff",
     "CLOCKS",
     "CallDivergence",
+    "ColumnReader",
     "CriticalPath",
     "ExecutionGraph",
     "Finding",

@@ -84,8 +84,8 @@ def clock_offsets(bundle: Bundle, ranks=None) -> dict[int, int]:
     median of its ranks' estimates. A rank with neither host nor estimate gets 0.
     """
     ranks = bundle.recorded_ranks if ranks is None else ranks
-    infos = {r: bundle.rank_info(r) for r in ranks}
-    ref_host = bundle.rank_info(0).get("hostname")
+    infos = {r: {k: bundle.rank_field(r, k) for k in ("hostname", "clock_offset")} for r in ranks}
+    ref_host = bundle.rank_field(0, "hostname")
     by_host: dict[str, list[int]] = {}
     for r, info in infos.items():
         host, est = info.get("hostname"), clock_offset(info)

@@ -283,6 +283,17 @@ class ColumnReader:
             for k, dt in zip(names, types):
                 setattr(out, k, np.zeros(0, dt))
 
+    def chunk_tables(self, ref: ChunkRef) -> tuple[dict[int, dict], int]:
+        """One chunk's tables, {kind: {column: array}} for calls, compute, markers and
+        steps (`kpos`: each record's place among the chunk's records, as `read_chunk` lists
+        them), and how many records it holds: from its columns, or through the format's
+        reader where they are not as expected (which raises FormatError on a malformed one)."""
+        try:
+            tables, known, _ = self._chunk(ref, True, None)
+        except _Unexpected:
+            tables, known = self._from_records(ref)
+        return tables, known
+
     # --- a chunk, from its tables -------------------------------------------------------
 
     def _chunk(self, ref: ChunkRef, whole: bool, steps) -> tuple[dict[int, dict], int, bool]:

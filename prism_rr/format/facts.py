@@ -266,7 +266,7 @@ def attempt_endings(bundle) -> dict[str, Any]:
 def exit_noted(bundle) -> set[int]:
     """The ranks whose recorder left an exit note (how the process ended). Where some did,
     a rank without one ended without a word: SIGKILL, the OOM killer, os._exit."""
-    return {r for r in bundle.recorded_ranks if type(bundle.rank_info(r).get("exit")) is dict}
+    return {r for r in bundle.recorded_ranks if type(bundle.rank_field(r, "exit")) is dict}
 
 
 def failed_steps(bundle) -> list[int]:
@@ -284,7 +284,7 @@ def failed_steps(bundle) -> list[int]:
     opened = (ranks.total("open") if type(ranks) is not dict else sum(int(r.get("open", 0)) for r in ranks.values()))
     out = set()
     for rank in bundle.recorded_ranks:
-        bad = _ended_badly(bundle.rank_info(rank))
+        bad = _ended_badly({k: bundle.rank_field(rank, k) for k in ("crash", "exit")})
         if bad or (bad is None and noted) or (opened and ranks.get(rank, {}).get("open")):
             chunks = bundle.chunks(rank)
             if chunks:
@@ -417,7 +417,7 @@ def _recorder_failures(bundle) -> list[dict]:
     (a rank notes it there as well as in a `recorder_failed` marker), so no chunk is read."""
     out = []
     for rank in bundle.recorded_ranks:
-        f = bundle.rank_info(rank).get("recorder_failed")
+        f = bundle.rank_field(rank, "recorder_failed")
         if type(f) is not dict:
             continue
         step = f.get("step")

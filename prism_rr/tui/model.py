@@ -7,14 +7,18 @@ is subtracted from every time it recorded.
 from __future__ import annotations
 
 import bisect
+import multiprocessing
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from statistics import median
 
 import numpy as np
 
-from prism_rr.analysis import step_durations
+from prism_rr.analysis import ColumnReader, step_durations
 from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record, ops
 from prism_rr.format.summaries import NIL, RankTable, StepTable
 
@@ -73,20 +77,49 @@ def format_ns(ns: float) -> str:
     return f"{ns / 1e9:.4g}s"
 
 
+_CALL_KINDS = (Collective.KIND, PointToPoint.KIND)
+_SPAN_KINDS = (*_CALL_KINDS, Compute.KIND, Marker.KIND)
+
+
+class _Records(Sequence):
+    """A rank's spans' records, in span order: a chunk is decoded the first time one of
+    its records is asked for (drawing a line needs none; the details pane one)."""
+
+    def __init__(self, refs: list, chunk: list[int], kpos: list[int], read_chunk) -> None:
+        self._refs, self._chunk, self._kpos, self._read = refs, chunk, kpos, read_chunk
+        self._decoded: dict[int, list[Record]] = {}
+
+    def __len__(self) -> int:
+        return len(self._chunk)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        c = self._chunk[i]
+        records = self._decoded.get(c)
+        if records is None:
+            records = self._decoded[c] = self._read(self._refs[c])
+        return records[self._kpos[i]]
+
+
 @dataclass(slots=True)
 class RankSpans:
-    """One rank's calls as parallel arrays sorted by start, on rank 0's clock."""
+    """One rank's calls as parallel lists sorted by start, on rank 0's clock."""
 
     rank: int
     starts: list[int]
     ends: list[int]  # FAR for a call that never completed
     codes: list[int]
-    records: list[Record]
+    records: Sequence[Record]
     reach: list[int]  # running maximum of ends: bisect it to find the first visible span
+    kinds: list[int]  # each span's record kind (Record.KIND)
+    ops: list[str | None]  # a call's op, display-safe (the bundle's); None for the others
+    keys: list[tuple | None]  # a call's (kind, group, seq); None for the others
     _by_call: dict | None = field(default=None)
 
     @classmethod
     def build(cls, rank: int, records, offset: int) -> "RankSpans":
+        """From records (a replay model's, a test's)."""
         rows = []
         call = None  # the last call's row: a `call_failed` marker right after it names its seq
         for rec in records:
@@ -104,8 +137,18 @@ class RankSpans:
         for r in rows:
             m = max(m, r[1])
             reach.append(m)
-        return cls(rank, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-                   [r[3] for r in rows], reach)
+        recs = [r[3] for r in rows]
+        calls = [isinstance(r, (Collective, PointToPoint)) for r in recs]
+        return cls(rank, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], recs, reach,
+                   [r.KIND for r in recs], [r.op if c else None for r, c in zip(recs, calls)],
+                   [(r.KIND, r.group, r.seq) if c else None for r, c in zip(recs, calls)])
+
+    @classmethod
+    def from_lists(cls, rank: int, lists: tuple, refs: list, read_chunk) -> "RankSpans":
+        """From `span_lists`' lists; a record is decoded from the rank's chunks (`refs`,
+        by `read_chunk`) when asked for."""
+        starts, ends, codes, reach, kinds, op_names, keys, chunk, kpos = lists
+        return cls(rank, starts, ends, codes, _Records(refs, chunk, kpos, read_chunk), reach, kinds, op_names, keys)
 
     def visible(self, t0: int, t1: int) -> range:
         """Indexes of spans that may overlap [t0, t1]."""
@@ -162,21 +205,105 @@ class RankSpans:
     def find_call(self, group: int, seq: int, kind: type = Collective) -> int | None:
         """Index of this rank's call `seq` in `group`."""
         if self._by_call is None:
-            self._by_call = {
-                (type(r), r.group, r.seq): i for i, r in enumerate(self.records)
-                if isinstance(r, (Collective, PointToPoint))
-            }
-        return self._by_call.get((kind, group, seq))
+            self._by_call = {key: i for i, key in enumerate(self.keys) if key is not None}
+        return self._by_call.get((kind.KIND, group, seq))
+
+    def collective_key(self, index: int) -> tuple | None:
+        """(group, seq, Collective) of a collective, which its group's other members share
+        (a point-to-point call's seq is per direction and peer): None for any other span."""
+        key = self.keys[index]
+        return (key[1], key[2], Collective) if key is not None and key[0] == Collective.KIND else None
 
     def next_comm(self, t: int, direction: int, op: str | None = None) -> int | None:
         """The first collective or point-to-point call starting after (or before) t."""
         idx = range(bisect.bisect_right(self.starts, t), len(self.starts)) if direction > 0 \
             else range(bisect.bisect_left(self.starts, t) - 1, -1, -1)
+        keys, ops_ = self.keys, self.ops
         for i in idx:
-            r = self.records[i]
-            if isinstance(r, (Collective, PointToPoint)) and (op is None or r.op == op):
+            if keys[i] is not None and (op is None or ops_[i] == op):
                 return i
         return None
+
+
+def span_lists(reader, refs: list, offset: int) -> tuple:
+    """A rank's spans from its chunks' columns (`analysis.ColumnReader`), no record made:
+    (starts, ends, codes, reach, kinds, ops, keys, chunk, kpos) as RankSpans holds them,
+    and each span's chunk (an index into `refs`) and place in it. Plain lists: what a
+    process reading apart sends back."""
+    cols = _span_columns(reader, refs)
+    order = np.argsort(cols["pos"], kind="stable")  # record order, as `build` sees them
+    cols.update({k: v[order] for k, v in cols.items() if not k.startswith("failed")})
+    codes = _span_codes(cols, reader.values)
+    starts = cols["start"] - offset
+    ends = np.where(cols["open"], FAR, cols["end"] - offset)
+    by_start = np.argsort(starts, kind="stable")
+    starts, ends, codes = starts[by_start], ends[by_start], codes[by_start]
+    kinds, op, group, seq = (cols[k][by_start].tolist() for k in ("kind", "op", "group", "seq"))
+    values = reader.values
+    calls = [k in _CALL_KINDS for k in kinds]
+    return (starts.tolist(), ends.tolist(), codes.tolist(), np.maximum.accumulate(ends).tolist() if len(ends) else [],
+            kinds, [values[i] if c else None for i, c in zip(op, calls)],
+            [(k, g, q) if c else None for k, g, q, c in zip(kinds, group, seq, calls)],
+            cols["chunk"][by_start].tolist(), cols["kpos"][by_start].tolist())
+
+
+def _span_columns(reader, refs: list) -> dict[str, np.ndarray]:
+    """The spans of a rank's chunks as columns, in chunk order: each record's place in the
+    rank (`pos`), times, kind, op id, group and seq (0 where not a call), chunk and place in
+    it; and `failed`, the places of its `call_failed` markers with the seq each names."""
+    parts: list[dict] = []
+    failed_pos: list[int] = []
+    failed_seq: list[int] = []
+    base = 0
+    for c, ref in enumerate(refs):
+        tables, known = reader.chunk_tables(ref)
+        for kind, t in tables.items():
+            n = len(t["start"])
+            if kind not in _SPAN_KINDS or not n:
+                continue
+            call = kind in _CALL_KINDS
+            zero = np.zeros(n, np.int64)
+            parts.append({"pos": base + t["kpos"], "start": t["start"], "end": t["end"], "open": t["open"],
+                          "kind": np.full(n, kind, np.int64), "op": t["op"] if call else zero,
+                          "group": t["group"] if call else zero, "seq": t["seq"] if call else zero,
+                          "chunk": np.full(n, c, np.int64), "kpos": t["kpos"]})
+            if kind == Marker.KIND:
+                for k, rec in zip(t["kpos"].tolist(), t["records"]):
+                    if rec.name == "call_failed" and type(rec.value) is int:
+                        failed_pos.append(base + k)
+                        failed_seq.append(rec.value)
+        base += known
+    names = ("pos", "start", "end", "open", "kind", "op", "group", "seq", "chunk", "kpos")
+    if not parts:
+        cols = {k: np.zeros(0, bool if k == "open" else np.int64) for k in names}
+    else:
+        cols = {k: np.concatenate([p[k] for p in parts]) for k in names}
+    cols["failed_pos"] = np.array(failed_pos, np.int64)
+    cols["failed_seq"] = np.array(failed_seq, np.int64)
+    return cols
+
+
+def _span_codes(cols: dict[str, np.ndarray], values: list) -> np.ndarray:
+    """Each span's code (span_code), columns in record order: a call that failed (a
+    `call_failed` marker after it, before the next call, names its seq) as one that never
+    completed."""
+    kind, op, is_open = cols["kind"], cols["op"], cols["open"]
+    codes = np.full(len(kind), MARK, np.int64)
+    codes[kind == Compute.KIND] = COMPUTE
+    codes[kind == PointToPoint.KIND] = P2P
+    coll = np.flatnonzero(kind == Collective.KIND)
+    if len(coll):
+        ids, inverse = np.unique(op[coll], return_inverse=True)
+        fam = np.array([_FAMILY_CODE.get(ops.family(values[i]), OTHER_COLL) for i in ids.tolist()], np.int64)
+        codes[coll] = fam[inverse.reshape(-1)]
+    codes[is_open & (kind != Marker.KIND)] = HANG
+    calls = np.flatnonzero((kind == Collective.KIND) | (kind == PointToPoint.KIND))
+    if len(cols["failed_pos"]) and len(calls):
+        j = np.searchsorted(cols["pos"][calls], cols["failed_pos"]) - 1  # the last call before each
+        ok = j >= 0
+        hit = calls[j[ok]]
+        codes[hit[cols["seq"][hit] == cols["failed_seq"][ok]]] = HANG
+    return codes
 
 
 def _int_or_nil(v) -> int:
@@ -226,12 +353,67 @@ def _open_steps(summaries, steps: list[int], row_of) -> dict[int, dict[int, tupl
     return out
 
 
+class ApartReader:
+    """Reads ranks' spans in a process of its own, forked from this one: the second core
+    decodes while this one draws. `ask` sends (rank, offset) pairs; `received` hands back,
+    without waiting, each (rank, span_lists, or None where it could not read them: read
+    them here, where a malformed chunk is named). The process works on the bundle as this
+    one opened it (an attempt's view included), forked before the UI starts its threads.
+    """
+
+    def __init__(self, bundle: Bundle) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_apart, args=(bundle, theirs), daemon=True, name="prism-rr spans")
+        self._proc.start()
+        theirs.close()
+        self.asked: set[int] = set()  # asked for and not yet received
+
+    def fileno(self) -> int:
+        return self._conn.fileno()
+
+    def ask(self, ranks_offsets: list[tuple[int, int]]) -> None:
+        self._conn.send(ranks_offsets)
+        self.asked.update(r for r, _ in ranks_offsets)
+
+    def received(self) -> list[tuple[int, tuple | None]]:
+        out = []
+        while self._conn.poll():
+            rank, lists = self._conn.recv()
+            self.asked.discard(rank)
+            out.append((rank, lists))
+        return out
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join(1)
+
+
+def _serve_apart(bundle: Bundle, conn) -> None:
+    """The process apart: each rank asked for, read and sent back in the order asked."""
+    reader = ColumnReader(bundle)
+    try:
+        while True:
+            for rank, offset in conn.recv():
+                try:
+                    lists = span_lists(reader, bundle.chunks(rank), offset)
+                except Exception:  # noqa: BLE001 - the asking process reads it again and names what is wrong
+                    lists = None
+                conn.send((rank, lists))
+    except (EOFError, OSError, KeyboardInterrupt):  # the UI is gone
+        pass
+
+
 class TimelineModel:
     """A bundle's ranks, steps and clocks, with each rank's spans loaded on demand.
 
     Spans of at most `capacity` ranks are kept (least recently used go first), so the
     model never holds a whole bundle; `load` is safe to call from a worker thread.
     """
+
+    APART_FROM = 256  # from this many ranks, spans are read in a process apart (where it can fork)
 
     def __init__(self, bundle: Bundle, capacity: int = 1024):
         self.bundle = bundle
@@ -240,15 +422,20 @@ class TimelineModel:
         self.capacity = capacity
         self._cache: OrderedDict[int, RankSpans] = OrderedDict()
         self._lock = threading.Lock()
+        self._reader = ColumnReader(bundle)
+        self._read_lock = threading.Lock()
+        self.apart: ApartReader | None = None  # reads spans in a process apart (`ApartReader`)
+        if len(self.ranks) >= self.APART_FROM and "fork" in multiprocessing.get_all_start_methods():
+            self.apart = ApartReader(bundle)
+            weakref.finalize(self, self.apart.close)
         self.summaries = bundle.summaries  # read once, on this thread
         self.offsets = {}
         for r in self.ranks:
-            clock = bundle.rank_info(r).get("clock_offset")
+            clock = bundle.rank_field(r, "clock_offset")
             off = clock.get("offset_ns") if type(clock) is dict else None
             self.offsets[r] = off if type(off) is int else 0
         self.steps: list[int] = bundle.steps
         self.open_steps = _open_steps(self.summaries, self.steps, self.row_of)
-        self.groups = {g["id"]: g for g in bundle.groups}
         rank_table = self.summaries["ranks"]
         t_first, t_last = (_column(rank_table, name) for name in ("t_first", "t_last"))
         t_first, t_last = t_first[t_first != NIL], t_last[t_last != NIL]
@@ -256,6 +443,11 @@ class TimelineModel:
         self.t_max = int(t_last.max()) if len(t_last) else self.t_min + 1_000_000
         if self.t_max <= self.t_min:
             self.t_max = self.t_min + 1_000_000
+
+    @cached_property
+    def groups(self) -> dict[int, dict]:
+        """{id: group} (read when first asked for: 8192 ranks' groups take 0.1 s)."""
+        return {g["id"]: g for g in self.bundle.groups}
 
     # --- spans ---------------------------------------------------------------------
 
@@ -270,12 +462,26 @@ class TimelineModel:
         spans = self.get(rank)
         if spans is not None:
             return spans
-        spans = RankSpans.build(rank, self.bundle.events(rank), self.offsets.get(rank, 0))
+        return self.keep(rank, self._read(rank))
+
+    def _read(self, rank: int) -> tuple:
+        with self._read_lock:  # the reader's interned values are shared by the ranks it reads
+            return span_lists(self._reader, self.bundle.chunks(rank), self.offsets.get(rank, 0))
+
+    def keep(self, rank: int, lists: tuple) -> RankSpans:
+        """Spans of `rank` made of `span_lists`' lists (read here or apart), kept."""
+        spans = RankSpans.from_lists(rank, lists, self.bundle.chunks(rank), self.bundle.read_chunk)
         with self._lock:
             self._cache[rank] = spans
             while len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
         return spans
+
+    def close(self) -> None:
+        """Ends the process that reads apart, if any (the model still reads, here)."""
+        apart, self.apart = self.apart, None
+        if apart is not None:
+            apart.close()
 
     def cached_ranks(self) -> list[int]:
         with self._lock:

@@ -11,6 +11,7 @@ shown, and rendered lines are kept in an LRU until the view changes.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from time import monotonic
 
@@ -23,8 +24,9 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.worker import get_current_worker
 
-from prism_rr.format import Collective
+from prism_rr.errors import PrismError
 from prism_rr.text import shown
 from prism_rr.tui import model as m
 
@@ -79,6 +81,9 @@ class Timeline(ScrollView, can_focus=True):
     class ViewChanged(Message):
         """Time window, cursor or alignment changed (the ruler redraws)."""
 
+    class SpansLoaded(Message):
+        """The loader read spans of visible lines (posted from its thread)."""
+
     class SpanSelected(Message):
         def __init__(self, rank: int, index: int) -> None:
             super().__init__()
@@ -105,9 +110,12 @@ class Timeline(ScrollView, can_focus=True):
         self._selected_call: tuple | None = None  # the selected call's (group, seq, kind)
         self.label_width = max(len(str(max(tm.ranks, default=0))) + 2, 5)
         self._lines: LRUCache[tuple, Strip] = LRUCache(2048)
-        self._pending: set[int] = set()
-        self._pending_lock = threading.Lock()
-        self._loading = False
+        self._pending: set[tuple[int, bool]] = set()
+        self._wake = threading.Condition()  # guards _pending and _view
+        self._view = range(0)  # the visible lines, as the loop last drew them
+        self._thread_busy = False  # the loader thread is reading lines
+        self._loader_started = False
+        self._pump_due = False
         self.loads = 0  # ranks loaded so far (benchmark and tests read it)
 
     # --- geometry --------------------------------------------------------------------
@@ -163,6 +171,12 @@ class Timeline(ScrollView, can_focus=True):
 
     def on_mount(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.rows))
+        if self.model.apart is not None:
+            asyncio.get_running_loop().add_reader(self.model.apart.fileno(), self._received)
+
+    def on_unmount(self) -> None:
+        if self.model.apart is not None:
+            asyncio.get_running_loop().remove_reader(self.model.apart.fileno())
 
     def on_resize(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.rows))
@@ -182,6 +196,14 @@ class Timeline(ScrollView, can_focus=True):
         row = int(self.scroll_offset.y) + y
         if not 0 <= row < len(self.rows):
             return Strip.blank(self.size.width)
+        view = self.visible_rows()
+        if view != self._view:
+            with self._wake:
+                self._view = view
+            if self.model.apart is not None:
+                self._pump_soon()  # the pages around the new view
+            if self.model.apart is None or self.replay is not None:
+                self._kick_loader()
         rank, replayed = self.rows[row]
         source = self._source(replayed)
         width = self.cells
@@ -244,7 +266,7 @@ class Timeline(ScrollView, can_focus=True):
         fill = CHARS.get(code, " ")
         if code in (m.IDLE, m.COMPUTE, m.MARK) or code < 0 or index < 0:
             return fill * n
-        op = shown(getattr(spans.records[index], "op", "") or "", 40)  # the bundle's: no escape reaches a cell
+        op = shown(spans.ops[index] or "", 40)  # the bundle's: no escape reaches a cell
         if n >= len(op) + 2:
             return "▏" + op + fill * (n - len(op) - 1)
         return ("▏" + fill * (n - 1)) if n > 1 else fill
@@ -261,54 +283,148 @@ class Timeline(ScrollView, can_focus=True):
         return self._source(row[1]).get(row[0])
 
     # --- loading ---------------------------------------------------------------------
+    # The visible lines asked for first, then the pages above and below the view, so paging
+    # finds them ready. Where the model reads apart (a process of its own, on the other
+    # core: big bundles), the loop asks it for a few lines at a time and takes what it
+    # sends as it comes (`_received`, called by the loop when the pipe has data); else a
+    # loader thread reads them, and ends when none is left. Either reads the view from
+    # `_view`, which the loop sets as it draws (layout is the loop's, never a thread's).
+
+    APART_IN_FLIGHT = 16  # lines asked of the process apart at once: what a new view waits behind
+
+    @property
+    def _loading(self) -> bool:
+        """Lines are being read, or wait to be (the benchmark waits for this to turn false)."""
+        apart = self.model.apart
+        return self._thread_busy or bool(self._pending) or self._pump_due or (apart is not None and bool(apart.asked))
 
     def _request(self, row: tuple[int, bool]) -> None:
-        with self._pending_lock:
+        with self._wake:
             self._pending.add(row)
-            start = not self._loading
-            self._loading = True
-        if start:
-            self.call_later(self._load_pending)
+            self._wake.notify()
+        if self._apart_for(row[1]) is not None:
+            self._pump_soon()
+        else:
+            self._kick_loader()
+
+    def _kick_loader(self) -> None:
+        """Starts the loader thread unless it runs (it ends when it finds nothing to read)."""
+        with self._wake:
+            if self._loader_started:
+                return
+            self._loader_started = True
+        self._loader()
+
+    def _apart_for(self, replayed: bool):
+        return None if replayed else self.model.apart
+
+    def _pump_soon(self) -> None:
+        if not self._pump_due:
+            self._pump_due = True
+            self.call_later(self._pump)
+
+    def _pump(self) -> None:
+        """Ask the process apart for the lines wanted next, up to APART_IN_FLIGHT at once."""
+        self._pump_due = False
+        apart = self.model.apart
+        if apart is None:
+            return
+        room = self.APART_IN_FLIGHT - len(apart.asked)
+        if room <= 0:
+            return
+        with self._wake:
+            rows, _ = self._next_to_load(room, skip=apart.asked, replayed=False)
+        if rows:
+            apart.ask([(rank, self.model.offsets.get(rank, 0)) for rank, _ in rows])
+
+    def _received(self) -> None:
+        """What the process apart sent: kept, the view redrawn where it shows any."""
+        apart = self.model.apart
+        if apart is None:
+            return
+        try:
+            got = apart.received()
+        except (EOFError, OSError):  # it died: the loader thread reads from now on
+            self._stop_apart()
+            return
+        view = self._view
+        shown_now = False
+        for rank, lists in got:
+            if lists is None:  # read here, where a malformed chunk is named (and ends the app)
+                try:
+                    self.model.load(rank)
+                except PrismError as exc:
+                    self.app._handle_exception(exc)
+                    return
+            else:
+                self.model.keep(rank, lists)
+            self.loads += 1
+            shown_now = shown_now or view.start <= self.row_index[(rank, False)] < view.stop
+        if shown_now:
+            self.refresh()
+        self._pump()
+
+    def _stop_apart(self) -> None:
+        apart = self.model.apart
+        if apart is not None:
+            asyncio.get_running_loop().remove_reader(apart.fileno())
+            self.model.close()
+        self._request_again()
+
+    def _request_again(self) -> None:
+        with self._wake:
+            rows = list(self._pending) or [self.rows[i] for i in self._view]
+        for row in rows:
+            self._request(row)
 
     @work(thread=True, group="spans")
-    def _load_pending(self) -> None:
-        while True:
-            rows = self.app.call_from_thread(self.visible_rows)  # layout is the loop's, never a thread's
-            with self._pending_lock:
-                lo, hi = rows.start - len(rows), rows.stop + len(rows)
-                todo = sorted(self._pending, key=self.row_index.__getitem__)
-                # a line scrolled far away is dropped; it is asked for again if shown
-                todo = [row for row in todo if lo <= self.row_index[row] < hi]
-                self._pending.clear()
-                if not todo:
-                    break
-            shown = monotonic()
-            for i, (rank, replayed) in enumerate(todo):
-                self._source(replayed).load(rank)
-                self.loads += 1
-                if i == len(todo) - 1 or monotonic() - shown > 0.2:
-                    shown = monotonic()
-                    self.app.call_from_thread(self.refresh)
-        self._prefetch_neighbours()
-
-    def _prefetch_neighbours(self) -> None:
-        """Load the pages above and below the view, so paging finds them ready."""
-        while True:
-            rows = self.app.call_from_thread(self.visible_rows)
-            lines = self.rows
-            near = [*range(rows.stop, min(len(lines), rows.stop + len(rows))),
-                    *range(max(0, rows.start - len(rows)), rows.start)]
-            row = next((lines[i] for i in near if self._loaded(lines[i]) is None), None)
-            with self._pending_lock:
-                more = bool(self._pending)
-                if not more and row is None:
-                    self._loading = False
+    def _loader(self) -> None:
+        worker = get_current_worker()
+        posted = monotonic()
+        while not worker.is_cancelled:
+            with self._wake:
+                # the recorded lines are the process apart's while it reads
+                rows, shown_now = self._next_to_load(self.BATCH, replayed=True if self.model.apart else None)
+                self._thread_busy = bool(rows)
+                if not rows:
+                    self._loader_started = False
                     return
-            if more:  # visible rows were asked for meanwhile: they come first
-                self.app.call_from_thread(self._load_pending)
-                return
-            self._source(row[1]).load(row[0])
-            self.loads += 1
+            source = self._source(rows[0][1])
+            for i, (rank, _) in enumerate(rows):
+                source.load(rank)
+                self.loads += 1
+                if shown_now and (i == len(rows) - 1 or monotonic() - posted > 0.1):
+                    posted = monotonic()
+                    self.post_message(self.SpansLoaded())
+
+    BATCH = 8  # lines the loader thread reads before it looks at the view again
+
+    def _next_to_load(self, limit: int, skip=(), replayed: bool | None = None) -> tuple[list, bool]:
+        """(up to `limit` lines to load next, of one source, whether any is in view): the
+        visible lines asked for first, then the pages below and above; none when every
+        visible and neighbouring line is loaded. Lines of ranks in `skip` (asked for
+        already) are left out; `replayed`: only lines of that source. Called with _wake held
+        or on the loop."""
+        view, lines, index = self._view, self.rows, self.row_index
+        lo, hi = view.start - len(view), view.stop + len(view)
+
+        def wanted(r) -> bool:
+            return (replayed is None or r[1] == replayed) and r[0] not in skip and self._loaded(r) is None
+
+        todo = sorted((r for r in self._pending if lo <= index[r] < hi and wanted(r)), key=index.__getitem__)
+        keep = {r for r in self._pending if lo <= index[r] < hi and not wanted(r) and self._loaded(r) is None}
+        self._pending.clear()  # a line scrolled far away is dropped; asked for again if shown
+        self._pending.update(keep)
+        if todo:
+            batch = [r for r in todo[:limit] if r[1] == todo[0][1]]
+            self._pending.update(todo[len(batch):])
+            return batch, any(view.start <= index[r] < view.stop for r in batch)
+        near = (*range(view.stop, min(len(lines), hi)), *range(max(0, lo), view.start))
+        batch = [lines[i] for i in near if wanted(lines[i])][:limit]
+        return [r for r in batch if r[1] == batch[0][1]] if batch else [], False
+
+    def on_timeline_spans_loaded(self, _msg) -> None:
+        self.refresh()
 
     def prefetch(self, ranks) -> None:
         for r in ranks:
@@ -379,9 +495,7 @@ class Timeline(ScrollView, can_focus=True):
         self._selected_call = None  # (group, seq, kind): drawn on every member's row
         if index is not None:
             spans = self.model.get(rank)
-            rec = spans.records[index] if spans is not None else None
-            if isinstance(rec, Collective):  # (a p2p's seq is per direction and peer)
-                self._selected_call = (rec.group, rec.seq, Collective)
+            self._selected_call = spans.collective_key(index) if spans is not None else None
         self.refresh()
         if index is not None:
             self.post_message(self.SpanSelected(rank, index))
