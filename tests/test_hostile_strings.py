@@ -325,15 +325,9 @@ def _styles_of(app, word: str) -> list:
 
 def _pane_text(app) -> str:
     """The details pane's text, every line whole (the screen shows what fits its width)."""
-    import io
+    from prism_rr.tui.widgets.detail import SpanDetail
 
-    from rich.console import Console
-    from textual.widgets import Static
-
-    console = Console(width=1000, record=True, file=io.StringIO())
-    for part in ("#detail-fields", "#detail-members"):
-        console.print(app.screen.query_one(part, Static).content)
-    return console.export_text()
+    return app.screen.query_one(SpanDetail).text(1000)
 
 
 def _check_screen(app, where: str) -> str:

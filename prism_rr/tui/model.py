@@ -7,7 +7,11 @@ is subtracted from every time it recorded.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import multiprocessing
+import os
+import pickle
+import struct
 import threading
 import weakref
 from collections import OrderedDict
@@ -21,6 +25,11 @@ import numpy as np
 from prism_rr.analysis import ColumnReader, step_durations
 from prism_rr.format import Bundle, Collective, Compute, Marker, PointToPoint, Record, ops
 from prism_rr.format.summaries import NIL, RankTable, StepTable
+
+try:
+    import fcntl  # a bigger pipe for the process apart (Linux)
+except ImportError:  # pragma: no cover - where there is no fork there is no process apart
+    fcntl = None
 
 __all__ = [
     "FAR",
@@ -104,18 +113,24 @@ class _Records(Sequence):
 
 @dataclass(slots=True)
 class RankSpans:
-    """One rank's calls as parallel lists sorted by start, on rank 0's clock."""
+    """One rank's calls sorted by start, on rank 0's clock: what drawing reads as lists,
+    the rest as arrays, a record only when asked for."""
 
     rank: int
     starts: list[int]
     ends: list[int]  # FAR for a call that never completed
     codes: list[int]
-    records: Sequence[Record]
     reach: list[int]  # running maximum of ends: bisect it to find the first visible span
-    kinds: list[int]  # each span's record kind (Record.KIND)
-    ops: list[str | None]  # a call's op, display-safe (the bundle's); None for the others
-    keys: list[tuple | None]  # a call's (kind, group, seq); None for the others
+    records: Sequence[Record]
+    kinds: np.ndarray  # each span's record kind (Record.KIND)
+    op_ids: np.ndarray  # a call's op, an index into `values` (0: None, as for every other span)
+    values: list  # the reader's interned values, display-safe (the bundle's)
+    group: np.ndarray  # a call's group and seq; 0 for the others
+    seq: np.ndarray
+    _ops: list | None = field(default=None)
+    _keys: list | None = field(default=None)
     _by_call: dict | None = field(default=None)
+    _np: tuple | None = field(default=None)
 
     @classmethod
     def build(cls, rank: int, records, offset: int) -> "RankSpans":
@@ -139,16 +154,42 @@ class RankSpans:
             reach.append(m)
         recs = [r[3] for r in rows]
         calls = [isinstance(r, (Collective, PointToPoint)) for r in recs]
-        return cls(rank, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], recs, reach,
-                   [r.KIND for r in recs], [r.op if c else None for r, c in zip(recs, calls)],
-                   [(r.KIND, r.group, r.seq) if c else None for r, c in zip(recs, calls)])
+        values: list = [None]
+        ids: dict = {None: 0}
+        op_ids = [ids.setdefault(r.op, len(ids)) if c else 0 for r, c in zip(recs, calls)]
+        values += list(ids)[1:]
+        return cls(rank, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], reach, recs,
+                   np.array([r.KIND for r in recs], np.int8), np.array(op_ids, np.int32), values,
+                   np.array([r.group if c else 0 for r, c in zip(recs, calls)], np.int64),
+                   np.array([r.seq if c else 0 for r, c in zip(recs, calls)], np.int64))
 
     @classmethod
-    def from_lists(cls, rank: int, lists: tuple, refs: list, read_chunk) -> "RankSpans":
-        """From `span_lists`' lists; a record is decoded from the rank's chunks (`refs`,
-        by `read_chunk`) when asked for."""
-        starts, ends, codes, reach, kinds, op_names, keys, chunk, kpos = lists
-        return cls(rank, starts, ends, codes, _Records(refs, chunk, kpos, read_chunk), reach, kinds, op_names, keys)
+    def from_arrays(cls, rank: int, arrays: dict, values: list, refs: list, read_chunk) -> "RankSpans":
+        """From `span_arrays`' arrays (op ids into `values`); a record is decoded from the
+        rank's chunks (`refs`, by `read_chunk`) when asked for."""
+        a = arrays
+        return cls(rank, a["starts"].tolist(), a["ends"].tolist(), a["codes"].tolist(), a["reach"].tolist(),
+                   _Records(refs, a["chunk"], a["kpos"], read_chunk), a["kinds"], a["op"], values, a["group"],
+                   a["seq"])
+
+    @property
+    def ops(self) -> list[str | None]:
+        """Each span's op (display-safe), None for spans that are not calls."""
+        if self._ops is None:
+            values = self.values
+            self._ops = [values[i] for i in self.op_ids.tolist()]
+        return self._ops
+
+    def op_at(self, index: int) -> str | None:
+        return self.values[self.op_ids[index]]
+
+    @property
+    def keys(self) -> list[tuple | None]:
+        """Each call's (kind, group, seq), None for the other spans."""
+        if self._keys is None:
+            self._keys = [(k, g, q) if k in _CALL_KINDS else None
+                          for k, g, q in zip(self.kinds.tolist(), self.group.tolist(), self.seq.tolist())]
+        return self._keys
 
     def visible(self, t0: int, t1: int) -> range:
         """Indexes of spans that may overlap [t0, t1]."""
@@ -158,31 +199,35 @@ class RankSpans:
         return self.cells_owned(t0, ns_per_cell, width)[0]
 
     def cells_owned(self, t0: int, ns_per_cell: float, width: int) -> tuple[list[int], list[int]]:
-        """The span code shown in each of `width` cells starting at time t0: the code that
-        takes most of the cell's time (at coarse zoom a cell holds many calls and compute
-        between them: painting the last one made every rank look communication-bound); a
-        call that failed or never completed always shows."""
-        out = [IDLE] * width
-        owner = [-1] * width  # the span each cell shows (the timeline separates neighbours)
-        busy = [0.0] * width  # the time of the code shown in each cell
+        """The span code shown in each of `width` cells starting at time t0, and the span
+        each shows (-1: none): the code that takes most of the cell's time (at coarse zoom
+        a cell holds many calls and compute between them: painting the last one made every
+        rank look communication-bound), a later call winning a tie, compute never; a call
+        that failed or never completed always shows (the last such over the cell)."""
         t1 = t0 + ns_per_cell * width
-        starts, ends, codes = self.starts, self.ends, self.codes
-        for i in self.visible(t0, int(t1)):
-            code = codes[i]
-            s, e = starts[i], min(ends[i], int(t1) + 1)
-            c0 = max(0, int((s - t0) / ns_per_cell))
-            c1 = min(width, int((e - t0) / ns_per_cell) + 1)
-            if code == HANG:
-                out[c0:c1] = [HANG] * (c1 - c0)
-                owner[c0:c1] = [i] * (c1 - c0)
-                busy[c0:c1] = [float("inf")] * (c1 - c0)
-                continue
-            for c in range(c0, c1):
-                lo = t0 + c * ns_per_cell
-                part = min(e, lo + ns_per_cell) - max(s, lo)
-                if part > busy[c] or (part == busy[c] and code != COMPUTE):
-                    busy[c], out[c], owner[c] = part, code, i
-        return out, owner
+        span = self.visible(t0, int(t1))
+        if not len(span):
+            return [IDLE] * width, [-1] * width
+        s_all, e_all, c_all = self._arrays()
+        s, codes = s_all[span.start : span.stop], c_all[span.start : span.stop]
+        e = np.minimum(e_all[span.start : span.stop], int(t1) + 1)
+        c0 = np.maximum(0, ((s - t0) / ns_per_cell).astype(np.int64))
+        c1 = np.minimum(width, ((e - t0) / ns_per_cell).astype(np.int64) + 1)
+        out = np.full(width, IDLE, np.int64)
+        owner = np.full(width, -1, np.int64)
+        _most_time(out, owner, s, e, codes, c0, c1, t0, ns_per_cell)
+        for j in np.flatnonzero(codes == HANG).tolist():  # in order: the last one wins
+            out[c0[j] : c1[j]] = HANG
+            owner[c0[j] : c1[j]] = j
+        hit = owner >= 0
+        owner[hit] += span.start
+        return out.tolist(), owner.tolist()
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """starts, ends and codes as arrays (made once)."""
+        if self._np is None:
+            self._np = (np.array(self.starts, np.int64), np.array(self.ends, np.int64), np.array(self.codes, np.int64))
+        return self._np
 
     def at(self, t: int) -> int | None:
         """Index of the call covering time t (communication first), or None."""
@@ -211,8 +256,9 @@ class RankSpans:
     def collective_key(self, index: int) -> tuple | None:
         """(group, seq, Collective) of a collective, which its group's other members share
         (a point-to-point call's seq is per direction and peer): None for any other span."""
-        key = self.keys[index]
-        return (key[1], key[2], Collective) if key is not None and key[0] == Collective.KIND else None
+        if self.kinds[index] != Collective.KIND:
+            return None
+        return int(self.group[index]), int(self.seq[index]), Collective
 
     def next_comm(self, t: int, direction: int, op: str | None = None) -> int | None:
         """The first collective or point-to-point call starting after (or before) t."""
@@ -225,26 +271,51 @@ class RankSpans:
         return None
 
 
-def span_lists(reader, refs: list, offset: int) -> tuple:
+def _most_time(out, owner, s, e, codes, c0, c1, t0: int, ns_per_cell: float) -> None:
+    """Into `out` and `owner`, cell by cell, the span (other than a failed or unfinished
+    call) that takes most of the cell's time: of those with the most, the last that is not
+    compute, else the first; nothing where none takes any time, unless a call of none
+    does (a marker). Spans are given in order; `c0`..`c1` the cells each overlaps."""
+    n = np.where(codes == HANG, 0, np.maximum(c1 - c0, 0))
+    total = int(n.sum())
+    if not total:
+        return
+    j = np.repeat(np.arange(len(n)), n)  # each (span, cell) pair's span, then its cell
+    cell = np.repeat(c0, n) + np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    lo = t0 + cell * ns_per_cell
+    part = np.minimum(e[j], lo + ns_per_cell) - np.maximum(s[j], lo)
+    most = np.zeros(len(out))
+    np.maximum.at(most, cell, part)
+    top = part == most[cell]
+    call = top & (codes[j] != COMPUTE)
+    last = np.full(len(out), -1, np.int64)
+    np.maximum.at(last, cell[call], np.flatnonzero(call))
+    first = np.full(len(out), total, np.int64)
+    comp = top & ~call & (most[cell] > 0)
+    np.minimum.at(first, cell[comp], np.flatnonzero(comp))
+    pick = np.where(last >= 0, last, np.where(first < total, first, -1))
+    got = pick >= 0
+    owner[got] = j[pick[got]]
+    out[got] = codes[owner[got]]
+
+
+def span_arrays(reader, refs: list, offset: int) -> dict[str, np.ndarray]:
     """A rank's spans from its chunks' columns (`analysis.ColumnReader`), no record made:
-    (starts, ends, codes, reach, kinds, ops, keys, chunk, kpos) as RankSpans holds them,
-    and each span's chunk (an index into `refs`) and place in it. Plain lists: what a
-    process reading apart sends back."""
+    {starts, ends, codes, reach, kinds, op (ids into reader.values), group, seq}, as
+    RankSpans holds them, and each span's chunk (an index into `refs`) and place in it
+    (kpos). Compact arrays: what a process reading apart sends back."""
     cols = _span_columns(reader, refs)
     order = np.argsort(cols["pos"], kind="stable")  # record order, as `build` sees them
     cols.update({k: v[order] for k, v in cols.items() if not k.startswith("failed")})
     codes = _span_codes(cols, reader.values)
     starts = cols["start"] - offset
     ends = np.where(cols["open"], FAR, cols["end"] - offset)
-    by_start = np.argsort(starts, kind="stable")
-    starts, ends, codes = starts[by_start], ends[by_start], codes[by_start]
-    kinds, op, group, seq = (cols[k][by_start].tolist() for k in ("kind", "op", "group", "seq"))
-    values = reader.values
-    calls = [k in _CALL_KINDS for k in kinds]
-    return (starts.tolist(), ends.tolist(), codes.tolist(), np.maximum.accumulate(ends).tolist() if len(ends) else [],
-            kinds, [values[i] if c else None for i, c in zip(op, calls)],
-            [(k, g, q) if c else None for k, g, q, c in zip(kinds, group, seq, calls)],
-            cols["chunk"][by_start].tolist(), cols["kpos"][by_start].tolist())
+    by = np.argsort(starts, kind="stable")
+    ends = ends[by]
+    return {"starts": starts[by], "ends": ends, "codes": codes[by].astype(np.int8),
+            "reach": np.maximum.accumulate(ends) if len(ends) else ends, "kinds": cols["kind"][by].astype(np.int8),
+            "op": cols["op"][by].astype(np.int32), "group": cols["group"][by], "seq": cols["seq"][by],
+            "chunk": cols["chunk"][by].astype(np.int32), "kpos": cols["kpos"][by].astype(np.int32)}
 
 
 def _span_columns(reader, refs: list) -> dict[str, np.ndarray]:
@@ -356,52 +427,82 @@ def _open_steps(summaries, steps: list[int], row_of) -> dict[int, dict[int, tupl
 class ApartReader:
     """Reads ranks' spans in a process of its own, forked from this one: the second core
     decodes while this one draws. `ask` sends (rank, offset) pairs; `received` hands back,
-    without waiting, each (rank, span_lists, or None where it could not read them: read
-    them here, where a malformed chunk is named). The process works on the bundle as this
-    one opened it (an attempt's view included), forked before the UI starts its threads.
+    never waiting, each (rank, span_arrays, or None where it could not read them: read
+    them here, where a malformed chunk is named) that has arrived whole. The process works
+    on the bundle as this one opened it (an attempt's view included), forked before the UI
+    starts its threads. Op ids index `values`, the process's interned values as it sent
+    them.
     """
 
     def __init__(self, bundle: Bundle) -> None:
         ctx = multiprocessing.get_context("fork")
-        self._conn, theirs = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_apart, args=(bundle, theirs), daemon=True, name="prism-rr spans")
+        asks, self._asks = ctx.Pipe(duplex=False)
+        self._answers, answers = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_serve_apart, args=(bundle, asks, answers), daemon=True,
+                                 name="prism-rr spans")
         self._proc.start()
-        theirs.close()
+        asks.close()
+        answers.close()
+        with contextlib.suppress(AttributeError, OSError):  # a bigger pipe: an answer goes in one write
+            fcntl.fcntl(self._answers.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+        os.set_blocking(self._answers.fileno(), False)
+        self._buffer = bytearray()
         self.asked: set[int] = set()  # asked for and not yet received
+        self.values: list = [None]
 
     def fileno(self) -> int:
-        return self._conn.fileno()
+        """What the loop watches: readable when an answer (or the end) arrives."""
+        return self._answers.fileno()
 
     def ask(self, ranks_offsets: list[tuple[int, int]]) -> None:
-        self._conn.send(ranks_offsets)
+        self._asks.send(ranks_offsets)
         self.asked.update(r for r, _ in ranks_offsets)
 
-    def received(self) -> list[tuple[int, tuple | None]]:
+    def received(self) -> list[tuple[int, dict | None]]:
+        """The answers that arrived whole; EOFError once the process is gone."""
+        while True:
+            try:
+                piece = os.read(self._answers.fileno(), 1 << 20)
+            except BlockingIOError:
+                break
+            if not piece:
+                raise EOFError("the process reading spans apart ended")
+            self._buffer += piece
         out = []
-        while self._conn.poll():
-            rank, lists = self._conn.recv()
+        buf = self._buffer
+        while len(buf) >= 4:
+            (n,) = struct.unpack("!i", buf[:4])  # multiprocessing's framing of send_bytes
+            if len(buf) < 4 + n:
+                break
+            rank, arrays, values = pickle.loads(buf[4 : 4 + n])
+            del buf[: 4 + n]
+            self.values += values
             self.asked.discard(rank)
-            out.append((rank, lists))
+            out.append((rank, arrays))
         return out
 
     def close(self) -> None:
-        self._conn.close()
+        self._asks.close()
+        self._answers.close()
         if self._proc.is_alive():
             self._proc.terminate()
         self._proc.join(1)
 
 
-def _serve_apart(bundle: Bundle, conn) -> None:
-    """The process apart: each rank asked for, read and sent back in the order asked."""
+def _serve_apart(bundle: Bundle, asks, answers) -> None:
+    """The process apart: each rank asked for, read and sent back in the order asked, with
+    the values interned since the last answer."""
     reader = ColumnReader(bundle)
+    sent = 1  # values[0], None, is known
     try:
         while True:
-            for rank, offset in conn.recv():
+            for rank, offset in asks.recv():
                 try:
-                    lists = span_lists(reader, bundle.chunks(rank), offset)
+                    arrays = span_arrays(reader, bundle.chunks(rank), offset)
                 except Exception:  # noqa: BLE001 - the asking process reads it again and names what is wrong
-                    lists = None
-                conn.send((rank, lists))
+                    arrays = None
+                new, sent = reader.values[sent:], len(reader.values)
+                answers.send_bytes(pickle.dumps((rank, arrays, new), pickle.HIGHEST_PROTOCOL))
     except (EOFError, OSError, KeyboardInterrupt):  # the UI is gone
         pass
 
@@ -462,15 +563,14 @@ class TimelineModel:
         spans = self.get(rank)
         if spans is not None:
             return spans
-        return self.keep(rank, self._read(rank))
-
-    def _read(self, rank: int) -> tuple:
         with self._read_lock:  # the reader's interned values are shared by the ranks it reads
-            return span_lists(self._reader, self.bundle.chunks(rank), self.offsets.get(rank, 0))
+            arrays = span_arrays(self._reader, self.bundle.chunks(rank), self.offsets.get(rank, 0))
+        return self.keep(rank, arrays, self._reader.values)
 
-    def keep(self, rank: int, lists: tuple) -> RankSpans:
-        """Spans of `rank` made of `span_lists`' lists (read here or apart), kept."""
-        spans = RankSpans.from_lists(rank, lists, self.bundle.chunks(rank), self.bundle.read_chunk)
+    def keep(self, rank: int, arrays: dict, values: list) -> RankSpans:
+        """Spans of `rank` made of `span_arrays`' arrays (read here or apart; their op ids
+        index `values`), kept."""
+        spans = RankSpans.from_arrays(rank, arrays, values, self.bundle.chunks(rank), self.bundle.read_chunk)
         with self._lock:
             self._cache[rank] = spans
             while len(self._cache) > self.capacity:

@@ -13,13 +13,7 @@ SIZE = (140, 44)
 
 
 def _text(app) -> str:
-    from rich.console import Console
-
-    console = Console(width=200, record=True)
-    detail = app.screen.query_one(SpanDetail)
-    for part in ("#detail-fields", "#detail-members"):
-        console.print(detail.query_one(part).content)
-    return console.export_text()
+    return app.screen.query_one(SpanDetail).text(200)
 
 
 async def _details_of(pilot, app, rank, group, seq) -> str:

@@ -77,15 +77,7 @@ async def _timeline(pilot, app) -> tuple[int, object, str]:
 
 def _details(app) -> str:
     """The details pane's text: the call's fields, then its members."""
-    import io
-
-    from rich.console import Console
-
-    console = Console(width=200, record=True, file=io.StringIO())
-    detail = app.screen.query_one(SpanDetail)
-    for part in ("#detail-fields", "#detail-members"):
-        console.print(detail.query_one(part).content)
-    return console.export_text()
+    return app.screen.query_one(SpanDetail).text(200)
 
 
 def _said_step(message: str) -> int | None:

@@ -18,8 +18,12 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _same(a: m.RankSpans, b: m.RankSpans) -> None:
-    for name in ("starts", "ends", "codes", "reach", "kinds", "ops", "keys"):
+    for name in ("starts", "ends", "codes", "reach", "ops", "keys"):
         assert getattr(a, name) == getattr(b, name), name
+    assert a.kinds.tolist() == b.kinds.tolist()
+    assert [a.op_at(i) for i in range(len(a.starts))] == a.ops
+    for i in range(len(a.starts)):
+        assert a.collective_key(i) == b.collective_key(i)
     assert list(a.records) == list(b.records)
 
 
@@ -67,7 +71,7 @@ def test_the_process_apart_reads_what_this_one_reads(big):
             got.update(tm.apart.received())
         assert not tm.apart.asked
         for rank in ranks:
-            _same(tm.keep(rank, got[rank]), _spans_of_records(tm, rank))
+            _same(tm.keep(rank, got[rank], tm.apart.values), _spans_of_records(tm, rank))
         tm.close()
         assert tm.apart is None and tm.load(5).rank == 5  # closed: read here
 
@@ -86,3 +90,75 @@ async def test_the_timeline_reads_on_when_the_process_apart_dies(big):
         await settle(pilot, tl)
         assert tl.missing_visible() == 0 and tl.model.apart is None
         assert tl.cursor_rank >= 4 * len(tl.visible_rows()) - 1
+
+
+def _cells_owned_reference(spans: m.RankSpans, t0: int, ns_per_cell: float, width: int):
+    """The cell-by-cell loop cells_owned replaced, kept as its twin."""
+    out, owner, busy = [m.IDLE] * width, [-1] * width, [0.0] * width
+    t1 = t0 + ns_per_cell * width
+    for i in spans.visible(t0, int(t1)):
+        code = spans.codes[i]
+        s, e = spans.starts[i], min(spans.ends[i], int(t1) + 1)
+        c0 = max(0, int((s - t0) / ns_per_cell))
+        c1 = min(width, int((e - t0) / ns_per_cell) + 1)
+        if code == m.HANG:
+            out[c0:c1] = [m.HANG] * (c1 - c0)
+            owner[c0:c1] = [i] * (c1 - c0)
+            busy[c0:c1] = [float("inf")] * (c1 - c0)
+            continue
+        for c in range(c0, c1):
+            lo = t0 + c * ns_per_cell
+            part = min(e, lo + ns_per_cell) - max(s, lo)
+            if part > busy[c] or (part == busy[c] and code != m.COMPUTE):
+                busy[c], out[c], owner[c] = part, code, i
+    return out, owner
+
+
+def _random_spans(rng, n: int) -> m.RankSpans:
+    from prism_rr.format import Collective, Compute, Marker
+
+    recs, t = [], 1_000_000
+    for i in range(n):
+        t += int(rng.integers(0, 3000))
+        d = int(rng.choice([0, 1, 7, 50, 400, 2500, 20000]))
+        kind = rng.integers(0, 10)
+        if kind < 4:
+            recs.append(Compute(start_ns=t, end_ns=t + d, step=0, name=None))
+        elif kind < 5:
+            recs.append(Marker(start_ns=t, end_ns=None if rng.random() < 0.3 else t, step=0, name="m"))
+        else:
+            end = None if rng.random() < 0.05 else t + d
+            recs.append(Collective(start_ns=t, end_ns=end, step=0, op=str(rng.choice(["all_reduce", "all_gather",
+                                   "reduce_scatter", "broadcast"])), group=0, seq=i))
+        if rng.random() < 0.3:
+            t -= int(rng.integers(0, 2000))  # overlapping spans
+    return m.RankSpans.build(0, recs, 0)
+
+
+def test_cells_owned_is_its_cell_by_cell_twin():
+    """Ties, zero-length markers, open markers, hung calls, overlaps, cells before and after
+    every span, at zooms from a few ns to the whole run a cell."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        spans = _random_spans(rng, int(rng.integers(1, 120)))
+        lo, hi = spans.starts[0], max(e for e in spans.ends if e != m.FAR)
+        for _ in range(6):
+            width = int(rng.integers(1, 200))
+            npc = float(rng.choice([1.0, 3.7, 10.0, 123.4, 1000.0, (hi - lo) / width + 1]))
+            t0 = int(rng.integers(lo - 5000, hi + 100))
+            assert spans.cells_owned(t0, npc, width) == _cells_owned_reference(spans, t0, npc, width)
+
+
+def test_cells_owned_on_every_rank_of_a_real_failure(crashy_runs):
+    with open_bundle(crashy_runs("abort").bundle) as b:
+        tm = m.TimelineModel(b)
+        for rank in tm.ranks:
+            spans = tm.load(rank)
+            lo, hi = spans.starts[0], spans.reach[-1] if spans.reach[-1] != m.FAR else spans.starts[-1]
+            for width in (1, 37, 160):
+                for npc in (10.0, (hi - lo) / width / 7 + 1, (hi - lo) / width + 1):
+                    for t0 in (lo - 1000, lo + (hi - lo) // 3, hi - 100):
+                        assert spans.cells_owned(t0, npc, width) == _cells_owned_reference(spans, t0, npc, width)
+        tm.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from dataclasses import fields
 
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 from textual import work
@@ -41,6 +42,19 @@ def tensors_text(shapes, dtypes) -> str:
 
 def _hexes(values) -> str:
     return ", ".join(f"{v:016x}" if isinstance(v, int) else bytes(v).hex()[:16] for v in values)
+
+
+def _as_text(renderable, width: int) -> Text:
+    """`renderable` drawn at `width` columns, as styled text that is not wrapped again."""
+    console = Console(width=width, color_system="truecolor", force_terminal=True, file=io.StringIO())
+    text = Text(no_wrap=True, overflow="crop", end="")
+    for k, line in enumerate(console.render_lines(renderable, console.options.update_width(width), pad=False)):
+        if k:
+            text.append("\n")
+        for seg in line:
+            if not seg.control:
+                text.append(seg.text, seg.style)
+    return text
 
 
 def call_failure(spans, index: int) -> str | None:
@@ -86,8 +100,8 @@ def call_arrivals(tm: TimelineModel, rank: int, index: int, limit: int = MAX_MEM
         if i is None:
             rows.append((r, None, None, "did not enter"))
         else:
-            other = spans.records[i]
-            note = "" if other.op == rec.op or kind is PointToPoint else f"op {shown(other.op, 40)}!"
+            op = spans.op_at(i)  # (its record is not decoded: 256 members' chunks would take seconds)
+            note = "" if op == rec.op or kind is PointToPoint else f"op {shown(op, 40)}!"
             rows.append((r, spans.starts[i], spans.ends[i], note))
     arrived = [row for row in rows if row[1] is not None]
     last = max(arrived, key=lambda row: row[1]) if arrived else None
@@ -202,6 +216,7 @@ class SpanDetail(VerticalScroll, can_focus=True):
         self.failure: str | None = None  # the selected call's error, if it failed
         self.member_rows: list = []  # the member table's rows, in the order shown
         self.member_cursor = 0
+        self._shown: dict[str, object] = {}  # what each part shows, to draw again at a new width
 
     def compose(self):
         yield Static(id="detail-fields")
@@ -214,13 +229,12 @@ class SpanDetail(VerticalScroll, can_focus=True):
         spans = self.model.load(rank)
         rec = spans.records[index]
         self.failure = call_failure(spans, index)
-        self.query_one("#detail-fields", Static).update(_fields_table(self.model, rank, spans, index, self.failure))
-        members = self.query_one("#detail-members", Static)
+        self._update("#detail-fields", _fields_table(self.model, rank, spans, index, self.failure))
         if isinstance(rec, (Collective, PointToPoint)):
-            members.update(Text("reading the group's members…", style="italic grey50"))
+            self._update("#detail-members", Text("reading the group's members…", style="italic grey50"))
             self._read_members(rank, index)
         else:
-            members.update("")
+            self._update("#detail-members", Text(""))
 
     @work(thread=True, exclusive=True, group="detail")
     def _read_members(self, rank: int, index: int) -> None:
@@ -269,9 +283,33 @@ class SpanDetail(VerticalScroll, can_focus=True):
             out.add_row(("▶ " if focused and k == self.member_cursor else "") + str(r), arr, dur, Text(note), style=style)
         if focused:
             head.append("↑↓ member · enter show it · c copy\n", style="italic grey50")
-        from rich.console import Group
+        self._update("#detail-members", Group(head, out))
 
-        self.query_one("#detail-members", Static).update(Group(head, out))
+    def _update(self, part: str, renderable) -> None:
+        """Show `renderable` in `part` as text drawn once at the pane's width: a rich table
+        is measured and drawn again at every layout of the screen (a jump from a finding
+        spent most of a second in the members' table)."""
+        self._shown[part] = renderable
+        self._draw(part)
+
+    def _draw(self, part: str) -> None:
+        static = self.query_one(part, Static)
+        width = static.content_region.width
+        if width <= 0:  # not laid out yet (the pane was hidden): its width less border and padding
+            width = int(self.styles.width.value) - 5 if self.styles.width is not None else 40
+        static.update(_as_text(self._shown[part], max(width, 10)))
+
+    def on_resize(self) -> None:
+        for part in self._shown:
+            self._draw(part)
+
+    def text(self, width: int) -> str:
+        """What the pane shows, as plain text drawn at `width` columns (what c copies)."""
+        console = Console(width=width, record=True, file=io.StringIO())
+        for part in ("#detail-fields", "#detail-members"):
+            if part in self._shown:
+                console.print(self._shown[part])
+        return console.export_text()
 
     def on_focus(self) -> None:
         if self.arrivals:
@@ -305,9 +343,6 @@ class SpanDetail(VerticalScroll, can_focus=True):
         """The pane's text to the clipboard (the terminal's, through textual)."""
         from rich.console import Console
 
-        console = Console(width=120, record=True, file=io.StringIO())
-        for part in ("#detail-fields", "#detail-members"):
-            console.print(self.query_one(part, Static).content)
-        text = console.export_text()
+        text = self.text(120)
         self.app.copy_to_clipboard(text)
         self.notify(f"details copied ({len(text.splitlines())} lines)")

@@ -266,7 +266,7 @@ class Timeline(ScrollView, can_focus=True):
         fill = CHARS.get(code, " ")
         if code in (m.IDLE, m.COMPUTE, m.MARK) or code < 0 or index < 0:
             return fill * n
-        op = shown(spans.ops[index] or "", 40)  # the bundle's: no escape reaches a cell
+        op = shown(spans.op_at(index) or "", 40)  # the bundle's: no escape reaches a cell
         if n >= len(op) + 2:
             return "▏" + op + fill * (n - len(op) - 1)
         return ("▏" + fill * (n - 1)) if n > 1 else fill
@@ -349,15 +349,15 @@ class Timeline(ScrollView, can_focus=True):
             return
         view = self._view
         shown_now = False
-        for rank, lists in got:
-            if lists is None:  # read here, where a malformed chunk is named (and ends the app)
+        for rank, arrays in got:
+            if arrays is None:  # read here, where a malformed chunk is named (and ends the app)
                 try:
                     self.model.load(rank)
                 except PrismError as exc:
                     self.app._handle_exception(exc)
                     return
             else:
-                self.model.keep(rank, lists)
+                self.model.keep(rank, arrays, apart.values)
             self.loads += 1
             shown_now = shown_now or view.start <= self.row_index[(rank, False)] < view.stop
         if shown_now:
