@@ -63,15 +63,23 @@ async def _settle(pilot, timeline, deadline: float = 60.0) -> None:
     await pilot._wait_for_screen()  # the refresh the loader posted
 
 
-async def _key_to_frame(app, pilot, key: str, char: str | None, settled) -> float:
+async def _key_to_frame(app, pilot, key: str, char: str | None, settled, state=None) -> float:
     """From a key sent as the terminal driver sends it (Pilot.press adds idle waits) until
-    the screen is repainted."""
+    the screen is repainted. `state()`: what the key changes; the wait for the repaint
+    begins once it has changed (the driver hands the key to the loop later: without this,
+    a key could be timed before it was handled, and its work counted in the next key's)."""
     from textual import events
 
     t = time.perf_counter()
+    before = state() if state is not None else None
     event = events.Key(key, char)
     event.set_sender(app)
     app._driver.send_message(event)
+    end = t + 30
+    while state is not None and state() == before:
+        if time.perf_counter() > end:
+            raise TimeoutError(f"{key} changed nothing")
+        await asyncio.sleep(0)
     await settled()
     app.screen._on_timer_update()
     return time.perf_counter() - t
@@ -98,7 +106,9 @@ async def measure_heatmap(path: Path, presses: int, size: tuple[int, int]) -> di
         times: dict[str, list[float]] = {}
         for i in range(presses):
             for key, char in (("down", None), ("pagedown", None), ("plus", "+"), ("minus", "-")):
-                times.setdefault(key, []).append(await _key_to_frame(app, pilot, key, char, pilot._wait_for_screen))
+                hm = app.screen.heatmap
+                times.setdefault(key, []).append(await _key_to_frame(app, pilot, key, char, pilot._wait_for_screen,
+                                                                     lambda: (hm.row, hm.top, hm.per)))
         out["heatmap_keys_ms"] = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         out["heatmap_redraw_median_ms"] = statistics.median(x for v in times.values() for x in v) * 1e3
         hm = app.screen.heatmap
@@ -172,7 +182,9 @@ async def measure(path: Path, presses: int, size: tuple[int, int]) -> dict:
         out["rows"] = len(timeline.visible_rows())
 
         async def key_to_frame(key: str, char: str | None) -> float:
-            return await _key_to_frame(app, pilot, key, char, lambda: _settle(pilot, timeline))
+            return await _key_to_frame(app, pilot, key, char, lambda: _settle(pilot, timeline),
+                                       lambda: (timeline.cursor_row, timeline.scroll_offset.y, timeline.ns_per_cell,
+                                                timeline.t0))
 
         async def idle() -> None:
             while timeline._loading:  # the loader prefetching the pages around the view

@@ -200,28 +200,8 @@ class RankSpans:
 
     def cells_owned(self, t0: int, ns_per_cell: float, width: int) -> tuple[list[int], list[int]]:
         """The span code shown in each of `width` cells starting at time t0, and the span
-        each shows (-1: none): the code that takes most of the cell's time (at coarse zoom
-        a cell holds many calls and compute between them: painting the last one made every
-        rank look communication-bound), a later call winning a tie, compute never; a call
-        that failed or never completed always shows (the last such over the cell)."""
-        t1 = t0 + ns_per_cell * width
-        span = self.visible(t0, int(t1))
-        if not len(span):
-            return [IDLE] * width, [-1] * width
-        s_all, e_all, c_all = self._arrays()
-        s, codes = s_all[span.start : span.stop], c_all[span.start : span.stop]
-        e = np.minimum(e_all[span.start : span.stop], int(t1) + 1)
-        c0 = np.maximum(0, ((s - t0) / ns_per_cell).astype(np.int64))
-        c1 = np.minimum(width, ((e - t0) / ns_per_cell).astype(np.int64) + 1)
-        out = np.full(width, IDLE, np.int64)
-        owner = np.full(width, -1, np.int64)
-        _most_time(out, owner, s, e, codes, c0, c1, t0, ns_per_cell)
-        for j in np.flatnonzero(codes == HANG).tolist():  # in order: the last one wins
-            out[c0[j] : c1[j]] = HANG
-            owner[c0[j] : c1[j]] = j
-        hit = owner >= 0
-        owner[hit] += span.start
-        return out.tolist(), owner.tolist()
+        each shows (-1: none): `cells_many` of this rank alone."""
+        return cells_many([(self, t0)], ns_per_cell, width)[0]
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """starts, ends and codes as arrays (made once)."""
@@ -271,18 +251,53 @@ class RankSpans:
         return None
 
 
-def _most_time(out, owner, s, e, codes, c0, c1, t0: int, ns_per_cell: float) -> None:
-    """Into `out` and `owner`, cell by cell, the span (other than a failed or unfinished
-    call) that takes most of the cell's time: of those with the most, the last that is not
-    compute, else the first; nothing where none takes any time, unless a call of none
-    does (a marker). Spans are given in order; `c0`..`c1` the cells each overlaps."""
+def cells_many(lines: list[tuple[RankSpans, int]], ns_per_cell: float, width: int) -> list[tuple[list, list]]:
+    """Of each (spans, t0) line, the span code shown in each of `width` cells starting at
+    its t0, and the span each cell shows (-1: none): the code that takes most of the cell's
+    time (at coarse zoom a cell holds many calls and compute between them: painting the
+    last one made every rank look communication-bound), a later call winning a tie,
+    compute never; a call that failed or never completed always shows (the last such over
+    the cell). All lines in one pass over arrays: a screen of lines costs about one."""
+    parts = []
+    for k, (spans, t0) in enumerate(lines):
+        t1 = t0 + ns_per_cell * width
+        span = spans.visible(t0, int(t1))
+        if len(span):
+            s_all, e_all, c_all = spans._arrays()
+            e = np.minimum(e_all[span.start : span.stop], int(t1) + 1)
+            parts.append((k, t0, s_all[span.start : span.stop], e, c_all[span.start : span.stop], span))
+    out = np.full((len(lines), width), IDLE, np.int64)
+    owner = np.full((len(lines), width), -1, np.int64)
+    if parts:
+        line = np.concatenate([np.full(len(p[2]), p[0], np.int64) for p in parts])
+        t0s = np.concatenate([np.full(len(p[2]), p[1], np.int64) for p in parts])
+        s, e, codes = (np.concatenate([p[i] for p in parts]) for i in (2, 3, 4))
+        index = np.concatenate([np.arange(p[5].start, p[5].stop) for p in parts])  # in its own line's spans
+        c0 = np.maximum(0, ((s - t0s) / ns_per_cell).astype(np.int64))
+        c1 = np.minimum(width, ((e - t0s) / ns_per_cell).astype(np.int64) + 1)
+        _most_time(out.reshape(-1), owner.reshape(-1), s, e, codes, c0, c1, t0s, ns_per_cell, line * width)
+        for j in np.flatnonzero(codes == HANG).tolist():  # in order: the last one wins
+            out[line[j], c0[j] : c1[j]] = HANG
+            owner[line[j], c0[j] : c1[j]] = j
+        hit = owner >= 0
+        owner[hit] = index[owner[hit]]
+    return list(zip(out.tolist(), owner.tolist()))
+
+
+def _most_time(out, owner, s, e, codes, c0, c1, t0s, ns_per_cell: float, base) -> None:
+    """Into `out` and `owner` (flat; a span's cells from its `base`), cell by cell, the
+    span (other than a failed or unfinished call) that takes most of the cell's time: of
+    those with the most, the last that is not compute, else the first; nothing where none
+    takes any time, unless a call of none does (a marker). Spans are given in order;
+    `c0`..`c1` the cells each overlaps from its line's t0 (`t0s`)."""
     n = np.where(codes == HANG, 0, np.maximum(c1 - c0, 0))
     total = int(n.sum())
     if not total:
         return
     j = np.repeat(np.arange(len(n)), n)  # each (span, cell) pair's span, then its cell
-    cell = np.repeat(c0, n) + np.arange(total) - np.repeat(np.cumsum(n) - n, n)
-    lo = t0 + cell * ns_per_cell
+    local = np.repeat(c0, n) + np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    lo = t0s[j] + local * ns_per_cell
+    cell = base[j] + local
     part = np.minimum(e[j], lo + ns_per_cell) - np.maximum(s[j], lo)
     most = np.zeros(len(out))
     np.maximum.at(most, cell, part)

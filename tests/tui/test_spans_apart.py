@@ -162,3 +162,17 @@ def test_cells_owned_on_every_rank_of_a_real_failure(crashy_runs):
                     for t0 in (lo - 1000, lo + (hi - lo) // 3, hi - 100):
                         assert spans.cells_owned(t0, npc, width) == _cells_owned_reference(spans, t0, npc, width)
         tm.close()
+
+
+def test_lines_drawn_together_are_each_as_drawn_alone():
+    """The timeline draws a screen of lines in one pass (cells_many), each at its own t0."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        lines = [_random_spans(rng, int(rng.integers(1, 80))) for _ in range(int(rng.integers(1, 30)))]
+        width = int(rng.integers(1, 160))
+        npc = float(rng.choice([2.0, 57.5, 800.0]))
+        t0s = [int(rng.integers(sp.starts[0] - 3000, sp.starts[-1] + 10)) for sp in lines]
+        got = m.cells_many(list(zip(lines, t0s)), npc, width)
+        assert got == [_cells_owned_reference(sp, t0, npc, width) for sp, t0 in zip(lines, t0s)]

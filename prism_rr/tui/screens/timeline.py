@@ -38,6 +38,8 @@ def legend():
 
 
 class TimelineScreen(Screen):
+    _status = ""  # the status line as last drawn
+
     BINDINGS = [
         Binding("g", "goto", "Go to", id="timeline.goto"),
         Binding("exclamation_mark", "next_problem", "Next problem", id="timeline.next_problem"),
@@ -85,7 +87,10 @@ class TimelineScreen(Screen):
             bits.append(f"aligned on step {tl.align_step}")
         bits += [f"t {at} (time from the recording's start)", f"{format_ns(tl.ns_per_cell)}/cell",
                  f"window {format_ns(tl.t1 - tl.t0)}"]
-        self.query_one("#timeline-status", Static).update("  ·  ".join(bits), layout=False)
+        status = "  ·  ".join(bits)
+        if status != self._status:  # (an update draws the line again, with its markup parsed)
+            self._status = status
+            self.query_one("#timeline-status", Static).update(Text(status), layout=False)
 
     def on_timeline_span_selected(self, msg: Timeline.SpanSelected) -> None:
         detail = self.query_one(SpanDetail)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from rich.text import Text
 from textual.widget import Widget
 
@@ -65,6 +67,6 @@ class Ruler(Widget):
         text.append("".join(labels), style="grey70")
         text.append("\n")
         text.append(" " * g)
-        for ch in marks:
-            text.append(ch, style="yellow1" if ch == "┃" else ("cyan" if ch == "▼" else "grey50"))
+        for style, run in groupby(marks, key=lambda ch: "yellow1" if ch == "┃" else ("cyan" if ch == "▼" else "grey50")):
+            text.append("".join(run), style=style)  # a span a run of one style (one a cell: ms a frame)
         return text

@@ -15,6 +15,7 @@ import asyncio
 import threading
 from time import monotonic
 
+import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from textual import work
@@ -110,6 +111,7 @@ class Timeline(ScrollView, can_focus=True):
         self._selected_call: tuple | None = None  # the selected call's (group, seq, kind)
         self.label_width = max(len(str(max(tm.ranks, default=0))) + 2, 5)
         self._lines: LRUCache[tuple, Strip] = LRUCache(2048)
+        self._cells: LRUCache[tuple, tuple] = LRUCache(512)  # a line's cells and owners at a view
         self._pending: set[tuple[int, bool]] = set()
         self._wake = threading.Condition()  # guards _pending and _view
         self._view = range(0)  # the visible lines, as the loop last drew them
@@ -196,26 +198,13 @@ class Timeline(ScrollView, can_focus=True):
         row = int(self.scroll_offset.y) + y
         if not 0 <= row < len(self.rows):
             return Strip.blank(self.size.width)
-        view = self.visible_rows()
-        if view != self._view:
-            with self._wake:
-                self._view = view
-            if self.model.apart is not None:
-                self._pump_soon()  # the pages around the new view
-            if self.model.apart is None or self.replay is not None:
-                self._kick_loader()
+        self._note_view()
         rank, replayed = self.rows[row]
         source = self._source(replayed)
         width = self.cells
         is_cursor = row == self.cursor_row
-        sel = self.selected[1] if self.selected and self.selected[0] == rank and not replayed else None
-        member = False
-        if sel is None and self._selected_call is not None:
-            loaded = source.get(rank)
-            if loaded is not None:  # the selected call on another member, or as replayed
-                sel = loaded.find_call(*self._selected_call)
-                member = sel is not None
-        t0 = self.t0 + self.shift(rank) + (self.replay_shift(rank) if replayed else 0)
+        sel, member = self._selected_on(rank, replayed, source)
+        t0 = self._line_t0(rank, replayed)
         key = (rank, replayed, t0, self.ns_per_cell, width, sel, member, self.cursor_col if is_cursor else None)
         strip = self._lines.get(key)
         if strip is not None:
@@ -226,38 +215,89 @@ class Timeline(ScrollView, can_focus=True):
         if spans is None:
             self._request((rank, replayed))
             return Strip([label, Segment("·" * width, LOADING)], width + self.label_width)
-        cells, owner = spans.cells_owned(t0, self.ns_per_cell, width)
-        codes: list = cells
+        cells, owner = self._cells_of(rank, replayed, spans, t0, width)
         if sel is not None:
-            s0 = max(0, int((spans.starts[sel] - t0) / self.ns_per_cell))
-            s1 = min(width, int((min(spans.ends[sel], t0 + self.ns_per_cell * width) - t0) / self.ns_per_cell) + 1)
-            codes = list(cells)
-            mark = -3 if member else (-2 if spans.codes[sel] == m.HANG else -1)
-            for c in range(s0, max(s1, s0 + 1) if s0 < width else s1):  # at least a cell
-                codes[c] = mark
-        segments = [label]
-        run_code, run_start = codes[0] if codes else m.IDLE, 0
-        for c in range(1, width + 1):
-            code = codes[c] if c < width else None
-            # a new span of the same code (back-to-back calls of one op) starts a new run
-            if code != run_code or (code not in (m.IDLE, m.COMPUTE) and code is not None and code >= 0
-                                    and owner[c] != owner[c - 1]):
-                n = c - run_start
-                style = (MEMBER if run_code == -3 else SELECTED) if run_code < 0 else STYLES[run_code]
-                segments.append(Segment(self._run_text(spans, owner[run_start], run_code, n), style))
-                run_code, run_start = code, c
+            cells = self._marked(cells, spans, sel, member, t0, width)
+        strip = Strip([label, *self._segments(spans, cells, owner)], width + self.label_width)
         if is_cursor and 0 <= self.cursor_col < width:
-            strip = Strip(segments, width + self.label_width)
             col = self.label_width + self.cursor_col
             left, mid, right = strip.divide([col, col + 1, width + self.label_width])
             segs = list(mid)
             under = segs[0].style if segs else Style()
-            mid = Strip([Segment("┃", (under or Style()) + CURSOR)], 1)
-            strip = Strip.join([left, mid, right])
-        else:
-            strip = Strip(segments, width + self.label_width)
+            strip = Strip.join([left, Strip([Segment("┃", (under or Style()) + CURSOR)], 1), right])
         self._lines[key] = strip
         return strip
+
+    def _note_view(self) -> None:
+        """The visible lines, for the loaders (which read it from their thread or later)."""
+        view = self.visible_rows()
+        if view != self._view:
+            with self._wake:
+                self._view = view
+            if self.model.apart is not None:
+                self._pump_soon()  # the pages around the new view
+            if self.model.apart is None or self.replay is not None:
+                self._kick_loader()
+
+    def _selected_on(self, rank: int, replayed: bool, source) -> tuple[int | None, bool]:
+        """(the span on this line marked as selected, whether as the selected call's
+        member: its other members, or its replay)."""
+        if self.selected and self.selected[0] == rank and not replayed:
+            return self.selected[1], False
+        if self._selected_call is not None:
+            loaded = source.get(rank)
+            if loaded is not None:  # the selected call on another member, or as replayed
+                sel = loaded.find_call(*self._selected_call)
+                return sel, sel is not None
+        return None, False
+
+    def _line_t0(self, rank: int, replayed: bool) -> int:
+        return self.t0 + self.shift(rank) + (self.replay_shift(rank) if replayed else 0)
+
+    def _cells_of(self, rank: int, replayed: bool, spans, t0: int, width: int) -> tuple[list, list]:
+        """This line's cells (cells_many), drawn with every visible loaded line not drawn
+        yet at this view: one pass over arrays a screen."""
+        key = (rank, replayed, t0, self.ns_per_cell, width)
+        got = self._cells.get(key)
+        if got is not None:
+            return got
+        todo = {key: (spans, t0)}
+        for i in self._view:
+            r, rep = self.rows[i]
+            other = self._source(rep).get(r)
+            if other is not None:
+                t = self._line_t0(r, rep)
+                k = (r, rep, t, self.ns_per_cell, width)
+                if k not in todo and self._cells.get(k) is None:
+                    todo[k] = (other, t)
+        for k, cells in zip(todo, m.cells_many(list(todo.values()), self.ns_per_cell, width)):
+            self._cells[k] = cells
+        return self._cells[key]
+
+    def _marked(self, cells: list, spans, sel: int, member: bool, t0: int, width: int) -> list:
+        """`cells` with the selected call's marked (-1; -2 one that never completed; -3 a
+        member's or the replay's), at least a cell of it."""
+        s0 = max(0, int((spans.starts[sel] - t0) / self.ns_per_cell))
+        s1 = min(width, int((min(spans.ends[sel], t0 + self.ns_per_cell * width) - t0) / self.ns_per_cell) + 1)
+        cells = list(cells)
+        mark = -3 if member else (-2 if spans.codes[sel] == m.HANG else -1)
+        for c in range(s0, max(s1, s0 + 1) if s0 < width else s1):
+            cells[c] = mark
+        return cells
+
+    def _segments(self, spans, codes: list, owner: list) -> list[Segment]:
+        """A line's cells as runs: a new run where the code changes, or a new call of the
+        same code begins (back-to-back calls of one op)."""
+        c = np.array(codes, np.int64)
+        o = np.array(owner, np.int64)
+        new = (c[1:] != c[:-1]) | ((o[1:] != o[:-1]) & (c[1:] >= 0) & (c[1:] != m.IDLE) & (c[1:] != m.COMPUTE))
+        bounds = [0, *(np.flatnonzero(new) + 1).tolist(), len(codes)]
+        out = []
+        for a, b in zip(bounds, bounds[1:]):
+            code = codes[a]
+            style = (MEMBER if code == -3 else SELECTED) if code < 0 else STYLES[code]
+            out.append(Segment(self._run_text(spans, owner[a], code, b - a), style))
+        return out
 
     @staticmethod
     def _run_text(spans, index: int, code: int, n: int) -> str:
@@ -441,9 +481,9 @@ class Timeline(ScrollView, can_focus=True):
         top = int(self.scroll_offset.y)
         height = max(1, self.scrollable_content_region.height)
         if self.cursor_row < top:
-            self.scroll_to(y=self.cursor_row, animate=False)
+            self.scroll_to(y=self.cursor_row, animate=False, immediate=True)
         elif self.cursor_row >= top + height:
-            self.scroll_to(y=self.cursor_row - height + 1, animate=False)
+            self.scroll_to(y=self.cursor_row - height + 1, animate=False, immediate=True)
 
     def set_cursor_row(self, row: int) -> None:
         old, top = self.cursor_row, int(self.scroll_offset.y)
@@ -507,7 +547,7 @@ class Timeline(ScrollView, can_focus=True):
 
     def action_page(self, direction: int) -> None:
         height = max(1, self.scrollable_content_region.height)
-        self.scroll_to(y=self.scroll_offset.y + direction * height, animate=False)
+        self.scroll_to(y=self.scroll_offset.y + direction * height, animate=False, immediate=True)
         self.set_cursor_row(self.cursor_row + direction * height)
 
     def action_first_rank(self) -> None:
