@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -119,6 +120,13 @@ class PrismApp(App):
                             f"{', '.join(unknown)} (F1 lists the ids)", severity="warning", timeout=15,
                             markup=False)
         self.switch_mode(self.start_mode)
+        # what the app is made of lives as long as it: a full collection no longer scans it
+        # (one took 70 ms of a frame at 8192 ranks; frames after: 10-20 ms)
+        self.call_after_refresh(gc.freeze)
+
+    def on_unmount(self) -> None:
+        gc.unfreeze()
+        self.model.close()
 
     def _title(self) -> str:
         b = self.bundle
@@ -148,7 +156,7 @@ class PrismApp(App):
 
     async def open_attempt(self, attempt: int) -> None:
         """Show `attempt` of the bundle: every screen is made anew on it."""
-        old = self.bundle
+        old, old_model = self.bundle, self.model
         self.bundle = open_bundle(old.path, attempt)
         self.model = TimelineModel(self.bundle)
         self.findings = []
@@ -161,6 +169,7 @@ class PrismApp(App):
             self.add_mode(mode, screen)
         await self.switch_mode(current if current in self.MODES else "overview")
         await self.remove_mode("attempt-switch")
+        old_model.close()
         old.close()
         self.notify(f"attempt {attempt}", title="Attempts", markup=False)
 

@@ -12,6 +12,7 @@ shown, and rendered lines are kept in an LRU until the view changes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from time import monotonic
 
@@ -118,6 +119,7 @@ class Timeline(ScrollView, can_focus=True):
         self._thread_busy = False  # the loader thread is reading lines
         self._loader_started = False
         self._pump_due = False
+        self._watched: int | None = None  # the process apart's pipe, as the loop watches it
         self.loads = 0  # ranks loaded so far (benchmark and tests read it)
 
     # --- geometry --------------------------------------------------------------------
@@ -174,11 +176,18 @@ class Timeline(ScrollView, can_focus=True):
     def on_mount(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.rows))
         if self.model.apart is not None:
-            asyncio.get_running_loop().add_reader(self.model.apart.fileno(), self._received)
+            self._watched = self.model.apart.fileno()
+            asyncio.get_running_loop().add_reader(self._watched, self._received)
 
     def on_unmount(self) -> None:
-        if self.model.apart is not None:
-            asyncio.get_running_loop().remove_reader(self.model.apart.fileno())
+        self._unwatch()
+
+    def _unwatch(self) -> None:
+        """The loop stops watching the process apart's pipe (before it is closed)."""
+        fd, self._watched = self._watched, None
+        if fd is not None:
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(fd)
 
     def on_resize(self) -> None:
         self.virtual_size = Size(self.size.width, len(self.rows))
@@ -405,10 +414,8 @@ class Timeline(ScrollView, can_focus=True):
         self._pump()
 
     def _stop_apart(self) -> None:
-        apart = self.model.apart
-        if apart is not None:
-            asyncio.get_running_loop().remove_reader(apart.fileno())
-            self.model.close()
+        self._unwatch()
+        self.model.close()
         self._request_again()
 
     def _request_again(self) -> None:
