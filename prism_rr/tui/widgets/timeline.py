@@ -384,7 +384,10 @@ class Timeline(ScrollView, can_focus=True):
         with self._wake:
             rows, _ = self._next_to_load(room, skip=apart.asked, replayed=False)
         if rows:
-            apart.ask([(rank, self.model.offsets.get(rank, 0)) for rank, _ in rows])
+            try:
+                apart.ask([(rank, self.model.offsets.get(rank, 0)) for rank, _ in rows])
+            except OSError:  # it died: the loader thread reads from now on
+                self._stop_apart()
 
     def _received(self) -> None:
         """What the process apart sent: kept, the view redrawn where it shows any."""
