@@ -393,12 +393,17 @@ def test_record_kinds_that_are_maps_are_refused():
         codec.decode_chunk(fuzz.packb(chunk), len(recs), "test")
 
 
-def test_tui_ends_a_bundle_malformed_in_a_worker_with_exit_4(tmp_path):
-    """A chunk is read lazily, in a worker thread, while browsing: the app ends, and the
-    error is the one line the command prints."""
+@pytest.mark.parametrize("apart", [False, True], ids=["thread", "apart"])
+def test_tui_ends_a_bundle_malformed_in_a_worker_with_exit_4(tmp_path, monkeypatch, apart):
+    """A chunk is read lazily, in a worker thread or the process reading spans apart (as
+    for a big bundle), while browsing: the app ends, and the error is the one line the
+    command prints."""
     import asyncio
 
     from prism_rr.tui.app import PrismApp
+    from prism_rr.tui.model import TimelineModel
+
+    monkeypatch.setattr(TimelineModel, "APART_FROM", 1 if apart else 1 << 30)
 
     parts = fuzz.Parts(GOLDEN.read_bytes())
     entries = parts.chunk_entries()
@@ -413,14 +418,16 @@ def test_tui_ends_a_bundle_malformed_in_a_worker_with_exit_4(tmp_path):
 
     async def browse():
         app = PrismApp(path, start="timeline")
+        read_apart = app.model.apart is not None
         async with app.run_test() as pilot:
             for _ in range(50):
                 await pilot.pause(0.05)
                 if app.bundle_error is not None:
                     break
-        return app
+        return app, read_apart
 
-    app = asyncio.run(browse())
+    app, read_apart = asyncio.run(browse())
+    assert read_apart == apart
     assert isinstance(app.bundle_error, FormatError)
     assert app.return_code == 4
 
