@@ -157,6 +157,7 @@ class PrismApp(App):
     async def open_attempt(self, attempt: int) -> None:
         """Show `attempt` of the bundle: every screen is made anew on it."""
         old, old_model = self.bundle, self.model
+        gc.unfreeze()  # the screens and the model of the attempt left can go (frozen again below)
         self.bundle = open_bundle(old.path, attempt)
         self.model = TimelineModel(self.bundle)
         self.findings = []
@@ -171,6 +172,7 @@ class PrismApp(App):
         await self.remove_mode("attempt-switch")
         old_model.close()
         old.close()
+        self.call_after_refresh(gc.freeze)
         self.notify(f"attempt {attempt}", title="Attempts", markup=False)
 
     # --- what other screens ask for ------------------------------------------------

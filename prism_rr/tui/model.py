@@ -453,8 +453,8 @@ class ApartReader:
         ctx = multiprocessing.get_context("fork")
         asks, self._asks = ctx.Pipe(duplex=False)
         self._answers, answers = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_serve_apart, args=(bundle, asks, answers), daemon=True,
-                                 name="prism-rr spans")
+        self._proc = ctx.Process(target=_serve_apart, args=(bundle, asks, answers, (self._asks, self._answers)),
+                                 daemon=True, name="prism-rr spans")
         self._proc.start()
         asks.close()
         answers.close()
@@ -504,13 +504,21 @@ class ApartReader:
         self._proc.join(1)
 
 
-def _serve_apart(bundle: Bundle, asks, answers) -> None:
+def _serve_apart(bundle: Bundle, asks, answers, theirs) -> None:
     """The process apart: each rank asked for, read and sent back in the order asked, with
-    the values interned since the last answer."""
+    the values interned since the last answer. It ends when the asking process does (its
+    ends of the pipes, inherited by the fork, closed here so that the asking end's close
+    reads as the end; and its parent watched, should another child hold that end)."""
+    for conn in theirs:
+        conn.close()
+    parent = os.getppid()
     reader = ColumnReader(bundle)
     sent = 1  # values[0], None, is known
     try:
         while True:
+            while not asks.poll(1.0):
+                if os.getppid() != parent:
+                    return
             for rank, offset in asks.recv():
                 try:
                     arrays = span_arrays(reader, bundle.chunks(rank), offset)
@@ -531,7 +539,9 @@ class TimelineModel:
 
     APART_FROM = 256  # from this many ranks, spans are read in a process apart (where it can fork)
 
-    def __init__(self, bundle: Bundle, capacity: int = 1024):
+    def __init__(self, bundle: Bundle, capacity: int = 1024, apart: bool = True):
+        """`apart`: read spans in a process apart where the bundle is big enough
+        (APART_FROM); a second model beside the timeline's (a replay's) reads them here."""
         self.bundle = bundle
         self.ranks: list[int] = bundle.recorded_ranks
         self.row_of = {r: i for i, r in enumerate(self.ranks)}
@@ -541,7 +551,7 @@ class TimelineModel:
         self._reader = ColumnReader(bundle)
         self._read_lock = threading.Lock()
         self.apart: ApartReader | None = None  # reads spans in a process apart (`ApartReader`)
-        if len(self.ranks) >= self.APART_FROM and "fork" in multiprocessing.get_all_start_methods():
+        if apart and len(self.ranks) >= self.APART_FROM and "fork" in multiprocessing.get_all_start_methods():
             self.apart = ApartReader(bundle)
             weakref.finalize(self, self.apart.close)
         self.summaries = bundle.summaries  # read once, on this thread

@@ -176,3 +176,33 @@ def test_lines_drawn_together_are_each_as_drawn_alone():
         t0s = [int(rng.integers(sp.starts[0] - 3000, sp.starts[-1] + 10)) for sp in lines]
         got = m.cells_many(list(zip(lines, t0s)), npc, width)
         assert got == [_cells_owned_reference(sp, t0, npc, width) for sp, t0 in zip(lines, t0s)]
+
+
+def test_the_process_apart_ends_with_the_app_killed(small, tmp_path):
+    """SIGKILL (the OOM killer at 8192 ranks) takes the app: its process apart ends too,
+    holding no memory of the bundle's."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time; from prism_rr.format import open_bundle; from prism_rr.tui import model as m; "
+            "m.TimelineModel.APART_FROM = 1; tm = m.TimelineModel(open_bundle(sys.argv[1])); "
+            "print(tm.apart._proc.pid, flush=True); time.sleep(60)")
+    app = subprocess.Popen([sys.executable, "-c", code, str(small)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(app.stdout.readline())
+        os.kill(child, 0)  # it runs
+        app.kill()
+        app.wait(10)
+        end = time.monotonic() + 15
+        while time.monotonic() < end:
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not yet reaped
+                        return
+            except FileNotFoundError:
+                return
+            time.sleep(0.1)
+        pytest.fail("the process apart outlived the app that forked it")
+    finally:
+        app.kill()

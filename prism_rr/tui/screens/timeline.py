@@ -52,7 +52,7 @@ class TimelineScreen(Screen):
         tm = self.app.model
         replay = None
         if self.app.replay is not None:
-            replay = TimelineModel(self.app.replay)
+            replay = TimelineModel(self.app.replay, apart=False)  # its lines are few: the replay's real ranks
         self.timeline = Timeline(tm, replay, id="timeline")
         with Horizontal(id="timeline-body"):
             with Vertical(id="timeline-main"):

@@ -28,7 +28,6 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.worker import get_current_worker
 
-from prism_rr.errors import PrismError
 from prism_rr.text import shown
 from prism_rr.tui import model as m
 
@@ -390,7 +389,14 @@ class Timeline(ScrollView, can_focus=True):
                 self._stop_apart()
 
     def _received(self) -> None:
-        """What the process apart sent: kept, the view redrawn where it shows any."""
+        """What the process apart sent: kept, the view redrawn where it shows any. (Called
+        by the loop, outside textual's handlers: what it raises is handed to the app.)"""
+        try:
+            self._take_received()
+        except Exception as exc:  # noqa: BLE001 - a malformed bundle ends the app with exit 4, a bug with its trace
+            self.app._handle_exception(exc)
+
+    def _take_received(self) -> None:
         apart = self.model.apart
         if apart is None:
             return
@@ -403,11 +409,7 @@ class Timeline(ScrollView, can_focus=True):
         shown_now = False
         for rank, arrays in got:
             if arrays is None:  # read here, where a malformed chunk is named (and ends the app)
-                try:
-                    self.model.load(rank)
-                except PrismError as exc:
-                    self.app._handle_exception(exc)
-                    return
+                self.model.load(rank)
             else:
                 self.model.keep(rank, arrays, apart.values)
             self.loads += 1
@@ -434,17 +436,21 @@ class Timeline(ScrollView, can_focus=True):
         while not worker.is_cancelled:
             with self._wake:
                 # the recorded lines are the process apart's while it reads
-                rows, shown_now = self._next_to_load(self.BATCH, replayed=True if self.model.apart else None)
+                rows, _ = self._next_to_load(self.BATCH, replayed=True if self.model.apart else None)
                 self._thread_busy = bool(rows)
                 if not rows:
                     self._loader_started = False
                     return
             source = self._source(rows[0][1])
-            for i, (rank, _) in enumerate(rows):
-                source.load(rank)
+            shown_now = False
+            for i, row in enumerate(rows):
+                source.load(row[0])
                 self.loads += 1
+                view = self._view  # as drawn now: a neighbour read may have come into view meanwhile
+                shown_now = shown_now or view.start <= self.row_index[row] < view.stop
                 if shown_now and (i == len(rows) - 1 or monotonic() - posted > 0.1):
                     posted = monotonic()
+                    shown_now = False
                     self.post_message(self.SpansLoaded())
 
     BATCH = 8  # lines the loader thread reads before it looks at the view again
@@ -467,7 +473,7 @@ class Timeline(ScrollView, can_focus=True):
         self._pending.update(keep)
         if todo:
             batch = [r for r in todo[:limit] if r[1] == todo[0][1]]
-            self._pending.update(todo[len(batch):])
+            self._pending.update(r for r in todo if r not in batch)
             return batch, any(view.start <= index[r] < view.stop for r in batch)
         near = (*range(view.stop, min(len(lines), hi)), *range(max(0, lo), view.start))
         batch = [lines[i] for i in near if wanted(lines[i])][:limit]
