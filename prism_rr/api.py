@@ -670,11 +670,13 @@ def attempts_of(bundle) -> list[int]:
         return [a["attempt"] for a in b.attempts]
 
 
-def analyze(bundle, *, steps=None, ranks=None, attempt: int | None = None) -> Iterator[StepAttribution]:
+def analyze(bundle, *, steps=None, ranks=None, attempt: int | None = None,
+            progress=None) -> Iterator[StepAttribution]:
     """Per step, where each rank's time went (compute, overlapped, exposed, waiting), the
     critical path and each late rank's straggler cost: one step at a time, as it is read
     (the bundle stays open until the iterator is done). `steps` "A:B" (B excluded) and
-    `ranks` "0,2,4-7" narrow it; UsageError, at once, when none of `ranks` was recorded."""
+    `ranks` "0,2,4-7" narrow it; UsageError, at once, when none of `ranks` was recorded.
+    `progress(batch, batches, (first step, last step))` as `analysis.attribute` calls it."""
     window = step_window(steps)
     chosen = list(parse_ranks(ranks)) if ranks else None
     b = open_bundle(bundle, attempt)
@@ -684,14 +686,14 @@ def analyze(bundle, *, steps=None, ranks=None, attempt: int | None = None) -> It
     except BaseException:
         b.close()
         raise
-    return _attributions(b, window, chosen)
+    return _attributions(b, window, chosen, progress)
 
 
-def _attributions(b, window, chosen) -> Iterator[StepAttribution]:
+def _attributions(b, window, chosen, progress) -> Iterator[StepAttribution]:
     from prism_rr.analysis import attribute
 
     with b:
-        yield from attribute(b, steps=window, ranks=chosen)
+        yield from attribute(b, steps=window, ranks=chosen, progress=progress)
 
 
 def analysis_lines(attributions) -> Iterator[str]:
@@ -709,16 +711,17 @@ def analysis_json_text(attributions) -> Iterator[str]:
 
 
 def analysis_output(bundle, *, as_json: bool = False, steps=None, ranks=None,
-                    attempt: int | str | None = None) -> Iterator[str]:
+                    attempt: int | str | None = None, progress=None) -> Iterator[str]:
     """What `prism-rr analyze` prints on stdout, in pieces as the steps come: `analyze`'s
     lines (`as_json`: its one JSON object) of `attempt`, or of every attempt one after
-    the other (`attempt="all"`, each named; as JSON, {"attempts": [{attempt, analysis}]})."""
+    the other (`attempt="all"`, each named; as JSON, {"attempts": [{attempt, analysis}]}).
+    `progress` as `analyze` takes it."""
     attempts = attempts_of(bundle) if attempt == "all" else [_attempt_number(attempt)]
     several = len(attempts) > 1
     if as_json and several:
         yield '{"attempts": ['
     for i, k in enumerate(attempts):
-        steps_read = analyze(bundle, steps=steps, ranks=ranks, attempt=k)
+        steps_read = analyze(bundle, steps=steps, ranks=ranks, attempt=k, progress=progress)
         if as_json:
             if several:
                 yield ("" if i == 0 else ", ") + f'{{"attempt": {k}, "analysis": '

@@ -439,8 +439,12 @@ def analyze(
     one rank at a time: two equally late ranks each cost little alone. One step is in
     memory at a time.
     """
-    for piece in api.analysis_output(bundle, as_json=as_json, steps=steps, ranks=ranks, attempt=attempt):
-        print(piece, end="")
+    def progress(done: int, total: int, steps: tuple[int, int]) -> None:
+        _say(f"analyze: reading steps {steps[0]}-{steps[1]} (batch {done} of {total})")
+
+    for piece in api.analysis_output(bundle, as_json=as_json, steps=steps, ranks=ranks, attempt=attempt,
+                                     progress=progress):
+        print(piece, end="", flush=True)
 
 
 DIFF_CODES = """\

@@ -1255,12 +1255,14 @@ def _attribute_graph(g: _Graph, step: int, candidates: int, of: Iterable[int] | 
 
 def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: list[int] | None = None,
               candidates: int = MAX_CANDIDATES, of: Iterable[int] | None = None,
-              processes: int | None = None) -> Iterator[StepAttribution]:
+              processes: int | None = None, progress=None) -> Iterator[StepAttribution]:
     """`attribute_step` for each step (of `steps` a..b inclusive, if given), one step in
     memory at a time: what the TUI and `prism-rr analyze` read. `of`: only these ranks'
     costs (each costs a re-timing of the step: diagnose asks for its stragglers').
     `processes`: as build_graph's (from PARALLEL_FROM_RANKS ranks, a second process reads
-    part of each batch)."""
+    part of each batch). `progress(batch, batches, (first step, last step))` before each
+    batch of steps is read, where there is more than one (a bundle of 8192 x 10,000 takes
+    minutes)."""
     ranks = bundle.recorded_ranks if ranks is None else [r for r in ranks if r in set(bundle.recorded_ranks)]
     offsets = clock_offsets(bundle, ranks)
     every = _steps_of(bundle, ranks)
@@ -1271,8 +1273,11 @@ def attribute(bundle: Bundle, *, steps: tuple[int, int] | None = None, ranks: li
     per_step = max(1, bundle.event_count // max(1, len(every)))
     members = _group_members(bundle, ranks)
     size = max(1, BATCH_RECORDS // per_step)
+    batches = -(-len(todo) // size)
     for i in range(0, len(todo), size):
         batch = todo[i : i + size]
+        if progress is not None and batches > 1:
+            progress(i // size + 1, batches, (batch[0], batch[-1]))
         reader = ColumnReader(bundle, figures=False, attribution=True)
         cols = [_slim(c) for _, c in read_columns(bundle, reader, ranks, offsets, (batch[0], batch[-1]), processes)]
         calls = _batch(cols, ranks, reader.values)

@@ -147,3 +147,21 @@ def test_equal_waits_name_the_call_entered_first_either_way(tmp_path):
         for budget in (40, 100):
             assert diagnosis_json(diagnose(b, window_events=budget)) == diagnosis_json([f])
     assert (f.kind, f.ranks, f.group, f.seq) == ("straggler", (3,), 1, 0)
+
+
+def test_analyze_in_batches_says_where_it_is_and_finds_the_same(tmp_path, monkeypatch):
+    """A bundle of more records than a batch holds (8192 x 10,000) is analysed batch by
+    batch, each announced before it is read; the steps come out as from one batch."""
+    from prism_rr import api
+    from prism_rr.analysis import _attribution, attribution_json
+
+    run = SimRun(4)
+    run.train(6, slow={2: 3_000_000})
+    path = run.bundle(tmp_path)
+    said = []
+    whole = attribution_json(api.analyze(path, progress=lambda *a: said.append(a)))
+    assert said == []  # one batch: nothing to say
+    monkeypatch.setattr(_attribution, "BATCH_RECORDS", 1)
+    batched = attribution_json(api.analyze(path, progress=lambda *a: said.append(a)))
+    assert batched == whole and len(whole["steps"]) == 6
+    assert said == [(i + 1, 6, (i, i)) for i in range(6)]
