@@ -745,17 +745,17 @@ def _attempt_number(text: int | str | None) -> int | None:
         raise UsageError(f"--attempt takes an attempt's number or all, not {text!r}") from None
 
 
-def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None) -> BundleDiff:
+def diff(a, b, *, attempt: int | None = None, other_attempt: int | None = None, progress=None) -> BundleDiff:
     """Do two recordings issue the same collectives (`same`), where do they first part,
     and where did the time go, per step and rank? Its `lines()` and `json()` are what
     `prism-rr diff` prints. Calls are compared as replay compares a replayed call with
     its recording (`prism_rr.analysis.call_divergence`). `attempt` of `a`, `other_attempt`
     of `b` (default: each bundle's default one): two attempts of one restarted job are
-    two recordings to compare."""
+    two recordings to compare. `progress(ranks done, ranks)` as the ranks are compared."""
     from prism_rr.analysis import diff_bundles
 
     with open_bundle(a, attempt) as ba, open_bundle(b, other_attempt) as bb:
-        return diff_bundles(ba, bb)
+        return diff_bundles(ba, bb, progress=progress)
 
 
 # --- making bundles from bundles, and from other tools' dumps -------------------------

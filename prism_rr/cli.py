@@ -474,7 +474,14 @@ def diff(
     a reference bundle in CI. Where the recorded steps differ, the steps both hold are
     compared, the step a failed run stopped in among them, up to where its records end.
     """
-    result = api.diff(a, b, attempt=attempt, other_attempt=other_attempt)
+    said = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - said[0] >= 3.0:  # every few seconds: 8192 ranks x 10,000 take minutes
+            _say(f"diff: {done:,} of {total:,} ranks compared")
+            said[0] = time.monotonic()
+
+    result = api.diff(a, b, attempt=attempt, other_attempt=other_attempt, progress=progress)
     if as_json:
         print(json.dumps(result.json()))
     else:
