@@ -10,7 +10,6 @@ import bisect
 import contextlib
 import multiprocessing
 import os
-import pickle
 import struct
 import threading
 import weakref
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from statistics import median
 
+import msgpack
 import numpy as np
 
 from prism_rr.analysis import ColumnReader, step_durations
@@ -445,8 +445,7 @@ class ApartReader:
     never waiting, each (rank, span_arrays, or None where it could not read them: read
     them here, where a malformed chunk is named) that has arrived whole. The process works
     on the bundle as this one opened it (an attempt's view included), forked before the UI
-    starts its threads. Op ids index `values`, the process's interned values as it sent
-    them.
+    starts its threads. Op ids index `values`, the op names it has sent.
     """
 
     def __init__(self, bundle: Bundle) -> None:
@@ -463,7 +462,8 @@ class ApartReader:
         os.set_blocking(self._answers.fileno(), False)
         self._buffer = bytearray()
         self.asked: set[int] = set()  # asked for and not yet received
-        self.values: list = [None]
+        self.values: list = [None]  # the op names the process sent, as `span_arrays`' values
+        self._ids: dict = {None: 0}
 
     def fileno(self) -> int:
         """What the loop watches: readable when an answer (or the end) arrives."""
@@ -489,12 +489,29 @@ class ApartReader:
             (n,) = struct.unpack("!i", buf[:4])  # multiprocessing's framing of send_bytes
             if len(buf) < 4 + n:
                 break
-            rank, arrays, values = pickle.loads(buf[4 : 4 + n])
+            rank, arrays = self._decoded(bytes(buf[4 : 4 + n]))
             del buf[: 4 + n]
-            self.values += values
             self.asked.discard(rank)
             out.append((rank, arrays))
         return out
+
+    def _decoded(self, data: bytes) -> tuple[int, dict | None]:
+        """An answer (`_answer`): its arrays, its op names interned into `values` and its
+        op ids made indexes of them. msgpack and raw arrays of known types (nothing here
+        unpickles, not even what our own process sends)."""
+        rank, names, cols = msgpack.unpackb(data, raw=False)
+        if cols is None:
+            return rank, None
+        arrays = {k: np.frombuffer(cols[k], dtype) for k, dtype in _APART_TYPES.items()}
+        ids = []
+        for name in names:
+            i = self._ids.get(name)
+            if i is None:
+                i = self._ids[name] = len(self.values)
+                self.values.append(name)
+            ids.append(i)
+        arrays["op"] = np.array(ids, np.int32)[arrays["op"]] if ids else arrays["op"]
+        return rank, arrays
 
     def close(self) -> None:
         self._asks.close()
@@ -513,21 +530,35 @@ def _serve_apart(bundle: Bundle, asks, answers, theirs) -> None:
         conn.close()
     parent = os.getppid()
     reader = ColumnReader(bundle)
-    sent = 1  # values[0], None, is known
     try:
         while True:
             while not asks.poll(1.0):
                 if os.getppid() != parent:
                     return
             for rank, offset in asks.recv():
-                try:
-                    arrays = span_arrays(reader, bundle.chunks(rank), offset)
-                except Exception:  # noqa: BLE001 - the asking process reads it again and names what is wrong
-                    arrays = None
-                new, sent = reader.values[sent:], len(reader.values)
-                answers.send_bytes(pickle.dumps((rank, arrays, new), pickle.HIGHEST_PROTOCOL))
+                answers.send_bytes(_answer(reader, bundle, rank, offset))
     except (EOFError, OSError, KeyboardInterrupt):  # the UI is gone
         pass
+
+
+def _answer(reader, bundle: Bundle, rank: int, offset: int) -> bytes:
+    """[rank, the op names of its calls, {column: raw bytes}], the op column indexing the
+    names; [rank, [], None] where the rank could not be read (the asking process reads it
+    again and names what is wrong)."""
+    try:
+        arrays = span_arrays(reader, bundle.chunks(rank), offset)
+    except Exception:  # noqa: BLE001 - see above
+        return msgpack.packb([rank, [], None], use_bin_type=True)
+    ids, local = np.unique(arrays["op"], return_inverse=True)
+    arrays["op"] = local.reshape(-1)
+    names = [reader.values[i] for i in ids.tolist()]
+    cols = {k: np.ascontiguousarray(arrays[k], dtype).tobytes() for k, dtype in _APART_TYPES.items()}
+    return msgpack.packb([rank, names, cols], use_bin_type=True)
+
+
+# the columns an answer carries, and their types
+_APART_TYPES = {"starts": np.int64, "ends": np.int64, "codes": np.int8, "reach": np.int64, "kinds": np.int8,
+                "op": np.int32, "group": np.int64, "seq": np.int64, "chunk": np.int32, "kpos": np.int32}
 
 
 class TimelineModel:
