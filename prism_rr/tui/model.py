@@ -170,7 +170,7 @@ class RankSpans:
         a = arrays
         return cls(rank, a["starts"].tolist(), a["ends"].tolist(), a["codes"].tolist(), a["reach"].tolist(),
                    _Records(refs, a["chunk"], a["kpos"], read_chunk), a["kinds"], a["op"], values, a["group"],
-                   a["seq"])
+                   a["seq"], _np=(a["starts"], a["ends"], a["codes"].astype(np.int64)))  # (cells_many reads these)
 
     @property
     def ops(self) -> list[str | None]:
