@@ -113,7 +113,7 @@ class Timeline(ScrollView, can_focus=True):
         self._lines: LRUCache[tuple, Strip] = LRUCache(2048)
         self._cells: LRUCache[tuple, tuple] = LRUCache(512)  # a line's cells and owners at a view
         self._pending: set[tuple[int, bool]] = set()
-        self._wake = threading.Condition()  # guards _pending and _view
+        self._load_lock = threading.Lock()  # guards _pending, _view and _loader_started
         self._view = range(0)  # the visible lines, as the loop last drew them
         self._thread_busy = False  # the loader thread is reading lines
         self._loader_started = False
@@ -240,7 +240,7 @@ class Timeline(ScrollView, can_focus=True):
         """The visible lines, for the loaders (which read it from their thread or later)."""
         view = self.visible_rows()
         if view != self._view:
-            with self._wake:
+            with self._load_lock:
                 self._view = view
             if self.model.apart is not None:
                 self._pump_soon()  # the pages around the new view
@@ -347,9 +347,8 @@ class Timeline(ScrollView, can_focus=True):
         return self._thread_busy or bool(self._pending) or self._pump_due or (apart is not None and bool(apart.asked))
 
     def _request(self, row: tuple[int, bool]) -> None:
-        with self._wake:
+        with self._load_lock:
             self._pending.add(row)
-            self._wake.notify()
         if self._apart_for(row[1]) is not None:
             self._pump_soon()
         else:
@@ -357,7 +356,7 @@ class Timeline(ScrollView, can_focus=True):
 
     def _kick_loader(self) -> None:
         """Starts the loader thread unless it runs (it ends when it finds nothing to read)."""
-        with self._wake:
+        with self._load_lock:
             if self._loader_started:
                 return
             self._loader_started = True
@@ -380,8 +379,8 @@ class Timeline(ScrollView, can_focus=True):
         room = self.APART_IN_FLIGHT - len(apart.asked)
         if room <= 0:
             return
-        with self._wake:
-            rows, _ = self._next_to_load(room, skip=apart.asked, replayed=False)
+        with self._load_lock:
+            rows = self._next_to_load(room, skip=apart.asked, replayed=False)
         if rows:
             try:
                 apart.ask([(rank, self.model.offsets.get(rank, 0)) for rank, _ in rows])
@@ -424,7 +423,7 @@ class Timeline(ScrollView, can_focus=True):
         self._request_again()
 
     def _request_again(self) -> None:
-        with self._wake:
+        with self._load_lock:
             rows = list(self._pending) or [self.rows[i] for i in self._view]
         for row in rows:
             self._request(row)
@@ -434,9 +433,9 @@ class Timeline(ScrollView, can_focus=True):
         worker = get_current_worker()
         posted = monotonic()
         while not worker.is_cancelled:
-            with self._wake:
+            with self._load_lock:
                 # the recorded lines are the process apart's while it reads
-                rows, _ = self._next_to_load(self.BATCH, replayed=True if self.model.apart else None)
+                rows = self._next_to_load(self.BATCH, replayed=True if self.model.apart else None)
                 self._thread_busy = bool(rows)
                 if not rows:
                     self._loader_started = False
@@ -455,11 +454,11 @@ class Timeline(ScrollView, can_focus=True):
 
     BATCH = 8  # lines the loader thread reads before it looks at the view again
 
-    def _next_to_load(self, limit: int, skip=(), replayed: bool | None = None) -> tuple[list, bool]:
-        """(up to `limit` lines to load next, of one source, whether any is in view): the
-        visible lines asked for first, then the pages below and above; none when every
+    def _next_to_load(self, limit: int, skip=(), replayed: bool | None = None) -> list:
+        """Up to `limit` lines to load next, of one source: the visible lines asked for
+        first, then the pages below and above; none when every
         visible and neighbouring line is loaded. Lines of ranks in `skip` (asked for
-        already) are left out; `replayed`: only lines of that source. Called with _wake held
+        already) are left out; `replayed`: only lines of that source. Called with _load_lock held
         or on the loop."""
         view, lines, index = self._view, self.rows, self.row_index
         lo, hi = view.start - len(view), view.stop + len(view)
@@ -474,10 +473,10 @@ class Timeline(ScrollView, can_focus=True):
         if todo:
             batch = [r for r in todo[:limit] if r[1] == todo[0][1]]
             self._pending.update(r for r in todo if r not in batch)
-            return batch, any(view.start <= index[r] < view.stop for r in batch)
+            return batch
         near = (*range(view.stop, min(len(lines), hi)), *range(max(0, lo), view.start))
         batch = [lines[i] for i in near if wanted(lines[i])][:limit]
-        return [r for r in batch if r[1] == batch[0][1]] if batch else [], False
+        return [r for r in batch if r[1] == batch[0][1]] if batch else []
 
     def on_timeline_spans_loaded(self, _msg) -> None:
         self.refresh()
